@@ -1,0 +1,44 @@
+"""Framework backends behind one interface (:class:`gate.backends.base.Backend`).
+
+Backends are imported lazily: asking for ``torch`` never imports TensorFlow and the reverse.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+from ..errors import FrameworkMissing
+from .base import Backend
+
+_MODULES = {
+    "torch": ("gate.backends.torch_backend", "TorchBackend", "torch", "torch"),
+    "tensorflow": ("gate.backends.tf_backend", "TFBackend", "tensorflow", "tensorflow"),
+}
+_CACHE: Dict[str, Backend] = {}
+
+
+def framework_installed(name: str) -> bool:
+    import importlib.util
+
+    if name not in _MODULES:
+        return False
+    return importlib.util.find_spec(_MODULES[name][2]) is not None
+
+
+def get_backend(name: str) -> Backend:
+    """The backend for ``name`` ('torch' or 'tensorflow'); a one-line error if it is missing."""
+    if name in _CACHE:
+        return _CACHE[name]
+    if name not in _MODULES:
+        raise FrameworkMissing(f"unknown framework {name!r} (known: {', '.join(_MODULES)})")
+    module, cls, pkg, extra = _MODULES[name]
+    if not framework_installed(name):
+        raise FrameworkMissing(
+            f"{name} is not installed: pip install 'dl-gate[{extra}]' (or 'dl-gate[all]')"
+        )
+    backend = getattr(importlib.import_module(module), cls)()
+    _CACHE[name] = backend
+    return backend
+
+
+__all__ = ["Backend", "get_backend", "framework_installed"]

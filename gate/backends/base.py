@@ -1,0 +1,148 @@
+"""The backend interface: everything the gate asks of a framework, and nothing about which op
+is run or why. Arrays cross this boundary as float64 NumPy arrays whose values are already
+exactly representable in the dtype under test."""
+from __future__ import annotations
+
+import importlib
+import re
+from abc import ABC, abstractmethod
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+class Output:
+    """One output array of an operator, as float64 (floats) or int64/bool (exact types)."""
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array: np.ndarray, dtype: str):
+        self.array = array
+        self.dtype = dtype
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith(("float", "bfloat", "complex"))
+
+
+class Backend(ABC):
+    name: str = ""
+    #: exception messages that mean "this dtype/device/op combination is not implemented"
+    unsupported_patterns: Sequence[str] = ()
+
+    # -- environment --------------------------------------------------------------------
+    @abstractmethod
+    def version(self) -> str: ...
+
+    @abstractmethod
+    def devices(self) -> List[str]: ...
+
+    def environment(self, device: str) -> dict:
+        """Facts a baseline is keyed by: framework version and device description."""
+        return {"framework": self.name, "version": self.version(), "device": device}
+
+    # -- values -------------------------------------------------------------------------
+    @abstractmethod
+    def quantize(self, arr: np.ndarray, dtype: str) -> np.ndarray:
+        """Round float64 ``arr`` to ``dtype`` and back: the exact values the op will see."""
+
+    @abstractmethod
+    def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any: ...
+
+    @abstractmethod
+    def to_outputs(self, result: Any) -> List[Output]: ...
+
+    # -- running ------------------------------------------------------------------------
+    @abstractmethod
+    def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
+        """Call ``fn`` under the variant's computation mode (``input`` or ``operator``)."""
+
+    def compile(self, fn: Callable, how: str = "default") -> Callable:  # pragma: no cover - per backend
+        raise NotImplementedError(f"{self.name} has no compiled mode {how!r}")
+
+    def seed(self, seed: int) -> None:
+        """Seed the framework's own RNG (for ops with internal randomness)."""
+
+    # -- helpers ------------------------------------------------------------------------
+    def resolve(self, path: str) -> Callable:
+        return resolve_callable(path)
+
+    def is_unsupported(self, exc: BaseException) -> bool:
+        msg = f"{type(exc).__name__}: {exc}"
+        return any(re.search(p, msg) for p in self.unsupported_patterns)
+
+
+def resolve_callable(path: str) -> Callable:
+    """Import ``pkg.mod:obj.attr`` or ``pkg.mod.func``; one-line error if that fails."""
+    if ":" in path:
+        mod_name, attr = path.split(":", 1)
+        candidates: List[Tuple[str, str]] = [(mod_name, attr)]
+    else:
+        parts = path.split(".")
+        candidates = [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
+    last_err: Optional[BaseException] = None
+    for mod_name, attr in candidates:
+        try:
+            obj: Any = importlib.import_module(mod_name)
+        except ImportError as exc:
+            last_err = exc
+            continue
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except AttributeError as exc:
+            last_err = exc
+            continue
+        if not callable(obj):
+            raise ConfigError(f"{path} is not callable")
+        return obj
+    raise ConfigError(f"cannot import callable {path!r}: {last_err}")
+
+
+def flatten(result: Any) -> List[Any]:
+    """Flatten nested tuples/lists/namedtuples of outputs, dropping ``None``."""
+    if result is None:
+        return []
+    if isinstance(result, (list, tuple)):
+        out: List[Any] = []
+        for r in result:
+            out.extend(flatten(r))
+        return out
+    return [result]
+
+
+# Float formats: (mantissa bits incl. implicit, minimum normal exponent, maximum exponent)
+FLOAT_FORMATS = {
+    "float16": (11, -14, 15),
+    "bfloat16": (8, -126, 127),
+    "float32": (24, -126, 127),
+    "float64": (53, -1022, 1023),
+}
+
+
+def numpy_quantize(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """Round-to-nearest-even into ``dtype`` (bf16 done bitwise on float32), back as float64."""
+    arr = np.asarray(arr, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _quantize(arr, dtype)
+
+
+def _quantize(arr: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "float64":
+        return arr.copy()
+    if dtype == "float32":
+        return arr.astype(np.float32).astype(np.float64)
+    if dtype == "float16":
+        return arr.astype(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        f32 = arr.astype(np.float32)
+        bits = f32.view(np.uint32).astype(np.uint64)
+        rounding = ((bits >> 16) & 1) + 0x7FFF
+        out_bits = ((bits + rounding) >> 16 << 16).astype(np.uint32)
+        out = out_bits.view(np.float32).astype(np.float64)
+        nan = np.isnan(f32)
+        out[nan] = np.nan
+        return out
+    raise ConfigError(f"unsupported dtype {dtype!r}")

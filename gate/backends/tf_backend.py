@@ -1,0 +1,97 @@
+"""TensorFlow backend. Imported only when a TensorFlow operator runs."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, List, Optional, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from .base import Backend, Output, flatten, numpy_quantize  # noqa: E402
+
+DTYPES = {
+    "float16": tf.float16,
+    "bfloat16": tf.bfloat16,
+    "float32": tf.float32,
+    "float64": tf.float64,
+}
+
+
+def _device(device: str) -> str:
+    return "/GPU:0" if device == "cuda" else "/CPU:0"
+
+
+class TFBackend(Backend):
+    name = "tensorflow"
+    unsupported_patterns = (
+        r"No registered '.*' OpKernel",
+        r"Could not find device for node",
+        r"is not in the list of allowed values",
+        r"NotFoundError",
+        r"UnimplementedError",
+        r"(Half|BFloat16|half|bfloat16) .*not supported",
+        r"cannot compute \w+ as input #\d+\(zero-based\) was expected to be a",
+    )
+
+    def version(self) -> str:
+        return tf.__version__
+
+    def devices(self) -> List[str]:
+        out = ["cpu"]
+        if tf.config.list_physical_devices("GPU"):
+            out.append("cuda")
+        return out
+
+    def seed(self, seed: int) -> None:
+        tf.random.set_seed(seed)
+
+    def quantize(self, arr: np.ndarray, dtype: str) -> np.ndarray:
+        return numpy_quantize(arr, dtype)
+
+    def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any:
+        arr = np.ascontiguousarray(arr)
+        with tf.device(_device(device)):
+            if arr.dtype.kind in "iub":
+                return tf.constant(arr)
+            return tf.cast(tf.constant(arr.astype(np.float64, copy=False)), DTYPES[dtype])
+
+    def to_outputs(self, result: Any) -> List[Output]:
+        outs: List[Output] = []
+        for r in flatten(result):
+            if isinstance(r, (tf.Tensor, tf.Variable)) or hasattr(r, "numpy"):
+                name = r.dtype.name
+                if r.dtype.is_floating:
+                    outs.append(Output(tf.cast(r, tf.float64).numpy(), name))
+                elif r.dtype.is_complex:
+                    arr = r.numpy()
+                    outs.append(Output(np.stack([arr.real, arr.imag], -1).astype(np.float64), "complex"))
+                else:
+                    outs.append(Output(np.asarray(r.numpy()).astype(np.int64), name))
+            elif isinstance(r, (int, float, bool, np.ndarray, np.generic)):
+                arr = np.asarray(r)
+                outs.append(Output(arr.astype(np.float64), "float64"))
+        return outs
+
+    def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
+        with tf.device(_device(device)):
+            if mode == "operator" and dtype != "float64":
+                # computed at ``dtype`` from float32 inputs, result handed back as float32
+                args = [tf.cast(a, DTYPES[dtype]) if _is_float(a) else a for a in args]
+                kwargs = {k: tf.cast(v, DTYPES[dtype]) if _is_float(v) else v for k, v in kwargs.items()}
+                out = fn(*args, **kwargs)
+                return [tf.cast(o, tf.float32) if _is_float(o) else o for o in flatten(out)]
+            return fn(*args, **kwargs)
+
+    def compile(self, fn: Callable, how: str = "default") -> Callable:
+        if how == "default":
+            return tf.function(fn)
+        if how == "xla":
+            return tf.function(fn, jit_compile=True)
+        raise NotImplementedError(f"tensorflow has no compiled mode {how!r}")
+
+
+def _is_float(x: Any) -> bool:
+    return isinstance(x, (tf.Tensor, tf.Variable)) and x.dtype.is_floating

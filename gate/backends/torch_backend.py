@@ -1,0 +1,106 @@
+"""PyTorch backend. Imported only when a torch operator runs."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .base import Backend, Output, flatten, numpy_quantize
+
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    unsupported_patterns = (
+        r"not implemented for '(Half|BFloat16|Float|Double)'",
+        r"NotImplementedError",
+        r"does not support (Half|BFloat16|half|bfloat16)",
+        r"Could not run '.*' with arguments from the '.*' backend",
+        r"expected scalar type .* but found",
+        r"should be the same|must have the same dtype|Expected .* dtype",
+    )
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def devices(self) -> List[str]:
+        out = ["cpu"]
+        if torch.cuda.is_available():
+            out.append("cuda")
+        return out
+
+    def environment(self, device: str) -> dict:
+        env = super().environment(device)
+        if device == "cuda" and torch.cuda.is_available():
+            env["device_name"] = torch.cuda.get_device_name(0)
+            env["capability"] = "sm_%d%d" % torch.cuda.get_device_capability(0)
+        else:
+            env["capability"] = torch.backends.cpu.get_cpu_capability()
+        return env
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def quantize(self, arr: np.ndarray, dtype: str) -> np.ndarray:
+        if dtype == "bfloat16":
+            t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
+            return t.to(torch.bfloat16).to(torch.float64).numpy()
+        return numpy_quantize(arr, dtype)
+
+    def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any:
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.kind in "iub":
+            t = torch.from_numpy(arr).to(device=device)
+        else:
+            t = torch.from_numpy(arr.astype(np.float64, copy=False)).to(device=device, dtype=DTYPES[dtype])
+        if memory_format == "channels_last" and t.dim() == 4:
+            t = t.contiguous(memory_format=torch.channels_last)
+        elif memory_format == "channels_last_3d" and t.dim() == 5:
+            t = t.contiguous(memory_format=torch.channels_last_3d)
+        elif memory_format == "transposed" and t.dim() >= 2:
+            # same values, non-contiguous strides: a transposed copy viewed back
+            t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return t
+
+    def to_outputs(self, result: Any) -> List[Output]:
+        outs: List[Output] = []
+        for r in flatten(result):
+            if isinstance(r, torch.Tensor):
+                r = r.detach()
+                if r.is_complex():
+                    outs.append(Output(torch.view_as_real(r).to("cpu", torch.float64).numpy(), "complex"))
+                elif r.is_floating_point():
+                    outs.append(Output(r.to("cpu", torch.float64).numpy(), NAMES.get(r.dtype, str(r.dtype))))
+                else:
+                    outs.append(Output(r.to("cpu").numpy().astype(np.int64), str(r.dtype).replace("torch.", "")))
+            elif isinstance(r, (bool, int)):
+                outs.append(Output(np.asarray(r, dtype=np.int64), "int64"))
+            elif isinstance(r, float):
+                outs.append(Output(np.asarray(r, dtype=np.float64), "float64"))
+        return outs
+
+    def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
+        ctx = contextlib.nullcontext()
+        if mode == "operator" and dtype in ("float16", "bfloat16"):
+            ctx = torch.autocast(device_type=device, dtype=DTYPES[dtype])
+        with torch.no_grad(), ctx:
+            out = fn(*args, **kwargs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    def compile(self, fn: Callable, how: str = "default") -> Callable:
+        if how == "default":
+            return torch.compile(fn, dynamic=False)
+        if how == "script":
+            return torch.jit.script(fn)
+        raise NotImplementedError(f"torch has no compiled mode {how!r}")

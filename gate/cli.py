@@ -1,0 +1,58 @@
+"""``dl-gate``: arguments and environment -> one run of the pipeline.
+
+Each sub-command lives in ``gate/commands/<name>.py`` and exposes ``register(subparsers)``;
+adding a command is adding a module to :data:`COMMANDS`. Every user error is one line on
+stderr and a documented exit code (see :mod:`gate.errors`)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import List, Optional
+
+from . import __version__
+from .errors import EXIT_CODES, GateError, Outcome
+
+COMMANDS = [
+    "gate.commands.ops",
+    "gate.commands.fuzz",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not usage + error
+        self.exit(EXIT_CODES[Outcome.ERROR], f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dl-gate", description="CI regression gate for deep-learning operators.")
+    parser.add_argument("--version", action="version", version=f"dl-gate {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_CODES[Outcome.ERROR]
+    try:
+        return int(args.func(args) or 0)
+    except GateError as exc:
+        print(f"dl-gate: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dl-gate: interrupted", file=sys.stderr)
+        return 130
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes") or "GITHUB_ACTIONS" in os.environ
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``dl-gate`` sub-command (see gate/cli.py)."""

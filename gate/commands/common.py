@@ -1,0 +1,42 @@
+"""Argument helpers shared by sub-commands."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from ..config import Config, load_config
+from ..ops.catalog import Catalog, load_catalog
+from ..ops.spec import FLOAT_DTYPES, MODES
+
+
+def add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="path to .dl-gate.yml (default: ./.dl-gate.yml if present)")
+
+
+def add_variant_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", action="append", metavar="DTYPE",
+                   help=f"dtype(s) to test: {', '.join(FLOAT_DTYPES)} (repeatable or comma-separated)")
+    p.add_argument("--device", action="append", metavar="DEVICE", help="cpu or cuda (default: every available one)")
+    p.add_argument("--mode", action="append", metavar="MODE", help=f"{', '.join(MODES)} (default: the op's modes)")
+
+
+def split_list(values) -> Optional[list]:
+    if not values:
+        return None
+    out = []
+    for v in values:
+        out.extend(x.strip() for x in v.split(",") if x.strip())
+    return out or None
+
+
+def load(args) -> tuple[Config, Catalog]:
+    cfg = load_config(getattr(args, "config", None))
+    cfg.activate()
+    return cfg, load_catalog(cfg.ops, builtin=("torch", "tensorflow"))
+
+
+def progress_enabled() -> bool:
+    from ..cli import in_ci
+
+    return sys.stderr.isatty() and not in_ci()

@@ -1,0 +1,137 @@
+"""``dl-gate fuzz OP…``: search each operator's variants for the inputs with the largest
+precision error against float64, print a table, save the worst inputs for replay."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import List
+
+from ..backends import get_backend
+from ..errors import GateError
+from ..ops.spec import FLOAT_DTYPES, MODES
+from ..plan import Budget, plan
+from .common import add_config_arg, add_variant_args, load, progress_enabled, split_list
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fuzz", help="fuzz operators for their worst precision error")
+    p.add_argument("ops", nargs="+", metavar="OP", help="operator name(s), see `dl-gate ops`")
+    add_config_arg(p)
+    add_variant_args(p)
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
+    p.add_argument("--evals", type=int, metavar="N", help="evaluations per operator (deterministic budget)")
+    p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP) or random")
+    p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
+    p.add_argument("--json", metavar="FILE", help="write findings (with worst inputs) as JSON")
+    p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
+                   help="directory for worst inputs as .npz (default dl-gate-out/inputs)")
+    p.set_defaults(func=run)
+
+
+def validate_variant_filters(dtypes, modes, devices) -> None:
+    for d in dtypes or []:
+        if d not in FLOAT_DTYPES:
+            raise GateError(f"unknown dtype {d!r} (use {', '.join(FLOAT_DTYPES)})")
+    for m in modes or []:
+        if m not in MODES:
+            raise GateError(f"unknown mode {m!r} (use {', '.join(MODES)})")
+    for d in devices or []:
+        if d not in ("cpu", "cuda"):
+            raise GateError(f"unknown device {d!r} (use cpu or cuda)")
+
+
+def fmt(x: float) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"
+
+
+def run(args) -> int:
+    from ..fuzz import GUIDANCES, fuzz_task
+
+    cfg, catalog = load(args)
+    if args.strategy not in GUIDANCES:
+        raise GateError(f"unknown strategy {args.strategy!r} (use {', '.join(GUIDANCES)})")
+    if args.budget is not None and args.budget <= 0:
+        raise GateError("--budget must be a positive number of seconds")
+    if args.evals is not None and args.evals <= 0:
+        raise GateError("--evals must be a positive number")
+    dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
+    validate_variant_filters(dtypes, modes, devices)
+    specs = [catalog.get(n) for n in args.ops]
+    seed = args.seed if args.seed is not None else cfg.seed
+    per_op = Budget(seconds=args.budget if args.budget or not args.evals else None, evals=args.evals)
+    if per_op.seconds is None and per_op.evals is None:
+        per_op = Budget(seconds=10.0)
+    if per_op.seconds is None and args.budget is None and not args.evals:
+        per_op = Budget(seconds=10.0)
+    print(f"dl-gate fuzz: seed {seed}, strategy {args.strategy}, budget per operator: "
+          + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
+          + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
+    tasks = []
+    for spec in specs:
+        backend = get_backend(spec.framework)
+        tasks.extend(plan([spec], per_op, per_op=per_op, seed=seed, strategy=args.strategy, dtypes=dtypes,
+                          devices=devices, modes=modes, available_devices=backend.devices()))
+    if not tasks:
+        raise GateError("no variant to fuzz on this machine (check --dtype/--device/--mode)")
+    findings = []
+    bar = None
+    if progress_enabled():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks), unit="variant", file=sys.stderr, leave=False)
+    for task in tasks:
+        if bar:
+            bar.set_description(task.id)
+        findings.append(fuzz_task(task))
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    print_table(findings)
+    out_dir = Path(args.save_inputs) if args.save_inputs else None
+    if out_dir:
+        saved = save_inputs(findings, out_dir)
+        if saved:
+            print(f"\nworst inputs saved under {out_dir}/ ({saved} files)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"seed": seed, "findings": [f.to_dict() for f in findings]}, indent=1))
+    return 0
+
+
+def print_table(findings) -> None:
+    rows = [("variant", "status", "evals", "max ulp", "max abs", "max rel", "nan/inf", "crash", "worst input")]
+    for f in findings:
+        m = f.metrics
+        rows.append((
+            f.id, f.status, str(f.evals),
+            fmt(m.ulp) if m else "-", fmt(m.abs) if m else "-", fmt(m.rel) if m else "-",
+            str(m.nonfinite) if m else "-", str(sum(c.count for c in f.crashes)),
+            (f.best.summary() if f.best else (f.message or ""))[:80],
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for f in findings:
+        for c in f.crashes:
+            print(f"crash in {f.id}: {c.message} (x{c.count})")
+
+
+def save_inputs(findings, out_dir: Path) -> int:
+    n = 0
+    for f in findings:
+        cands = [("worst", f.best)] + [(f"crash{i}", c.candidate) for i, c in enumerate(f.crashes)]
+        for tag, cand in cands:
+            if cand is None:
+                continue
+            d = out_dir / f.op
+            d.mkdir(parents=True, exist_ok=True)
+            cand.save(d / f"{f.variant.key.replace('/', '_')}.{tag}.npz")
+            n += 1
+    return n

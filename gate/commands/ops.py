@@ -1,0 +1,31 @@
+"""``dl-gate ops``: list the operator catalogue (never imports a framework)."""
+from __future__ import annotations
+
+import json
+
+from .common import add_config_arg, load
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ops", help="list the operator catalogue")
+    add_config_arg(p)
+    p.add_argument("--framework", choices=["torch", "tensorflow"], help="only this framework's operators")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    _, catalog = load(args)
+    specs = [s for s in catalog if not args.framework or s.framework == args.framework]
+    if args.json:
+        print(json.dumps([s.to_dict() for s in specs], indent=2))
+        return 0
+    width = max((len(s.name) for s in specs), default=10)
+    print(f"{'operator':{width}}  {'kind':13} {'dtypes':32} {'origin':7} callable")
+    for s in sorted(specs, key=lambda s: (s.origin != "user", s.framework, s.name)):
+        print(f"{s.name:{width}}  {s.kind:13} {','.join(s.dtypes):32} {s.origin:7} {s.callable}")
+    counts = {}
+    for s in specs:
+        counts[s.framework] = counts.get(s.framework, 0) + 1
+    print(f"\n{len(specs)} operators: " + ", ".join(f"{n} {fw}" for fw, n in sorted(counts.items())))
+    return 0

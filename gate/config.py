@@ -1,0 +1,143 @@
+"""``.dl-gate.yml``: loaded, validated against ``config_schema.json`` (errors name the key and
+the line), and turned into user operator specs."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import jsonschema
+import yaml
+
+from .errors import ConfigError
+from .ops.catalog import builtin_defaults
+from .ops.spec import OpSpec
+
+CONFIG_NAMES = (".dl-gate.yml", ".dl-gate.yaml")
+
+
+@dataclass
+class Config:
+    path: Optional[Path]
+    root: Path
+    raw: Dict[str, Any] = field(default_factory=dict)
+    ops: List[OpSpec] = field(default_factory=list)
+
+    # convenient views with defaults ------------------------------------------------------
+    @property
+    def builtin(self) -> Sequence[str]:
+        b = self.raw.get("builtin", False if self.ops else True)
+        if b is True:
+            return ("torch", "tensorflow")
+        if b is False:
+            return ()
+        return tuple(b)
+
+    @property
+    def budget(self) -> dict:
+        return dict(self.raw.get("budget") or {})
+
+    @property
+    def gate(self) -> dict:
+        return dict(self.raw.get("gate") or {})
+
+    @property
+    def select(self) -> dict:
+        return dict(self.raw.get("select") or {})
+
+    @property
+    def seed(self) -> int:
+        return int(self.raw.get("seed", 0))
+
+    @property
+    def baselines_dir(self) -> Path:
+        return self.root / self.raw.get("baselines", "baselines")
+
+    def activate(self) -> None:
+        """Make the user's operator library importable."""
+        for p in reversed(self.raw.get("python_path") or ["."]):
+            full = str((self.root / p).resolve())
+            if full not in sys.path:
+                sys.path.insert(0, full)
+
+
+def _schema() -> dict:
+    return json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
+
+
+def _line_of(node: yaml.Node, path: Sequence[Any]) -> Optional[int]:
+    """Line (1-based) of the YAML node at ``path`` (deepest existing one)."""
+    cur = node
+    for key in path:
+        nxt = None
+        if isinstance(cur, yaml.MappingNode):
+            for k, v in cur.value:
+                if k.value == str(key):
+                    nxt = v
+                    break
+        elif isinstance(cur, yaml.SequenceNode) and isinstance(key, int) and key < len(cur.value):
+            nxt = cur.value[key]
+        if nxt is None:
+            break
+        cur = nxt
+    return cur.start_mark.line + 1 if cur is not None else None
+
+
+def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = None) -> Config:
+    where = str(path) if path else "config"
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}{line}: invalid YAML: {problem}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}:1: the config must be a mapping, not {type(raw).__name__}")
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        err = jsonschema.exceptions.best_match(errors)
+        keypath = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        line = _line_of(node, list(err.absolute_path)) if node is not None else None
+        msg = err.message
+        if err.validator == "additionalProperties":
+            msg = msg.replace("Additional properties are not allowed", "unknown key")
+        raise ConfigError(f"{where}:{line or 1}: {keypath}: {msg}")
+    root = root or (path.parent if path else Path.cwd())
+    framework = raw.get("framework", "torch")
+    ops: List[OpSpec] = []
+    for i, row in enumerate(raw.get("ops") or []):
+        fw = row.get("framework", framework)
+        defaults = builtin_defaults(fw)
+        defaults["devices"] = ["cpu", "cuda"]
+        try:
+            ops.append(OpSpec.from_dict({"framework": fw, **row}, defaults, origin="user"))
+        except ConfigError as exc:
+            line = _line_of(node, ["ops", i])
+            raise ConfigError(f"{where}:{line}: ops.{i}: {exc}") from None
+    names = [o.name for o in ops]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"{where}: operator {sorted(dup)[0]} is declared twice")
+    return Config(path=path, root=root.resolve(), raw=raw, ops=ops)
+
+
+def load_config(path: Optional[os.PathLike] = None, search_from: Optional[Path] = None) -> Config:
+    """Load ``path``, or the first ``.dl-gate.yml`` in ``search_from`` (cwd); an empty config
+    (built-in catalogue only) if there is none."""
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        return parse_config(p.read_text(), p, p.parent)
+    base = Path(search_from or Path.cwd())
+    for name in CONFIG_NAMES:
+        if (base / name).exists():
+            return parse_config((base / name).read_text(), base / name, base)
+    return Config(path=None, root=base.resolve(), raw={}, ops=[])

@@ -1,0 +1,174 @@
+"""The search loop (Predoo's, generalised). It sees candidates and numbers only.
+
+    corpus <- seeds
+    until the budget is spent:
+        candidate <- fresh draw (exploration, or every time for ``random`` guidance)
+                     or mutate(pick(corpus)) with a mutator chosen by the scheduler
+        score <- evaluate(candidate)
+        keep the candidate if it beats its parent; remember the best
+
+Deterministic for a given seed and an evaluation budget.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..oracles.precision import fitness
+from .inputs import Candidate
+from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation
+
+GUIDANCES = ("linf", "l1", "random")
+
+
+class UniformScheduler:
+    """Chooses mutators uniformly at random (the control arm; see gate.fuzz.schedule)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+
+    def choose(self, rng: np.random.Generator) -> str:
+        return self.names[int(rng.integers(len(self.names)))]
+
+    def update(self, name: str, reward: float) -> None:
+        pass
+
+
+@dataclass
+class CrashRecord:
+    signature: str
+    message: str
+    count: int = 0
+    first_eval: int = 0
+    candidate: Optional[Candidate] = None
+
+
+@dataclass
+class SearchResult:
+    best: Optional[Candidate] = None
+    best_eval: Optional[Evaluation] = None
+    best_fitness: float = -math.inf
+    evals: int = 0
+    seconds: float = 0.0
+    invalid: int = 0
+    invalid_example: Optional[str] = None
+    unsupported: Optional[str] = None
+    crashes: Dict[str, CrashRecord] = field(default_factory=dict)
+    trajectory: List[Tuple[int, float]] = field(default_factory=list)
+    corpus: List[Tuple[float, Candidate]] = field(default_factory=list)
+    mutator_stats: Dict[str, List[int]] = field(default_factory=dict)  # name -> [tries, improvements]
+
+
+def search(
+    evaluate: Callable[[Candidate], Tuple[Candidate, Evaluation]],
+    fresh: Callable[[np.random.Generator], Candidate],
+    mutators: Dict[str, Callable],
+    rng: np.random.Generator,
+    *,
+    seconds: Optional[float] = None,
+    evals: Optional[int] = None,
+    guidance: str = "linf",
+    seeds: Sequence[Candidate] = (),
+    n_seeds: int = 4,
+    explore: float = 0.1,
+    corpus_size: int = 32,
+    scheduler=None,
+    progress: Optional[Callable[[int, float], None]] = None,
+    stop_on_inf: bool = True,
+) -> SearchResult:
+    if guidance not in GUIDANCES:
+        raise ValueError(f"unknown guidance {guidance!r} (use {', '.join(GUIDANCES)})")
+    if seconds is None and evals is None:
+        evals = 100
+    scheduler = scheduler or UniformScheduler(list(mutators))
+    res = SearchResult()
+    t0 = time.perf_counter()
+    queue: List[Candidate] = list(seeds)
+    n_fresh_seeds = max(0, n_seeds - len(queue)) if guidance != "random" else 0
+    consecutive_unsupported = 0
+
+    def spent() -> bool:
+        if evals is not None and res.evals >= evals:
+            return True
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            return True
+        return False
+
+    while not spent():
+        parent_fit = -math.inf
+        mut_name = None
+        if queue:
+            cand = queue.pop(0)
+        elif n_fresh_seeds > 0 or guidance == "random" or not res.corpus or rng.random() < explore:
+            n_fresh_seeds = max(0, n_fresh_seeds - 1)
+            cand = fresh(rng)
+        else:
+            parent_fit, parent = _pick(res.corpus, rng)
+            mut_name = scheduler.choose(rng)
+            cand = mutators[mut_name](parent, rng)
+            if cand is None:
+                scheduler.update(mut_name, 0.0)
+                cand = fresh(rng)
+                mut_name = None
+        q, ev = evaluate(cand)
+        res.evals += 1
+        if mut_name is not None:
+            st = res.mutator_stats.setdefault(mut_name, [0, 0])
+            st[0] += 1
+        if ev.status == UNSUPPORTED:
+            consecutive_unsupported += 1
+            if consecutive_unsupported >= 3 and res.best_eval is None:
+                res.unsupported = ev.error
+                break
+            continue
+        consecutive_unsupported = 0
+        if ev.status == INVALID:
+            res.invalid += 1
+            res.invalid_example = res.invalid_example or ev.error
+            if mut_name is not None:
+                scheduler.update(mut_name, 0.0)
+            if res.invalid >= 50 and res.best_eval is None and not res.crashes:
+                break
+            continue
+        if ev.status == CRASH:
+            rec = res.crashes.get(ev.signature or "")
+            if rec is None:
+                rec = res.crashes[ev.signature or ""] = CrashRecord(
+                    signature=ev.signature or "", message=ev.error or "", first_eval=res.evals, candidate=q)
+                if mut_name is not None:
+                    scheduler.update(mut_name, 1.0)
+            rec.count += 1
+            continue
+        fit = fitness(ev.metrics, guidance) if guidance != "random" else fitness(ev.metrics, "linf")
+        improved = fit > res.best_fitness
+        if mut_name is not None:
+            gain = 0.0
+            if fit > parent_fit:
+                gain = 1.0 if math.isinf(fit) else min(1.0, (fit - max(parent_fit, 0.0)) / (abs(fit) + 1e-12))
+                res.mutator_stats[mut_name][1] += 1
+            scheduler.update(mut_name, gain)
+        if guidance != "random" and (fit > parent_fit or not res.corpus):
+            res.corpus.append((fit, q))
+            res.corpus.sort(key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
+            del res.corpus[corpus_size:]
+        if improved:
+            res.best, res.best_eval, res.best_fitness = q, ev, fit
+            res.trajectory.append((res.evals, fit))
+            if progress:
+                progress(res.evals, fit)
+            if stop_on_inf and math.isinf(fit):
+                break
+        elif progress and res.evals % 10 == 0:
+            progress(res.evals, res.best_fitness)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _pick(corpus: List[Tuple[float, Candidate]], rng: np.random.Generator) -> Tuple[float, Candidate]:
+    """Tournament of two, biased to the best (the corpus is kept sorted, best first)."""
+    i = int(min(rng.integers(len(corpus)), rng.integers(len(corpus))))
+    return corpus[i]

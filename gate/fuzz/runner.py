@@ -1,0 +1,128 @@
+"""Evaluate one candidate for one variant: quantise the input to the variant's dtype, run the
+operator there, run the reference in float64 on the same values, and score the difference.
+
+This is where spec, backend and oracle meet; the search engine above sees only numbers."""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..backends import get_backend
+from ..backends.base import Backend, Output
+from ..errors import UnsupportedVariant
+from ..ops.spec import OpSpec
+from ..oracles.precision import Metrics, compare
+from ..plan import Variant
+from .inputs import Candidate, inside_after_rounding
+
+OK, INVALID, CRASH, UNSUPPORTED = "ok", "invalid", "crash", "unsupported"
+
+
+@dataclass
+class Evaluation:
+    status: str
+    metrics: Optional[Metrics] = None
+    error: Optional[str] = None  # one-line exception summary
+    signature: Optional[str] = None  # exception type + first line, for grouping crashes
+    seconds: float = 0.0
+    outputs: Optional[List[Output]] = field(default=None, repr=False)
+    reference: Optional[List[Output]] = field(default=None, repr=False)
+
+
+def exception_signature(exc: BaseException) -> Tuple[str, str]:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:300]}", f"{type(exc).__name__}: {first[:160]}"
+
+
+class VariantRunner:
+    """Runs candidates of ``spec`` under ``variant`` against the float64 reference."""
+
+    def __init__(self, spec: OpSpec, variant: Variant, backend: Optional[Backend] = None,
+                 fn: Optional[Callable] = None, reference: Optional[Callable] = None):
+        self.spec = spec
+        self.variant = variant
+        self.backend = backend or get_backend(spec.framework)
+        if variant.device not in self.backend.devices():
+            raise UnsupportedVariant(f"device {variant.device} is not available to {self.backend.name}")
+        self.fn = fn or self.backend.resolve(spec.callable)
+        self.ref_fn = reference or (self.backend.resolve(spec.reference) if spec.reference else self.fn)
+        self.layout = spec.layout(variant.layout)
+        self.input_dtype = "float32" if variant.mode == "operator" else variant.dtype
+
+    # -- preparing --------------------------------------------------------------------------
+    def quantize(self, cand: Candidate) -> Candidate:
+        """The candidate with every float input exactly representable in the variant dtype."""
+        out = cand.copy()
+        for t in self.spec.inputs:
+            a = out.arrays.get(t.name)
+            if a is None or t.kind != "float":
+                continue
+            q = self.backend.quantize(np.asarray(a, dtype=np.float64), self.variant.dtype)
+            out.arrays[t.name] = inside_after_rounding(q, t.domain, self.variant.dtype)
+        return out
+
+    def build_call(self, cand: Candidate, dtype: str, low: bool) -> Tuple[list, dict]:
+        args: list = []
+        kwargs: Dict[str, Any] = dict(cand.params)
+        lay = self.layout if low else None
+        if lay is not None:
+            kwargs.update(lay.params)
+        for t in self.spec.inputs:
+            arr = cand.arrays[t.name]
+            if lay is not None and t.name in lay.permute:
+                arr = np.ascontiguousarray(np.transpose(arr, lay.permute[t.name]))
+            native = self.backend.to_native(arr, dtype, self.variant.device,
+                                            memory_format=lay.memory_format if lay is not None else None)
+            if t.keyword:
+                kwargs[t.name] = native
+            else:
+                args.append(native)
+        return args, kwargs
+
+    def _outputs(self, result: Any, low: bool) -> List[Output]:
+        outs = self.backend.to_outputs(result)
+        if low and self.layout is not None and self.layout.out_permute is not None and outs:
+            inv = np.argsort(self.layout.out_permute)
+            outs[0] = Output(np.transpose(outs[0].array, inv), outs[0].dtype)
+        return outs
+
+    # -- running ----------------------------------------------------------------------------
+    def run_reference(self, cand: Candidate) -> List[Output]:
+        args, kwargs = self.build_call(cand, "float64", low=False)
+        return self.backend.to_outputs(
+            self.backend.call(self.ref_fn, args, kwargs, mode="input", dtype="float64", device=self.variant.device)
+        )
+
+    def run_low(self, cand: Candidate) -> List[Output]:
+        args, kwargs = self.build_call(cand, self.input_dtype, low=True)
+        result = self.backend.call(self.fn, args, kwargs, mode=self.variant.mode,
+                                   dtype=self.variant.dtype, device=self.variant.device)
+        return self._outputs(result, low=True)
+
+    def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
+        """Score ``cand``; returns the quantised candidate that was actually run."""
+        t0 = time.perf_counter()
+        q = cand if quantized else self.quantize(cand)
+        try:
+            ref = self.run_reference(q)
+        except Exception as exc:  # the input is outside the operator's domain
+            return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
+        try:
+            out = self.run_low(q)
+        except Exception as exc:
+            sig, short = exception_signature(exc)
+            status = UNSUPPORTED if self.backend.is_unsupported(exc) else CRASH
+            return q, Evaluation(status, error=short, signature=sig, seconds=time.perf_counter() - t0)
+        metrics = compare(out, ref, self.variant.dtype, self.spec.ulp_floor)
+        ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
+        if keep_outputs:
+            ev.outputs, ev.reference = out, ref
+        return q, ev
+
+
+def format_exception(exc: BaseException) -> str:  # pragma: no cover - debugging aid
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -1,0 +1,99 @@
+"""The operator catalogue: built-in rows from ``catalog/*.yaml`` plus a user's own operators."""
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import yaml
+
+from ..errors import ConfigError, UnknownOpError
+from .spec import OpSpec
+
+BUILTIN_FILES = {"torch": "torch.yaml", "tensorflow": "tensorflow.yaml"}
+
+
+def load_table(text: str, origin: str = "builtin") -> List[OpSpec]:
+    """Parse one catalogue table (a YAML document with ``framework``, ``defaults``,
+    ``thresholds_by_kind`` and ``ops``)."""
+    doc = yaml.safe_load(text) or {}
+    defaults = dict(doc.get("defaults") or {})
+    if doc.get("framework"):
+        defaults.setdefault("framework", doc["framework"])
+    defaults["thresholds_by_kind"] = doc.get("thresholds_by_kind") or {}
+    return [OpSpec.from_dict(row, defaults, origin=origin) for row in doc.get("ops") or []]
+
+
+_BUILTIN_CACHE: Dict[str, List[OpSpec]] = {}
+
+
+def load_builtin(frameworks: Sequence[str] = ("torch", "tensorflow")) -> List[OpSpec]:
+    out: List[OpSpec] = []
+    for fw in frameworks:
+        if fw not in _BUILTIN_CACHE:
+            text = resources.files("gate.ops").joinpath("catalog", BUILTIN_FILES[fw]).read_text()
+            _BUILTIN_CACHE[fw] = load_table(text)
+        out.extend(_BUILTIN_CACHE[fw])
+    return out
+
+
+def builtin_defaults(framework: str) -> dict:
+    text = resources.files("gate.ops").joinpath("catalog", BUILTIN_FILES[framework]).read_text()
+    doc = yaml.safe_load(text) or {}
+    d = dict(doc.get("defaults") or {})
+    d["framework"] = framework
+    d["thresholds_by_kind"] = doc.get("thresholds_by_kind") or {}
+    return d
+
+
+class Catalog:
+    def __init__(self, specs: Iterable[OpSpec]):
+        self.specs: Dict[str, OpSpec] = {}
+        for s in specs:
+            if s.name in self.specs and self.specs[s.name].origin == s.origin:
+                raise ConfigError(f"operator {s.name} is declared twice")
+            self.specs[s.name] = s  # user rows override built-ins of the same name
+
+    def __iter__(self):
+        return iter(self.specs.values())
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.specs
+
+    def names(self) -> List[str]:
+        return sorted(self.specs)
+
+    def get(self, name: str) -> OpSpec:
+        if name in self.specs:
+            return self.specs[name]
+        # unique short name: "gelu" -> "torch.gelu" when only one framework has it
+        matches = [n for n in self.specs if n.split(".", 1)[-1] == name or n.rsplit(".", 1)[-1] == name]
+        if len(matches) == 1:
+            return self.specs[matches[0]]
+        if len(matches) > 1:
+            raise UnknownOpError(f"operator {name!r} is ambiguous: {', '.join(sorted(matches))}")
+        close = difflib.get_close_matches(name, list(self.specs), n=3, cutoff=0.5)
+        hint = f" (did you mean {', '.join(close)}?)" if close else " (see `dl-gate ops`)"
+        raise UnknownOpError(f"unknown operator {name!r}{hint}")
+
+    def select(self, names: Optional[Iterable[str]]) -> List[OpSpec]:
+        if not names:
+            return list(self)
+        return [self.get(n) for n in names]
+
+    def by_native(self, framework: str) -> Dict[str, List[OpSpec]]:
+        """Native op name (ATen / TF registration) -> operators that reach it."""
+        out: Dict[str, List[OpSpec]] = {}
+        for s in self:
+            if s.framework != framework:
+                continue
+            for n in s.native:
+                out.setdefault(n.split(".")[0], []).append(s)
+        return out
+
+
+def load_catalog(user_ops: Iterable[OpSpec] = (), builtin: Sequence[str] = ("torch", "tensorflow")) -> Catalog:
+    return Catalog([*load_builtin(builtin), *user_ops])

@@ -1,0 +1,322 @@
+"""Operator specs as data (after PyTorch's OpInfo).
+
+One :class:`OpSpec` row declares everything the gate knows about an operator: how to call it,
+which inputs and parameters it takes (as value spaces the fuzzer samples), which dtypes, devices,
+modes and layouts to test, how to compute its reference, its thresholds and where its source lives.
+Rows come from the YAML catalogues in ``gate/ops/catalog/`` and from a user's ``.dl-gate.yml``;
+adding an operator is adding a row, never a code path.
+
+Specs are immutable and serialise to plain dicts (``to_dict``/``from_dict``) so that every later
+stage can be run, cached and sharded alone.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from ..errors import ConfigError
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+LOW_DTYPES = ("float16", "bfloat16", "float32")
+MODES = ("input", "operator")
+DOMAINS = {
+    # name: (lo, hi) open interval
+    "real": (None, None),
+    "positive": (0.0, None),
+    "nonneg": (0.0, None),
+    "unit": (-1.0, 1.0),
+    "prob": (0.0, 1.0),
+    "gt_minus1": (-1.0, None),
+    "ge1": (1.0, None),
+}
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Open interval of valid input values (``None`` = unbounded)."""
+
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    scale: float = 1.0  # std of the bulk distribution
+    name: str = "real"
+
+    @classmethod
+    def parse(cls, raw: Any) -> "Domain":
+        if raw is None:
+            return cls()
+        if isinstance(raw, str):
+            if raw not in DOMAINS:
+                raise ConfigError(f"unknown value domain {raw!r} (known: {', '.join(DOMAINS)})")
+            lo, hi = DOMAINS[raw]
+            return cls(lo=lo, hi=hi, name=raw)
+        if isinstance(raw, Mapping):
+            base = cls.parse(raw.get("name", "real"))
+            lo = raw.get("lo", base.lo)
+            hi = raw.get("hi", base.hi)
+            return cls(
+                lo=None if lo is None else float(lo),
+                hi=None if hi is None else float(hi),
+                scale=float(raw.get("scale", 1.0)),
+                name=str(raw.get("name", "custom")),
+            )
+        raise ConfigError(f"bad value domain {raw!r}")
+
+    def to_dict(self) -> dict:
+        return {"lo": self.lo, "hi": self.hi, "scale": self.scale, "name": self.name}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple  # ints or dim names / expressions
+    domain: Domain = field(default_factory=Domain)
+    kind: str = "float"  # float | index | bool
+    keyword: bool = False  # pass as keyword argument instead of positionally
+    index_hi: Any = None  # for kind=index: exclusive upper bound expression
+
+    @classmethod
+    def from_dict(cls, raw: Mapping) -> "TensorSpec":
+        if "name" not in raw or "shape" not in raw:
+            raise ConfigError(f"tensor spec needs 'name' and 'shape': {dict(raw)!r}")
+        return cls(
+            name=str(raw["name"]),
+            shape=tuple(raw["shape"]),
+            domain=Domain.parse(raw.get("domain")),
+            kind=str(raw.get("kind", "float")),
+            keyword=bool(raw.get("keyword", False)),
+            index_hi=raw.get("index_hi"),
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "domain": self.domain.to_dict(),
+            "kind": self.kind,
+            "keyword": self.keyword,
+            "index_hi": self.index_hi,
+        }
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A parameter's value space: ``choices``, an int/float range, or a derived ``expr``."""
+
+    name: str
+    choices: Optional[tuple] = None
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    kind: str = "choice"  # choice | int | float | expr
+    default: Any = None
+    expr: Any = None  # evaluated after dims are drawn (e.g. normalized_shape: "(D,)")
+
+    @classmethod
+    def from_dict(cls, name: str, raw: Any) -> "ParamSpec":
+        if not isinstance(raw, Mapping):  # a bare constant
+            return cls(name=name, choices=(raw,), kind="choice", default=raw)
+        if "expr" in raw:
+            return cls(name=name, kind="expr", expr=raw["expr"])
+        if "choices" in raw:
+            choices = tuple(raw["choices"])
+            if not choices:
+                raise ConfigError(f"parameter {name!r} has no choices")
+            return cls(name=name, choices=choices, kind="choice", default=raw.get("default", choices[0]))
+        if "range" in raw:
+            lo, hi = raw["range"]
+            kind = "int" if isinstance(lo, int) and isinstance(hi, int) and not raw.get("float") else "float"
+            return cls(name=name, lo=lo, hi=hi, kind=kind, default=raw.get("default", lo))
+        if "value" in raw:
+            return cls(name=name, choices=(raw["value"],), kind="choice", default=raw["value"])
+        raise ConfigError(f"parameter {name!r} needs one of choices/range/expr/value")
+
+    def to_dict(self) -> dict:
+        if self.kind == "expr":
+            return {"expr": self.expr}
+        if self.kind == "choice":
+            return {"choices": list(self.choices or ()), "default": self.default}
+        return {"range": [self.lo, self.hi], "default": self.default, "float": self.kind == "float"}
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """An equivalent data layout: parameter overrides plus input/output permutations
+    (TF ``data_format``) or a memory format (torch ``channels_last``)."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    permute: Mapping[str, tuple] = field(default_factory=dict)
+    out_permute: Optional[tuple] = None
+    memory_format: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, name: str, raw: Mapping) -> "LayoutSpec":
+        return cls(
+            name=name,
+            params=dict(raw.get("params", {})),
+            permute={k: tuple(v) for k, v in dict(raw.get("permute", {})).items()},
+            out_permute=tuple(raw["out_permute"]) if raw.get("out_permute") is not None else None,
+            memory_format=raw.get("memory_format"),
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "params": dict(self.params),
+            "permute": {k: list(v) for k, v in self.permute.items()},
+            "out_permute": list(self.out_permute) if self.out_permute else None,
+            "memory_format": self.memory_format,
+        }
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Absolute floor of the gate for one dtype: errors below it never fail."""
+
+    ulp: float = math.inf
+    abs: float = math.inf
+
+    def to_dict(self) -> dict:
+        return {"ulp": self.ulp, "abs": self.abs}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    framework: str  # torch | tensorflow
+    callable: str  # import path: "pkg.mod.func" or "pkg.mod:obj.attr"
+    inputs: tuple  # of TensorSpec
+    params: tuple = ()  # of ParamSpec
+    dims: tuple = ()  # ((name, (lo_expr, hi_expr)), ...) in draw order
+    dtypes: tuple = LOW_DTYPES
+    devices: tuple = ("cpu", "cuda")
+    modes: tuple = ("input",)
+    layouts: tuple = ()  # of LayoutSpec (alternatives to the default layout)
+    reference: Optional[str] = None  # import path; default: the same op in float64
+    thresholds: Mapping[str, Threshold] = field(default_factory=dict)
+    kind: str = "elementwise"
+    exact: bool = False
+    ulp_floor: str = "output"  # output: ulp of the output's magnitude; dtype: smallest normal
+    sources: tuple = ()
+    native: tuple = ()  # native op names (ATen / TF op registrations)
+    twin: Optional[str] = None  # cross-framework twin op name
+    batch_dim: Optional[int] = None  # inputs are batch-separable along this dim
+    grad: bool = False
+    tags: tuple = ()
+    description: str = ""
+    origin: str = "builtin"  # builtin | user
+
+    # -- helpers -------------------------------------------------------------------------
+    def threshold(self, dtype: str) -> Threshold:
+        return self.thresholds.get(dtype, Threshold())
+
+    def layout(self, name: Optional[str]) -> Optional[LayoutSpec]:
+        if not name or name == "default":
+            return None
+        for lay in self.layouts:
+            if lay.name == name:
+                return lay
+        raise ConfigError(f"operator {self.name} has no layout {name!r}")
+
+    @property
+    def module(self) -> str:
+        path = self.callable
+        if ":" in path:
+            return path.split(":", 1)[0]
+        return path.rsplit(".", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        path = self.callable
+        if ":" in path:
+            return path.split(":", 1)[1]
+        return path.rsplit(".", 1)[1]
+
+    # -- (de)serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "framework": self.framework,
+            "callable": self.callable,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "params": {p.name: p.to_dict() for p in self.params},
+            "dims": {n: list(r) for n, r in self.dims},
+            "dtypes": list(self.dtypes),
+            "devices": list(self.devices),
+            "modes": list(self.modes),
+            "layouts": {lay.name: lay.to_dict() for lay in self.layouts},
+            "reference": self.reference,
+            "thresholds": {d: t.to_dict() for d, t in self.thresholds.items()},
+            "kind": self.kind,
+            "exact": self.exact,
+            "ulp_floor": self.ulp_floor,
+            "sources": list(self.sources),
+            "native": list(self.native),
+            "twin": self.twin,
+            "batch_dim": self.batch_dim,
+            "grad": self.grad,
+            "tags": list(self.tags),
+            "description": self.description,
+            "origin": self.origin,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping, defaults: Optional[Mapping] = None, origin: str = "builtin") -> "OpSpec":
+        defaults = dict(defaults or {})
+        merged = {**defaults, **dict(raw)}
+        name = merged.get("name")
+        if not name:
+            raise ConfigError(f"operator without a name: {dict(raw)!r}")
+        for key in ("framework", "callable", "inputs"):
+            if key not in merged:
+                raise ConfigError(f"operator {name}: missing key '{key}'")
+        kind = merged.get("kind", "elementwise")
+        thresholds = {}
+        kind_thr = dict((defaults.get("thresholds_by_kind") or {}).get(kind, {}))
+        for dtype, thr in {**kind_thr, **dict(merged.get("thresholds") or {})}.items():
+            thresholds[dtype] = Threshold(
+                ulp=float(thr.get("ulp", math.inf)), abs=float(thr.get("abs", math.inf))
+            )
+        dims_raw = merged.get("dims") or {}
+        dims = tuple((str(k), tuple(v) if isinstance(v, (list, tuple)) else (v, v)) for k, v in dims_raw.items())
+        layouts_raw = merged.get("layouts") or {}
+        try:
+            spec = cls(
+                name=str(name),
+                framework=str(merged["framework"]),
+                callable=str(merged["callable"]),
+                inputs=tuple(TensorSpec.from_dict(t) for t in merged["inputs"]),
+                params=tuple(ParamSpec.from_dict(k, v) for k, v in dict(merged.get("params") or {}).items()),
+                dims=dims,
+                dtypes=tuple(merged.get("dtypes", LOW_DTYPES)),
+                devices=tuple(merged.get("devices", ("cpu", "cuda"))),
+                modes=tuple(merged.get("modes", ("input",))),
+                layouts=tuple(LayoutSpec.from_dict(k, v) for k, v in dict(layouts_raw).items()),
+                reference=merged.get("reference"),
+                thresholds=thresholds,
+                kind=kind,
+                exact=bool(merged.get("exact", False)),
+                ulp_floor=str(merged.get("ulp_floor", "dtype" if kind == "elementwise" else "output")),
+                sources=tuple(merged.get("sources", ())),
+                native=tuple(merged.get("native", ())),
+                twin=merged.get("twin"),
+                batch_dim=merged.get("batch_dim"),
+                grad=bool(merged.get("grad", False)),
+                tags=tuple(merged.get("tags", ())),
+                description=str(merged.get("description", "")),
+                origin=origin,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"operator {name}: {exc}") from exc
+        for dt in spec.dtypes:
+            if dt not in FLOAT_DTYPES:
+                raise ConfigError(f"operator {name}: unsupported dtype {dt!r} (use {', '.join(FLOAT_DTYPES)})")
+        for m in spec.modes:
+            if m not in MODES:
+                raise ConfigError(f"operator {name}: unknown mode {m!r} (use {', '.join(MODES)})")
+        if spec.framework not in ("torch", "tensorflow"):
+            raise ConfigError(f"operator {name}: framework must be torch or tensorflow, not {spec.framework!r}")
+        return spec
+
+    def replace(self, **changes) -> "OpSpec":
+        return dataclasses.replace(self, **changes)

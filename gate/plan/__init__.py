@@ -1,0 +1,144 @@
+"""Plan: selected operators -> tasks (operator x variant x budget).
+
+A :class:`Variant` is one way of computing an operator that the gate judges on its own
+(dtype, device, mode, layout, oracle). A :class:`Task` is a variant with a budget and a seed.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, List, Optional, Sequence
+
+from ..errors import UnsupportedVariant
+from ..ops.spec import OpSpec
+
+
+@dataclass(frozen=True, order=True)
+class Variant:
+    dtype: str
+    device: str = "cpu"
+    mode: str = "input"
+    layout: str = "default"
+    oracle: str = "precision"
+
+    @property
+    def key(self) -> str:
+        parts = [self.dtype, self.device, self.mode]
+        if self.layout != "default":
+            parts.append(self.layout)
+        if self.oracle != "precision":
+            parts.append(self.oracle)
+        return "/".join(parts)
+
+    @classmethod
+    def parse(cls, key: str) -> "Variant":
+        parts = key.split("/")
+        dtype, device, mode = (parts + ["cpu", "input"])[:3] if len(parts) < 3 else parts[:3]
+        rest = parts[3:]
+        layout, oracle = "default", "precision"
+        for p in rest:
+            if p in ORACLES:
+                oracle = p
+            else:
+                layout = p
+        return cls(dtype=dtype, device=device, mode=mode, layout=layout, oracle=oracle)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ORACLES = ("precision", "grad", "compiled", "xfw", "nan", "layout_eq", "batch_eq", "contig_eq", "inplace_eq", "export")
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: Optional[float] = None
+    evals: Optional[int] = None
+
+    def split(self, n: int) -> "Budget":
+        n = max(n, 1)
+        return Budget(
+            seconds=None if self.seconds is None else self.seconds / n,
+            evals=None if self.evals is None else max(1, self.evals // n),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Task:
+    op: OpSpec
+    variant: Variant
+    budget: Budget
+    seed: int
+    strategy: str = "linf"
+
+    @property
+    def id(self) -> str:
+        return f"{self.op.name}[{self.variant.key}]"
+
+    def rng_seed(self) -> List[int]:
+        """Per-task seed sequence: stable across runs and independent of task order."""
+        return [self.seed, zlib.crc32(self.id.encode())]
+
+
+def variants_for(
+    spec: OpSpec,
+    *,
+    dtypes: Optional[Sequence[str]] = None,
+    devices: Optional[Sequence[str]] = None,
+    modes: Optional[Sequence[str]] = None,
+    layouts: bool = True,
+    available_devices: Sequence[str] = ("cpu",),
+) -> List[Variant]:
+    """Every variant of ``spec`` the filters and this machine allow."""
+    want_dtypes = list(dtypes) if dtypes else list(spec.dtypes)
+    bad = [d for d in want_dtypes if d not in spec.dtypes]
+    if dtypes and bad:
+        raise UnsupportedVariant(
+            f"operator {spec.name} does not support dtype {', '.join(bad)} (declared: {', '.join(spec.dtypes)})"
+        )
+    want_devices = [d for d in (devices or spec.devices) if d in spec.devices]
+    if devices and not want_devices:
+        raise UnsupportedVariant(f"operator {spec.name} does not run on {', '.join(devices)}")
+    want_devices = [d for d in want_devices if d in available_devices]
+    want_modes = [m for m in (modes or spec.modes) if m in spec.modes]
+    has_ref = spec.reference is not None
+    out: List[Variant] = []
+    for device in want_devices:
+        for dtype in want_dtypes:
+            if dtype == "float64" and not has_ref:
+                continue  # float64 against itself measures nothing
+            for mode in want_modes:
+                if mode == "operator" and dtype in ("float32", "float64"):
+                    continue  # operator mode at full precision is input mode
+                out.append(Variant(dtype=dtype, device=device, mode=mode))
+            if layouts:
+                for lay in spec.layouts:
+                    out.append(Variant(dtype=dtype, device=device, mode="input", layout=lay.name))
+    return out
+
+
+def plan(
+    specs: Iterable[OpSpec],
+    budget: Budget,
+    *,
+    seed: int = 0,
+    strategy: str = "linf",
+    per_op: Optional[Budget] = None,
+    **variant_filters,
+) -> List[Task]:
+    """Tasks for ``specs``: the op budget (``per_op`` or an even share of ``budget``) is split
+    evenly across each op's variants."""
+    specs = list(specs)
+    tasks: List[Task] = []
+    op_budget = per_op or budget.split(len(specs))
+    for spec in specs:
+        vs = variants_for(spec, **variant_filters)
+        vb = op_budget.split(len(vs))
+        tasks.extend(Task(op=spec, variant=v, budget=vb, seed=seed, strategy=strategy) for v in vs)
+    return tasks
+
+
+__all__ = ["Variant", "Budget", "Task", "plan", "variants_for", "ORACLES"]
