@@ -1,0 +1,146 @@
+"""The judge's output types: one :class:`VariantVerdict` per operator x variant and one
+:class:`GateReport` per run. Plain data, JSON-serialisable: the report stage renders them
+(JUnit, Markdown, PR comment, annotations) without importing any framework."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..errors import Outcome
+
+# Per-variant outcomes. Only REGRESSION (and BEHAVIOUR_CHANGE when configured to fail) fail.
+PASS = "pass"
+REGRESSION = "regression"  # precision worse than m x base (above the floor), or new NaN/Inf/crash
+BEHAVIOUR_CHANGE = "behaviour-change"  # head output differs from base on identical inputs
+IMPROVEMENT = "improvement"
+NEEDS_BASELINE = "needs-baseline"
+NOT_COMPARABLE = "not-comparable"  # baseline from another environment
+NOT_COVERED = "not-covered"  # budget ran out before this variant
+UNSUPPORTED = "unsupported"  # the framework has no kernel for this dtype/device
+ERROR = "error"  # harness fault
+VARIANT_OUTCOMES = (PASS, REGRESSION, BEHAVIOUR_CHANGE, IMPROVEMENT, NEEDS_BASELINE, NOT_COMPARABLE,
+                    NOT_COVERED, UNSUPPORTED, ERROR)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if math.isnan(v):
+            return "nan"
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _unclean(v: Any) -> Any:
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    if v == "nan":
+        return math.nan
+    if isinstance(v, dict):
+        return {k: _unclean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_unclean(x) for x in v]
+    return v
+
+
+@dataclass
+class VariantVerdict:
+    op: str
+    framework: str
+    variant: Dict[str, str]  # Variant.to_dict(): dtype, device, mode, layout, oracle
+    outcome: str
+    reason: str  # the one-line diagnosis
+    metric: str = "ulp"
+    base_error: Optional[float] = None
+    head_error: Optional[float] = None
+    threshold: Optional[float] = None  # head_error above this fails: max(floor, m x base)
+    base_nonfinite: int = 0
+    head_nonfinite: int = 0
+    base_crash: Optional[str] = None
+    head_crash: Optional[str] = None
+    seed: Optional[int] = None
+    evals: int = 0
+    seconds: float = 0.0
+    source_file: Optional[str] = None
+    source_line: Optional[int] = None
+    input_summary: Optional[str] = None
+    repro_command: Optional[str] = None
+    details: Dict[str, Any] = field(default_factory=dict)  # free-form figures (abs, rel, l1, …)
+    diagnosis: Optional[Dict[str, Any]] = None  # filled by gate.localise (see its Diagnosis)
+
+    @property
+    def key(self) -> str:
+        v = self.variant
+        parts = [v.get("dtype", "?"), v.get("device", "cpu"), v.get("mode", "input")]
+        if v.get("layout", "default") != "default":
+            parts.append(v["layout"])
+        if v.get("oracle", "precision") != "precision":
+            parts.append(v["oracle"])
+        return "/".join(parts)
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}[{self.key}]"
+
+    @property
+    def ratio(self) -> Optional[float]:
+        if self.base_error is None or self.head_error is None:
+            return None
+        if self.base_error == 0:
+            return math.inf if self.head_error > 0 else 1.0
+        return self.head_error / self.base_error
+
+    def to_dict(self) -> dict:
+        return _clean(asdict(self))
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "VariantVerdict":
+        raw = _unclean(dict(raw))
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class GateReport:
+    outcome: str  # Outcome value: pass | regression | needs-baseline | error
+    reason: str  # one line
+    verdicts: List[VariantVerdict] = field(default_factory=list)
+    selected: List[Dict[str, Any]] = field(default_factory=list)  # [{op, reasons: [...]}]
+    not_covered: List[str] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    base_ref: Optional[str] = None
+    base_sha: Optional[str] = None
+    head_sha: Optional[str] = None
+    seed: Optional[int] = None
+    seconds: float = 0.0
+    env: Dict[str, Any] = field(default_factory=dict)
+    artifacts: Dict[str, str] = field(default_factory=dict)  # name -> path (report.json, junit.xml, plots)
+
+    @property
+    def exit_code(self) -> int:
+        return Outcome(self.outcome).exit_code
+
+    def counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for v in self.verdicts:
+            out[v.outcome] = out.get(v.outcome, 0) + 1
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verdicts"] = [v.to_dict() for v in self.verdicts]
+        return _clean(d)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "GateReport":
+        raw = dict(raw)
+        verdicts = [VariantVerdict.from_dict(v) for v in raw.pop("verdicts", [])]
+        raw = _unclean(raw)
+        return cls(verdicts=verdicts, **{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
