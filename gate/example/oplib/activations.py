@@ -13,9 +13,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """log(softmax(x)) without forming softmax."""
-    z = shift_by_max(x, dim)
-    return z - torch.log(torch.exp(z).sum(dim=dim, keepdim=True))
+    """log(softmax(x))."""
+    return torch.log(softmax(x, dim))
 
 
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:

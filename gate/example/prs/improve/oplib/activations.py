@@ -13,7 +13,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """log(softmax(x)) without forming softmax."""
+    """log(softmax(x)) without forming softmax (no underflow to log(0))."""
     z = shift_by_max(x, dim)
     return z - torch.log(torch.exp(z).sum(dim=dim, keepdim=True))
 
