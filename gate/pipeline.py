@@ -212,6 +212,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
 
     for w in work:
         task, finding = w["task"], w["finding"]
+        w["base"] = base_results.get(task.id)
         vv = decide(w["spec"], task.variant, w["head"], base_results.get(task.id), w["row"], w["status"], finding,
                     settings, inputs=[c.summary() for c in w["cands"]],
                     controls=[c.origin == "control" for c in w["cands"]])
@@ -230,8 +231,21 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         spec = catalog.get(name)
         report.verdicts.append(V.VariantVerdict(op=name, framework=spec.framework, variant={"dtype": "*"},
                                                 outcome=V.NOT_COVERED, reason="total budget exhausted before this operator"))
-    report._work = work  # for the localise stage (not serialised)
     report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
+    # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
+    # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
+    ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
+           "selected": selected, "settings": settings, "out": Path(opts.out), "say": say}
+    localise_stage(report, work, ctx)
+
+
+def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
+    """Run the localise stage when it is installed (gate.localise.localise_all)."""
+    try:
+        from .localise import localise_all
+    except ImportError:
+        return
+    localise_all(report, work, ctx)
 
 
 def _forget_modules_under(root: Path) -> None:
