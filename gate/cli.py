@@ -19,6 +19,7 @@ COMMANDS = [
     "gate.commands.fuzz",
     "gate.commands.run",
     "gate.commands.baseline",
+    "gate.commands.explain",
 ]
 
 

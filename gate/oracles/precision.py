@@ -134,7 +134,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             denom = ulp(b, dtype)
             np.maximum(denom, floor, out=denom)
             ulp_err = np.divide(err, denom, out=denom)
-            rel_den = np.abs(b)
+            rel_den = np.abs(b, out=np.empty_like(b))  # an array also for 0-d outputs
             np.maximum(rel_den, max(floor, np.finfo(np.float64).tiny), out=rel_den)
             rel_max = float((err / rel_den).max())
         else:
