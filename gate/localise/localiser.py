@@ -150,6 +150,8 @@ class Localiser:
 
         # 6. repro ----------------------------------------------------------------------------
         self._repro(minimal, diag)
+        if self.use_base and self.session.base is not None and self.session.base.dead:
+            diag.notes.append(f"base worker: {self.session.base.dead}")
         self._save(diag)
         return diag
 
@@ -249,6 +251,12 @@ class Localiser:
             rows.append({"name": f"max error ({dtype} ulp)", "base": fmt(bm.ulp) if bm else "-", "head": fmt(hm.ulp) if hm else "-"})
             rows.append({"name": "max abs error", "base": fmt(bm.abs) if bm else "-", "head": fmt(hm.abs) if hm else "-"})
             rows.append({"name": "NaN/Inf outputs", "base": str(bm.nonfinite) if bm else "-", "head": str(hm.nonfinite) if hm else "-"})
+        if self.target.kind == BEHAVIOUR and b is not None:
+            from .target import divergence
+
+            dv = divergence(h, b, dtype, self.spec.ulp_floor)
+            rows.append({"name": f"float64 output vs base's ({dtype} ulp)", "base": "0",
+                         "head": f"{fmt(dv)} (tolerance {fmt(BEHAVIOUR_TOLERANCE_ULP)})"})
         if self.target.kind == PRECISION and h.metrics is not None:
             thr = self.target.threshold(b, dtype, self.target.row_limit(self.variant) if not self.use_base else None)
             rows.append({"name": "threshold (ulp)", "base": "", "head": f"{fmt(thr)} = max(floor {fmt(self.target.floor(dtype))}, "
@@ -298,8 +306,9 @@ class Localiser:
         diag.base_vs_head = rows
 
     def _feeding(self, cand: Candidate, k: int, idx: Tuple[int, ...], out_shape) -> str:
-        """Input elements that feed output element ``idx``: each is nudged and the float64
-        reference is watched (small inputs); otherwise the same index when shapes agree."""
+        """Input elements that feed output element ``idx``: each is nudged (by 1/16 of its
+        magnitude) and the operator's output and float64 reference at ``idx`` are watched (small
+        inputs); on large inputs, the same index when the shapes agree."""
         runner = self.session.head.runner(self.spec, self.variant)
         floats = [t for t in self.spec.inputs if t.kind == "float" and t.name in cand.arrays]
         total = sum(cand.arrays[t.name].size for t in floats)
@@ -309,9 +318,22 @@ class Localiser:
             same = [f"{t.name}[{', '.join(map(str, idx))}] = {_num(cand.arrays[t.name][idx])}" for t in floats
                     if cand.arrays[t.name].shape == tuple(out_shape)]
             return ", ".join(same)
+
+        def at(c: Candidate):
+            with np.errstate(all="ignore"):
+                _, ev = runner.evaluate(c, keep_outputs=True)
+            if ev.outputs is None or ev.reference is None:
+                return None
+            return float(ev.outputs[k].array[idx]), float(ev.reference[k].array[idx])
+
+        def same(a, b):
+            return all(x == y or (np.isnan(x) and np.isnan(y)) for x, y in zip(a, b))
+
         try:
-            ref0 = runner.run_reference(cand)[k].array[idx]
+            v0 = at(cand)
         except Exception:
+            return ""
+        if v0 is None:
             return ""
         feeds = []
         for t in floats:
@@ -322,15 +344,13 @@ class Localiser:
                 c = cand.copy()
                 flat = c.arrays[t.name].reshape(-1).copy()
                 v = flat[j]
-                flat[j] = v + max(abs(v), 1.0) * 1e-3
-                flat = project(flat, t.domain)
-                c.arrays[t.name] = flat.reshape(a.shape)
+                flat[j] = v + max(abs(v), 1.0) / 16.0
+                c.arrays[t.name] = project(flat, t.domain).reshape(a.shape)
                 try:
-                    with np.errstate(all="ignore"):
-                        r = runner.run_reference(c)[k].array[idx]
+                    r = at(c)
                 except Exception:
                     continue
-                if not (r == ref0 or (np.isnan(r) and np.isnan(ref0))):
+                if r is not None and not same(r, v0):
                     pos = np.unravel_index(j, a.shape)
                     feeds.append(f"{t.name}[{', '.join(map(str, pos))}] = {_num(v)}")
         return ", ".join(feeds[:12]) + (f" (+{len(feeds) - 12} more)" if len(feeds) > 12 else "")

@@ -60,6 +60,7 @@ class Call:
     inputs: List[int] = field(default_factory=list)  # producing call per tensor input (-1: not traced)
     shapes: List[List[int]] = field(default_factory=list)
     delta: Optional[float] = None  # error vs the float64 shadow, ULPs of the dtype (low run only)
+    overflow: int = 0  # elements that are ±inf where the shadow is finite (beyond the dtype's range)
     error: Optional[str] = None
     outputs: Optional[List[np.ndarray]] = field(default=None, repr=False)  # float64 run only
 
@@ -323,8 +324,10 @@ def _make_recorder(frames: _Frames):
                     if shadows is not None:
                         for t, s in zip(outs, shadows):
                             self.shadow[id(t)] = s
-                        call.delta = _delta([to_numpy(t) for t in outs], [to_numpy(s) for s in shadows],
-                                            self.dtype, self.ulp_floor)
+                        lo, hi = [to_numpy(t) for t in outs], [to_numpy(s) for s in shadows]
+                        call.delta = _delta(lo, hi, self.dtype, self.ulp_floor)
+                        call.overflow = int(sum(np.count_nonzero(np.isinf(a) & np.isfinite(b)) for a, b in zip(lo, hi)
+                                                if a.shape == b.shape))
                 if self.keep_outputs:
                     call.outputs = [to_numpy(t) for t in outs]
             self.trace.calls.append(call)
@@ -461,6 +464,7 @@ def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: 
         dl = [(_delta(c.outputs, base.f64.calls[hm[i]].outputs, head.dtype, ulp_floor) if i in hm else None)
               for i, c in enumerate(head.f64.calls)]
         d_in, rr = rates(head.f64, [0.0 if d is None else d for d in dl])
+        rr = [None if d is None else r for d, r in zip(dl, rr)]
         found = None
         for i, c in enumerate(head.f64.calls):
             row = {"index": i, "call": _short(c.name), "site": c.site, "divergence": dl[i], "divergence_inputs": d_in[i],
@@ -531,7 +535,34 @@ def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: 
             if d > 0:
                 found = _pick(head.low.calls[i], delta=d, rate=r_h[i],
                               how="no call's error jumps above the floor; the call with the largest error")
+    if found is not None:
+        found = _overflow_source(head.low, found) or found
     return found, table
+
+
+def _overflow_source(trace: Trace, found: dict) -> Optional[dict]:
+    """When the culprit's inputs descend from a call whose result overflowed the dtype (the
+    shadow is finite), the earliest such call is where it went wrong: the oracle counts an
+    overflow of an out-of-range value as exact, so the error only shows further down."""
+    idx = next((c.index for c in trace.calls if c.file == found.get("file") and c.line == found.get("line")
+                and _short(c.name) == found.get("call")), None)
+    if idx is None:
+        return None
+    seen, todo, hits = set(), list(trace.calls[idx].inputs), []
+    while todo:
+        p = todo.pop()
+        if p < 0 or p in seen or p >= len(trace.calls):
+            continue
+        seen.add(p)
+        if trace.calls[p].overflow:
+            hits.append(p)
+        todo.extend(trace.calls[p].inputs)
+    if not hits:
+        return None
+    c = trace.calls[min(hits)]
+    return _pick(c, delta=c.delta, overflow=c.overflow,
+                 how=f"overflows the dtype here ({c.overflow} element(s) become ±inf, float64 is finite); "
+                     f"the error shows at {found.get('call')} ({found.get('file')}:{found.get('line')})")
 
 
 def summary_json(table: List[dict]) -> str:  # pragma: no cover - debugging aid
