@@ -50,6 +50,7 @@ class CampaignResult:
     evals: int = 0
     seconds: float = 0.0
     failures: List[Tuple[str, ...]] = field(default_factory=list)  # unique root causes, in order found
+    history: List[str] = field(default_factory=list)  # signature of every evaluated graph
     timeline: List[dict] = field(default_factory=list)  # after each graph: t, graphs, covered, failures
 
     @property
@@ -84,12 +85,14 @@ class GraphCampaign:
         self.valid = 0
         self.evals = 0
         self.timeline: List[dict] = []
+        self.history: List[str] = []  # signature of every evaluated graph, in order
         self._t0 = 0.0
 
     # -- one graph ------------------------------------------------------------------------
     def evaluate(self, g: Graph) -> float:
         specs = self.space.specs
         self.graphs += 1
+        self.history.append(g.signature)
         valid = False
         growth = 0.0
         for dtype in self.dtypes:
@@ -188,7 +191,7 @@ class GraphCampaign:
             f.coverage["run"] = fig
         return CampaignResult(arm=self.arm_name, framework=self.space.framework, findings=findings, coverage=fig,
                               graphs=self.graphs, valid=self.valid, evals=self.evals, seconds=elapsed,
-                              failures=list(self.failures), timeline=self.timeline)
+                              failures=list(self.failures), timeline=self.timeline, history=list(self.history))
 
 
 __all__ = ["GraphCampaign", "CampaignResult", "failure_key"]

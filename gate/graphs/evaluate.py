@@ -191,6 +191,31 @@ class GraphRunner:
             out.arrays[t.name] = inside_after_rounding(q, t.domain, self.dtype)
         return out
 
+    def model(self, reference: bool = False):
+        """The graph as one framework-native function of its free tensors (in
+        ``self.spec.inputs`` order) returning its outputs: what an exporter traces."""
+        names = [t.name for t in self.spec.inputs]
+        fns = self.ref_fns if reference else self.fns
+        graph, specs = self.graph, self.specs
+
+        def model(*tensors):
+            given = dict(zip(names, tensors))
+            values = {INPUT: given[INPUT]}
+            for i, (node, spec) in enumerate(zip(graph.nodes, specs)):
+                fed = dict(node.feeds)
+                args, kwargs = [], dict(node.params)
+                for t in spec.inputs:
+                    x = values[fed[t.name]] if t.name in fed else given[constant_name(i, t.name)]
+                    if t.keyword:
+                        kwargs[t.name] = x
+                    else:
+                        args.append(x)
+                values[node_ref(i)] = flatten(fns[i](*args, **kwargs))[0]
+            outs = [values[node_ref(j)] for j in graph.sinks]
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        return model
+
     # -- passes -------------------------------------------------------------------------------
     def _call(self, i: int, values: Mapping[str, Output], cand: Candidate, *, low: bool, fn) -> Output:
         node, spec = self.graph.nodes[i], self.specs[i]
