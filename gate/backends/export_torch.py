@@ -73,8 +73,8 @@ def torchscript_trace(call: ExportCall, workdir: str) -> _Loaded:
             traced = torch.jit.trace(_Model(call.model), tuple(call.example), check_trace=False)
         with stage("save"):
             traced.save(path)
-    with stage("load"):
-        loaded = torch.jit.load(path)
+        with stage("load"):
+            loaded = torch.jit.load(path)
     return _Loaded(loaded, _warnings_of(rec))
 
 
@@ -91,8 +91,8 @@ def torchscript_script(call: ExportCall, workdir: str) -> _Loaded:
             scripted = torch.jit.script(fn)
         with stage("save"):
             scripted.save(path)
-    with stage("load"):
-        loaded = torch.jit.load(path)
+        with stage("load"):
+            loaded = torch.jit.load(path)
     bind = call.bind
     return _Loaded(lambda *xs: bind(loaded, xs), _warnings_of(rec))
 

@@ -25,12 +25,28 @@ from ..oracles.export import EXPORT_DTYPE, Failure, classify, float64_rule, scor
 from ..plan import Variant
 from .engine import search
 from .finding import Crash, Finding
-from .inputs import Candidate, draw, inside_after_rounding
+from .inputs import Candidate, draw, inside_after_rounding, project
 from .mutate import MUTATORS
 from .runner import CRASH, INVALID, OK, Evaluation, exception_signature
 
-#: value mutators for exported models (shapes are frozen by the export)
-EXPORT_MUTATORS = ("scale", "noise", "edge", "shift", "perturb_1e-4")
+
+
+def negate(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
+    """Flip the sign of one input: a trace frozen on a sign-dependent branch shows at once."""
+    names = [t.name for t in spec.inputs if t.kind == "float" and cand.arrays.get(t.name) is not None]
+    if not names:
+        return None
+    name = names[int(rng.integers(len(names)))]
+    dom = next(t.domain for t in spec.inputs if t.name == name)
+    new = cand.copy(origin="negate")
+    new.arrays[name] = project(-new.arrays[name], dom)
+    return new
+
+
+#: mutators of exported models' inputs: values only (shapes are frozen by the export)
+EXPORT_MUTATOR_TABLE = {**{k: MUTATORS[k] for k in ("scale", "noise", "edge", "shift", "perturb_1e-4")},
+                        "negate": negate}
+EXPORT_MUTATORS = tuple(EXPORT_MUTATOR_TABLE)
 
 
 @dataclass
@@ -156,7 +172,7 @@ class ExportRunner:
         return float64_rule(out, eager, ref64, self.ex.floor_ulp, self.ex.ulp_floor)
 
 
-def export_finding(ex: Exportable, example: Candidate, path_name: str, *, seed: int = 0, evals: Optional[int] = 8,
+def export_finding(ex: Exportable, example: Candidate, path_name: str, *, seed: int = 0, evals: Optional[int] = 12,
                    seconds: Optional[float] = None, device: str = "cpu",
                    mutators: Sequence[str] = EXPORT_MUTATORS) -> Finding:
     """Export ``ex`` through ``path_name`` from ``example``, then search inputs of the same
@@ -201,7 +217,7 @@ def export_finding(ex: Exportable, example: Candidate, path_name: str, *, seed: 
         def fresh(r: np.random.Generator) -> Candidate:
             return draw(spec, r, fixed_params=ex.fixed_params, fixed_dims=ex.fixed_dims)
 
-        bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(MUTATORS[n]) for n in mutators}
+        bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(EXPORT_MUTATOR_TABLE[n]) for n in mutators}
         res = search(runner.evaluate, fresh, bound, rng, seconds=seconds, evals=evals, seeds=[q], n_seeds=4)
         finding.evals = res.evals
         finding.invalid = res.invalid
@@ -225,7 +241,7 @@ def export_finding(ex: Exportable, example: Candidate, path_name: str, *, seed: 
         runner.close()
 
 
-def export_op(spec: OpSpec, path_name: str, *, seed: int = 0, evals: Optional[int] = 8, seconds: Optional[float] = None,
+def export_op(spec: OpSpec, path_name: str, *, seed: int = 0, evals: Optional[int] = 12, seconds: Optional[float] = None,
               device: str = "cpu") -> Finding:
     """The export oracle on one catalogue operator and one deployment path."""
     backend = get_backend(spec.framework)

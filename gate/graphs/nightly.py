@@ -89,7 +89,7 @@ def graph_exportable(finding: Finding, specs: Mapping[str, OpSpec]) -> Optional[
 def nightly(catalog: Iterable[OpSpec], *, budget_seconds: float, seed: int = 0, frameworks: Sequence[str] = ("torch",),
             share: Optional[Mapping[str, float]] = None, arm: str = "mcts", dtypes: Sequence[str] = ("float16",),
             device: str = "cpu", evals_per_graph: int = 4, max_graphs: Optional[int] = None,
-            export_paths: Optional[Sequence[str]] = None, export_evals: int = 6, export_graphs: int = 3,
+            export_paths: Optional[Sequence[str]] = None, export_evals: int = 12, export_graphs: int = 3,
             export_ops: Optional[Sequence[str]] = None,
             progress: Optional[Callable[[str], None]] = None) -> NightlyRun:
     """Graph fuzzing, then export differentials, within ``budget_seconds`` in all."""
