@@ -15,7 +15,7 @@ from gate.fuzz.inputs import draw  # noqa: E402
 from gate.fuzz.runner import VariantRunner  # noqa: E402
 from gate.graphs.campaign import GraphCampaign  # noqa: E402
 from gate.graphs.coverage import Coverage, CoverageSpace  # noqa: E402
-from gate.graphs.evaluate import GraphRunner, change_rate, fuzz_graph  # noqa: E402
+from gate.graphs.evaluate import GraphRunner, change_rate, fuzz_graph, replay_graph  # noqa: E402
 from gate.graphs.generate import C_UCT, GraphSpace, MCTSArm, _TNode  # noqa: E402
 from gate.graphs.model import Graph, Node, signature  # noqa: E402
 from gate.graphs.shapes import solve_dims  # noqa: E402
@@ -104,9 +104,11 @@ def test_composition_overflows_in_fp16_and_first_diverging_node_is_named(userops
     # the same graph in float32 is fine: the defect is the fp16 composition
     f32 = fuzz_graph(chain, specs, "float32", seed=0, evals=4)
     assert f32.metrics.nonfinite == 0 and f32.extra["first_diverging"] is None
-    # the row survives JSON
+    # the row survives JSON and replays from what it stores
     back = Finding.from_dict(f.to_dict())
     assert back.extra["first_diverging"]["op"] == "user.sq_ratio" and math.isinf(back.extra["first_diverging"]["R"])
+    (ev,) = replay_graph(back.extra["graph"], specs, "float16", [back.best])
+    assert ev.status == "ok" and ev.metrics.nonfinite == f.metrics.nonfinite
 
 
 @pytest.mark.parametrize("arm", ["mcts", "random"])

@@ -434,5 +434,13 @@ def fuzz_graph(graph: Graph, specs: Mapping[str, OpSpec], dtype: str, *, seed: i
     return finding
 
 
-__all__ = ["GraphRunner", "GraphAnalysis", "NodeReport", "fuzz_graph", "change_rate", "GRAPH_MUTATORS",
+def replay_graph(graph: Mapping[str, Any], specs: Mapping[str, OpSpec], dtype: str, candidates: Sequence[Candidate],
+                 device: str = "cpu") -> List[Evaluation]:
+    """Re-run a graph row (``Finding.extra["graph"]``) on stored inputs (``Finding.best``), e.g.
+    on the base and the head of a PR: one :class:`Evaluation` per candidate."""
+    runner = GraphRunner(Graph.from_dict(graph), specs, dtype, device)
+    return [runner.evaluate(c, quantized=True)[1] for c in candidates]
+
+
+__all__ = ["replay_graph", "GraphRunner", "GraphAnalysis", "NodeReport", "fuzz_graph", "change_rate", "GRAPH_MUTATORS",
            "DEFAULT_FLOOR_ULP", "R_THRESHOLD"]
