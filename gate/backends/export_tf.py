@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import warnings
-from typing import Any, Callable, List
+from typing import Callable, List
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

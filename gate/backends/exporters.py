@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError

@@ -20,10 +20,10 @@ comparable between runs and between the MCTS and random arms.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Set, Tuple
+from typing import Dict, List, Mapping, Set, Tuple
 
 from ..ops import expr
-from .model import Graph, ref_index
+from .model import Graph
 from .shapes import DIM_CLASSES, GraphOp, dim_class
 
 CRITERIA = ("operator_type", "in_degree", "out_degree", "edge", "shape_param")

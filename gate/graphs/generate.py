@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from ..ops.spec import OpSpec
 from ..fuzz.inputs import draw_dims, tensor_shape
-from .model import INPUT, Graph, Node, node_ref, ref_index
+from .model import INPUT, Graph, Node, node_ref
 from .shapes import GraphOp, ShapeProbe, graph_op, node_params, solve_dims
 
 C_UCT = 1.0 / math.sqrt(2.0)

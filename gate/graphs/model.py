@@ -10,9 +10,8 @@ signature (:func:`signature`) that names the graph's baseline row.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from ..fuzz.inputs import _jsonify, _unjsonify
 

@@ -23,7 +23,6 @@ from ..backends.exporters import get_path, paths_for
 from ..errors import GateError
 from ..fuzz.export import Exportable, export_finding, group_failures, op_exportable
 from ..fuzz.finding import Finding
-from ..fuzz.inputs import draw
 from ..ops.spec import OpSpec
 from ..oracles.export import EXPORT_DTYPE
 from ..plan import Variant
