@@ -5,7 +5,7 @@
 * Updated in place; created only when there is something to say.
 * Stamped with the head SHA and the run (id, attempt): a run for a commit that is no longer
   the PR's head, or an older run of the same commit, never overwrites a newer result.
-* Transient failures are retried: 5xx (and 429) with exponential backoff by urllib3's
+* Transient failures are retried: 5xx with exponential backoff by urllib3's
   :class:`~urllib3.util.retry.Retry` on an :class:`~requests.adapters.HTTPAdapter` for the
   idempotent methods (GET, PATCH); rate limits (403/429 with ``Retry-After`` or
   ``X-RateLimit-Remaining: 0``) by waiting as the headers say, up to ``max_wait`` seconds;
@@ -44,9 +44,12 @@ class GitHubAPIError(Exception):
 
 
 class _Retry(Retry):
-    """urllib3 Retry whose ``Retry-After`` sleep is capped (a huge value must not hang CI)."""
+    """urllib3 Retry for transient server errors: 5xx with exponential backoff, ``Retry-After``
+    on a 503 honoured but capped (a huge value must not hang CI). Rate limits (403/429) are left
+    to :meth:`GitHubClient.request`, which reads GitHub's rate-limit headers."""
 
     RETRY_AFTER_MAX = 60.0
+    RETRY_AFTER_STATUS_CODES = frozenset({503})
 
     def get_retry_after(self, response) -> Optional[float]:
         after = super().get_retry_after(response)
@@ -116,7 +119,7 @@ class GitHubClient:
         retry = type("_CappedRetry", (_Retry,), {"RETRY_AFTER_MAX": max_wait})(
             total=retries, connect=retries, read=retries, status=retries, other=0,
             backoff_factor=backoff_factor, backoff_max=max_wait,
-            status_forcelist=(429, 500, 502, 503, 504),
+            status_forcelist=(500, 502, 503, 504),
             allowed_methods=frozenset({"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"}),
             respect_retry_after_header=True, raise_on_status=False, raise_on_redirect=False,
         )

@@ -274,7 +274,8 @@ def _blocks(report: GateReport, repo_url: Optional[str]) -> List[_Block]:
     verdicts = ordered(report)
     passing = [v for v in verdicts if v.outcome == PASS and not is_failing(report, v)]
     fold = len(passing) > FOLD_PASSING_OVER
-    main_rows = [v for v in verdicts if not (fold and v in passing)]
+    passing_ids = {id(v) for v in passing}
+    main_rows = [v for v in verdicts if not (fold and id(v) in passing_ids)]
     if main_rows:
         blocks.append(_Block((3, 0), (2, 0), _table_header()))
         for i, v in enumerate(main_rows):
@@ -306,9 +307,10 @@ def _blocks(report: GateReport, repo_url: Optional[str]) -> List[_Block]:
     return blocks
 
 
-def _cut_note(omitted: int, full_report: Optional[str]) -> str:
+def _cut_note(rows: int, sections: int, full_report: Optional[str]) -> str:
     where = f" The full report: {full_report}." if full_report else " The full report is in the run's artifacts."
-    return f"\n\n> [!NOTE]\n> Cut to fit GitHub's size limit: {omitted} section(s) left out.{where}"
+    return (f"\n\n> [!NOTE]\n> Cut to fit GitHub's size limit: {rows} table row(s) and {sections} section(s) "
+            f"left out.{where}")
 
 
 def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report: Optional[str] = None,
@@ -321,33 +323,42 @@ def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report:
     total = sum(b.size for b in blocks) + _nbytes(tail)
     if total <= limit:
         return "\n".join(b.text for b in blocks) + tail
-    budget = limit - _nbytes(tail) - _nbytes(_cut_note(len(blocks), full_report)) - 2
-    chosen: List[_Block] = []
+    budget = limit - _nbytes(tail) - _nbytes(_cut_note(len(blocks), len(blocks), full_report)) - 2
+    END = 10 ** 9
+    # a table row needs its table's header (and closer): they come in with the first row
+    frame: Dict[int, List[int]] = {}
+    for i, b in enumerate(blocks):
+        if len(b.order) == 2 and b.order[1] in (0, END):
+            frame.setdefault(b.order[0], []).append(i)
+    chosen: set = set()
     used = 0
-    table_header = {b.order[0]: b for b in blocks if len(b.order) == 2 and b.order[1] == 0}
-    for b in sorted(blocks, key=lambda b: b.priority):
-        need = b.size
-        header = None
-        if len(b.order) == 2 and b.order[1] != 0 and b.order[0] in table_header:
-            header = table_header[b.order[0]]
-            if header in chosen:
-                header = None
-            else:
-                need += header.size
-                closer = [x for x in blocks if x.order == (b.order[0], 10 ** 9)]
-                need += sum(x.size for x in closer)
+    for i in sorted(range(len(blocks)), key=lambda i: blocks[i].priority):
+        if i in chosen:
+            continue
+        b = blocks[i]
+        extra = []
+        if len(b.order) == 2 and b.order[1] not in (0, END):
+            extra = [j for j in frame.get(b.order[0], []) if j not in chosen]
+        need = b.size + sum(blocks[j].size for j in extra)
         if used + need > budget:
             continue
-        if header is not None:
-            chosen.append(header)
-            chosen.extend(x for x in blocks if x.order == (b.order[0], 10 ** 9) and x not in chosen)
-        if b not in chosen:
-            chosen.append(b)
+        chosen.add(i)
+        chosen.update(extra)
         used += need
-    omitted = len([b for b in blocks if b not in chosen and not (len(b.order) == 2 and b.order[1] in (0, 10 ** 9))])
-    text = "\n".join(b.text for b in sorted(chosen, key=lambda b: b.order))
-    out = text + _cut_note(omitted, full_report) + tail
+    framing = {j for js in frame.values() for j in js}
+    left = [i for i in range(len(blocks)) if i not in chosen and i not in framing]
+    rows = sum(1 for i in left if len(blocks[i].order) == 2)
+    note = _cut_note(rows, len(left) - rows, full_report)
+    texts = {i: blocks[i].text for i in chosen}
+    for i in chosen:  # the folded table says how many of its rows are shown
+        if blocks[i].order == (4, 0):
+            shown = sum(1 for j in chosen if blocks[j].order[0] == 4 and blocks[j].order[1] not in (0, END))
+            total = sum(1 for b in blocks if b.order[0] == 4 and b.order[1] not in (0, END))
+            if shown < total:
+                texts[i] = texts[i].replace(" passing variants</summary>", f" passing variants ({shown} shown)</summary>")
+    text = "\n".join(texts[i] for i in sorted(chosen, key=lambda i: blocks[i].order))
+    out = text + note + tail
     if _nbytes(out) > limit:  # a single block larger than the whole budget: hard cut
-        room = limit - _nbytes(_cut_note(omitted, full_report) + tail) - 1
-        out = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore") + _cut_note(omitted, full_report) + tail
+        room = limit - _nbytes(note + tail) - 1
+        out = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore") + note + tail
     return out
