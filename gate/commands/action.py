@@ -172,7 +172,7 @@ def fallback_report(argv: List[str], rc: int, message: str, out: Path, refresh: 
     if refresh and rc == 0:
         return GateReport(outcome="pass", reason="baselines refreshed")
     reason = message or f"`dl-gate {' '.join(argv[:2])}` exited with code {rc} without writing {out}/report.json"
-    return GateReport(outcome=Outcome.ERROR.value, reason=reason, errors=[reason])
+    return _error_report(reason)
 
 
 def trust_workspace(env: dict, workspace: Optional[str]) -> None:
@@ -214,41 +214,64 @@ def fix_ownership(roots: Iterable[Path], like: Path, max_entries: int = 500_000)
     return changed
 
 
-def run(args) -> int:
+def _error_report(message: str):
+    from ..judge.verdict import GateReport
+
+    return GateReport(outcome=Outcome.ERROR.value, reason=message, errors=[message])
+
+
+def _finish(report, inp: ActionInputs, env: Mapping[str, str], workspace: Optional[str]) -> None:
+    """Write the files and publish: the same on every outcome."""
     from ..report import write_all
-    from ..report.github import GitHubContext, publish_to_github
-    from ..report.schema import load_report
+    from ..report.github import publish_to_github
 
-    env = os.environ
-    inp = ActionInputs.from_env(env)
-    ctx = GitHubContext.from_env(env)
-    workspace = env.get("GITHUB_WORKSPACE")
-    trust_workspace(os.environ, workspace)
     out = Path(inp.out)
-    started = time.time()
-
-    argv = command_for(inp, env, ctx.event)
-    if argv is None:
-        report = load_report(inp.report)
-    else:
-        stale = out / "report.json"
-        if stale.exists():  # a self-hosted runner keeps the workspace: never publish an old report
-            stale.unlink()
-        print(f"dl-gate action: dl-gate {' '.join(argv)}", file=sys.stderr)
-        rc, message = run_cli(argv)
-        if stale.exists():
-            try:
-                report = load_report(stale)
-            except GateError as exc:
-                report = fallback_report(argv, EXIT_CODES[Outcome.ERROR], str(exc), out, False)
-        else:
-            report = fallback_report(argv, rc, message, out, inp.mode == "refresh")
     paths = write_all(report, out, root=workspace)
     token = inp.token or env.get("GITHUB_TOKEN") or None
     publish_to_github(report, env, paths=paths, comment=inp.comment, token=token, comment_key=inp.comment_key,
                       comment_author=inp.comment_author or None)
     if workspace:
         fix_ownership([Path(workspace)], Path(workspace))
+
+
+def run(args) -> int:
+    from ..report.github import GitHubContext
+    from ..report.schema import load_report
+
+    env = os.environ
+    workspace = env.get("GITHUB_WORKSPACE")
+    trust_workspace(os.environ, workspace)
+    started = time.time()
+    try:
+        inp = ActionInputs.from_env(env)
+        if inp.mode == "publish":
+            report = load_report(inp.report)  # untrusted: validated, never executed
+    except GateError as exc:
+        # a mistake in the workflow or a bad artifact, not a gate result: report it and fail the step
+        inp = ActionInputs(out=get_input(env, "out", "dl-gate-out") or "dl-gate-out", comment=False)
+        _finish(_error_report(str(exc)), inp, env, workspace)
+        raise
+    ctx = GitHubContext.from_env(env)
+    if inp.mode != "publish":
+        out = Path(inp.out)
+        stale = out / "report.json"
+        if stale.exists():  # a self-hosted runner keeps the workspace: never publish an old report
+            stale.unlink()
+        try:
+            argv = command_for(inp, env, ctx.event)
+        except GateError as exc:  # e.g. no base ref for this event: a run error like any other
+            report = _error_report(str(exc))
+        else:
+            print(f"dl-gate action: dl-gate {' '.join(argv)}", file=sys.stderr)
+            rc, message = run_cli(argv)
+            if stale.exists():
+                try:
+                    report = load_report(stale)
+                except GateError as exc:
+                    report = _error_report(str(exc))
+            else:
+                report = fallback_report(argv, rc, message, out, inp.mode == "refresh")
+    _finish(report, inp, env, workspace)
     code = report.exit_code if report.outcome in inp.fail_on else 0
     print(f"dl-gate action: outcome {report.outcome} in {time.time() - started:.0f}s; step exits {code} "
           f"(fail-on: {', '.join(inp.fail_on) or 'never'})", file=sys.stderr)
