@@ -234,13 +234,23 @@ def _list_section(title: str, items: List[Any], open_: bool = False, limit: int 
     return f"<details{attr}><summary>{md_text(title)}</summary>\n\n" + "\n".join(body) + "\n\n</details>"
 
 
+def _reason_text(r: Any) -> str:
+    """A selection reason: ``{kind, file, line, symbol}`` from the select stage, or text."""
+    if not isinstance(r, dict):
+        return str(r)
+    where = f"{r.get('file')}:{r.get('line') or 1}" if r.get("file") else ""
+    parts = [p for p in (where, str(r.get("symbol") or "")) if p]
+    text = " ".join(parts) or str(r.get("kind") or "selected")
+    return f"{text} ({r['kind']})" if r.get("kind") and parts else text
+
+
 def _selected_section(report: GateReport) -> Optional[str]:
     if not report.selected:
         return None
     items = []
     for s in report.selected[:200]:
         if isinstance(s, dict):
-            reasons = "; ".join(str(r) for r in (s.get("reasons") or [])[:5])
+            reasons = "; ".join(_reason_text(r) for r in (s.get("reasons") or [])[:5])
             items.append(f"{s.get('op')}: {reasons}" if reasons else str(s.get("op")))
         else:
             items.append(str(s))
