@@ -50,6 +50,15 @@ def fail_set(report: GateReport) -> set:
     return set(report.fail_outcomes or [REGRESSION])
 
 
+def fmt_value(v: Any, max_len: int = 200) -> str:
+    """An env/details value in one line: mappings as ``k=v, …``."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={fmt_value(x)}" for k, x in v.items())[:max_len]
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt_value(x) for x in v)[:max_len]
+    return str(v)[:max_len]
+
+
 def is_failing(report: GateReport, v: VariantVerdict) -> bool:
     return v.outcome in fail_set(report)
 
@@ -89,6 +98,16 @@ def fmt_num(x: Optional[float]) -> str:
             return "0"
         return f"{x:.3g}"
     return str(x)
+
+
+def new_nonfinite(v: VariantVerdict) -> bool:
+    """Head produced NaN/Inf where base did not: its finite error figure says nothing then."""
+    return bool(v.head_nonfinite) and not v.base_nonfinite
+
+
+def head_for_chart(v: VariantVerdict) -> Optional[float]:
+    """The head error as charts draw it: infinite when head has new NaN/Inf outputs."""
+    return math.inf if new_nonfinite(v) else v.head_error
 
 
 def fmt_ratio(x: Optional[float]) -> str:

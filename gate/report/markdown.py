@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..judge.verdict import PASS, GateReport, VariantVerdict
-from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, diag, fmt_num, fmt_ratio,
-                     icon, is_failing, md_code, md_fence, md_text, minimal_input, ordered, repro_command,
-                     short_sha, suboperation_text)
+from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, diag, fmt_num, fmt_ratio, fmt_value,
+                     head_for_chart, icon, is_failing, md_code, md_fence, md_text, minimal_input, new_nonfinite,
+                     ordered, repro_command, short_sha, suboperation_text)
 
 FOLD_PASSING_OVER = 15  # more passing rows than this fold into <details>
 CHART_MAX = 24  # variants in the inline chart
@@ -78,11 +78,16 @@ def _row(report: GateReport, v: VariantVerdict) -> str:
     def err(x):
         return f"{fmt_num(x)}{unit}" if x is not None else "–"
 
+    def nonfinite(n):
+        return f" + {n} NaN/Inf" if n else ""
+
     outcome = md_text(v.outcome, 30)
     if is_failing(report, v):
         outcome = f"**{outcome}**"
-    return (f"| {icon(report, v)} | {md_code(v.op, 80)} | {md_text(v.key, 80)} | {err(v.base_error)} | "
-            f"{err(v.head_error)} | {fmt_ratio(v.ratio)} | {err(v.threshold)} | {outcome} |")
+    ratio = "NaN/Inf" if new_nonfinite(v) else fmt_ratio(v.ratio)
+    return (f"| {icon(report, v)} | {md_code(v.op, 80)} | {md_text(v.key, 80)} | "
+            f"{err(v.base_error)}{nonfinite(v.base_nonfinite)} | {err(v.head_error)}{nonfinite(v.head_nonfinite)} | "
+            f"{ratio} | {err(v.threshold)} | {outcome} |")
 
 
 def _chart_value(x: Optional[float], log: bool, inf_as: float) -> float:
@@ -101,16 +106,16 @@ def mermaid_chart(report: GateReport, max_variants: int = CHART_MAX) -> Optional
         return None
     finite = [x for v in rows for x in (v.base_error, v.head_error, v.threshold)
               if x is not None and not math.isnan(x) and not math.isinf(x) and x > 0]
-    log = bool(finite) and (max(finite) / min(finite) > 100 or any(
-        v.head_error is not None and math.isinf(v.head_error) for v in rows))
+    heads = [head_for_chart(v) for v in rows]
+    log = bool(finite) and (max(finite) / min(finite) > 100 or any(h is not None and math.isinf(h) for h in heads))
     metric = rows[0].metric or "error"
     labels = ", ".join('"' + f"{v.op} {v.key}".replace('"', "'").replace("\\", "/")[:60] + '"' for v in rows)
     y_title = f"log10(1 + {metric})" if log else metric
 
     inf_as = 10 * max(finite) if finite else 1e6  # drawn as the tallest bar, labelled ∞ in the table
 
-    def series(attr):
-        return "[" + ", ".join(str(_chart_value(getattr(v, attr), log, inf_as)) for v in rows) + "]"
+    def series(values):
+        return "[" + ", ".join(str(_chart_value(x, log, inf_as)) for x in values) + "]"
 
     lines = [
         "```mermaid",
@@ -118,9 +123,9 @@ def mermaid_chart(report: GateReport, max_variants: int = CHART_MAX) -> Optional
         f'    title "Error vs float64: head (bars), base and threshold (lines)"',
         f"    x-axis [{labels}]",
         f'    y-axis "{y_title}"',
-        f"    bar {series('head_error')}",
-        f"    line {series('base_error')}",
-        f"    line {series('threshold')}",
+        f"    bar {series(heads)}",
+        f"    line {series([v.base_error for v in rows])}",
+        f"    line {series([v.threshold for v in rows])}",
         "```",
     ]
     return "\n".join(lines)
@@ -260,7 +265,7 @@ def _selected_section(report: GateReport) -> Optional[str]:
 def _env_section(report: GateReport) -> Optional[str]:
     if not report.env:
         return None
-    rows = "\n".join(f"| {md_text(k, 60)} | {md_text(v, 200)} |" for k, v in sorted(report.env.items()))
+    rows = "\n".join(f"| {md_text(k, 60)} | {md_text(fmt_value(v, 300), 300)} |" for k, v in sorted(report.env.items()))
     return f"<details><summary>Environment</summary>\n\n| | |\n|---|---|\n{rows}\n\n</details>"
 
 

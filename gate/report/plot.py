@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..judge.verdict import GateReport
-from .common import is_failing, ordered
+from .common import head_for_chart, is_failing, new_nonfinite, ordered
 
 MAX_VARIANTS = 60
 LAST_SKIP: Optional[str] = None
@@ -48,17 +48,20 @@ def write_plot(report: GateReport, path: os.PathLike) -> Optional[Path]:
         return None
     LAST_SKIP = None
 
+    heads = [head_for_chart(v) for v in rows]
     values = [x for v in rows for x in (v.base_error, v.head_error, v.threshold)
               if x is not None and math.isfinite(x) and x > 0]
     top = max(values) if values else 1.0
-    bottom = min(values) if values else 1.0
-    log = top / bottom > 30 or any(v.head_error is not None and math.isinf(v.head_error) for v in rows)
+    floor = max(min(values) if values else 1.0, top * 1e-8)  # a 1e-160 error is drawn as ~0, not as an axis
+    log = top / floor > 30 or any(h is not None and math.isinf(h) for h in heads)
     inf_as = top * 10
 
     def val(x):
         if x is None or math.isnan(x):
             return 0.0
-        return inf_as if math.isinf(x) else max(x, 0.0)
+        if math.isinf(x):
+            return inf_as
+        return max(x, floor / 2) if log and x > 0 else max(x, 0.0)
 
     n = len(rows)
     fig = Figure(figsize=(9, 1.2 + 0.42 * n), dpi=100)
@@ -70,26 +73,28 @@ def write_plot(report: GateReport, path: os.PathLike) -> Optional[Path]:
             label="base")
     head_colours = [_COLOURS["fail"] if is_failing(report, v) else
                     (_COLOURS["pass"] if v.outcome in ("pass", "improvement") else _COLOURS["other"]) for v in rows]
-    ax.barh([y + h / 2 for y in ys], [val(v.head_error) for v in rows], height=h, color=head_colours, label="head")
+    ax.barh([y + h / 2 for y in ys], [val(x) for x in heads], height=h, color=head_colours, label="head")
     thr = [(y, v.threshold) for y, v in zip(ys, rows) if v.threshold is not None and math.isfinite(v.threshold)]
     if thr:
         ax.scatter([t for _, t in thr], [y for y, _ in thr], marker="|", s=300, color="black", zorder=3,
                    label="threshold")
-    for y, v in zip(ys, rows):
-        if v.head_error is not None and math.isinf(v.head_error):
-            ax.text(inf_as, y + h / 2, " ∞", va="center", fontsize=8)
+    for y, v, x in zip(ys, rows, heads):
+        if x is not None and math.isinf(x):
+            label = f" NaN/Inf ×{v.head_nonfinite}" if new_nonfinite(v) else " ∞"
+            ax.text(inf_as, y + h / 2, label, va="center", fontsize=8)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{v.op} [{v.key}]"[:70] for v in rows], fontsize=8)
     ax.invert_yaxis()
     if log:
         ax.set_xscale("log")
-        ax.set_xlim(left=bottom / 2)
+        ax.set_xlim(left=floor / 3, right=inf_as * 30)
     metric = rows[0].metric or "error"
     ax.set_xlabel(f"max error vs float64 ({metric})")
     ax.set_title(f"dl-gate: {report.outcome} (head vs base)", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.35 / (1.2 + 0.42 * n), 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata={"Software": "dl-gate"})
