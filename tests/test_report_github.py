@@ -181,3 +181,16 @@ def test_report_stage_never_imports_a_framework(tmp_path):
                          cwd=Path(__file__).resolve().parents[1])
     assert "FRAMEWORKS 0 False False" in res.stdout, res.stderr
     assert (tmp_path / "out" / "junit.xml").exists()
+
+
+def test_the_comment_fits_githubs_limit_and_points_at_the_full_report(tmp_path):
+    vs = [regression(op=f"lib.fail{i:03d}") for i in range(300)]
+    with FakeGitHub() as fake:
+        fake.add_pull(7, HEAD)
+        env = gh_env(tmp_path, fake.url, pr_event())
+        publish_to_github(rich_report(verdicts=vs), env, annotations=False, summary=False, stream=io.StringIO())
+        (c,) = fake.comments[7]
+    assert len(c["body"]) <= 65_536
+    assert "Cut to fit GitHub's size limit" in c["body"]
+    assert c["body"].rstrip().endswith("</sub>")  # the footer survives the cut
+    assert "The full report: https://github.com/acme/ops/actions/runs/500" in c["body"]
