@@ -14,7 +14,7 @@ from gate.report.common import SUMMARY_LIMIT
 from gate.report.github import GitHubContext, publish_to_github
 from gate.report.outputs import format_outputs, parse_outputs
 from github_fake import FakeGitHub
-from report_samples import error_report, pass_report, regression, rich_report, variant
+from report_samples import pass_report, regression, rich_report, variant
 
 REPO = "acme/ops"
 HEAD = "b" * 40

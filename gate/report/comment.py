@@ -21,7 +21,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 from urllib.parse import urlsplit
 
 import requests

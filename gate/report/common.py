@@ -4,7 +4,6 @@ imports, no I/O."""
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 from pathlib import Path
@@ -266,10 +265,6 @@ def has_news(report: GateReport) -> bool:
     if report.outcome != "pass" or report.errors or report.warnings:
         return True
     return any(v.outcome not in (PASS, IMPROVEMENT, NOT_COVERED, UNSUPPORTED) for v in report.verdicts)
-
-
-def dumps_compact(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)
 
 
 def counts_by(report: GateReport, outcomes: Iterable[str]) -> int:

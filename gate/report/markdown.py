@@ -18,6 +18,7 @@ the full one. All text from the report is escaped: in the ``workflow_run`` comme
 report comes from an untrusted fork and must not inject HTML, mentions or fences."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -120,7 +121,7 @@ def mermaid_chart(report: GateReport, max_variants: int = CHART_MAX) -> Optional
     lines = [
         "```mermaid",
         "xychart-beta",
-        f'    title "Error vs float64: head (bars), base and threshold (lines)"',
+        '    title "Error vs float64: head (bars), base and threshold (lines)"',
         f"    x-axis [{labels}]",
         f'    y-axis "{y_title}"',
         f"    bar {series(heads)}",
@@ -202,7 +203,7 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
     if v.source_file:
         src = f"{v.source_file}:{v.source_line or 1}"
         url = _link(repo_url, report.head_sha, v.source_file, v.source_line)
-        figs.append(f"- **Operator source:** " + (f"[{md_text(src)}]({url})" if url else md_code(src)))
+        figs.append("- **Operator source:** " + (f"[{md_text(src)}]({url})" if url else md_code(src)))
     lines.extend(figs)
     code = changed_code(v)
     if code:
@@ -224,8 +225,6 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
              "repro_script", "repro_command"}
     extra = {k: val for k, val in d.items() if k not in known}
     if extra:
-        import json
-
         lines += ["", "**Other findings:**", "", md_fence(json.dumps(extra, indent=1, default=str), "json", 3000)]
     lines += ["", "</details>"]
     return "\n".join(lines)

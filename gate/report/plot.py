@@ -21,14 +21,6 @@ LAST_SKIP: Optional[str] = None
 _COLOURS = {"fail": "#cf222e", "pass": "#2da44e", "other": "#bf8700", "base": "#8c959f"}
 
 
-def matplotlib_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def write_plot(report: GateReport, path: os.PathLike) -> Optional[Path]:
     """Write a horizontal grouped bar chart (base grey, head coloured by outcome, threshold as a
     black tick; log scale when the errors span more than
