@@ -19,6 +19,7 @@ COMMANDS = [
     "gate.commands.fuzz",
     "gate.commands.run",
     "gate.commands.baseline",
+    "gate.commands.nightly",
     "gate.commands.publish",
     "gate.commands.action",
 ]
