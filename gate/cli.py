@@ -20,6 +20,8 @@ COMMANDS = [
     "gate.commands.run",
     "gate.commands.baseline",
     "gate.commands.nightly",
+    "gate.commands.publish",
+    "gate.commands.action",
 ]
 
 

@@ -232,6 +232,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.verdicts.append(V.VariantVerdict(op=name, framework=spec.framework, variant={"dtype": "*"},
                                                 outcome=V.NOT_COVERED, reason="total budget exhausted before this operator"))
     report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
+    if settings.behaviour_change == "fail":  # the reporters mark these as failures too
+        report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
     # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
     # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
