@@ -88,6 +88,7 @@ class CppSymbol:
     macro_args: Tuple[str, ...] = ()
     cls: Optional[str] = None
     idents: Set[str] = field(default_factory=set)
+    label: str = ""  # how reports show it
     _fp: Optional[str] = None
 
     def fingerprint(self, src: bytes) -> str:
@@ -103,7 +104,11 @@ def _tokens(node) -> str:
         n = stack.pop()
         if n.type == "comment":
             continue
-        if n.child_count == 0:
+        if n.type == "preproc_arg":  # a macro body is one raw-text token: normalise it
+            body = re.sub(r"\\\r?\n", " ", n.text.decode("utf-8", "replace"))
+            body = re.sub(r"/\*.*?\*/|//[^\n]*", " ", body, flags=re.S)
+            out.append(" ".join(body.split()))
+        elif n.child_count == 0:
             out.append(n.text.decode("utf-8", "replace"))
         else:
             stack.extend(reversed(n.children))
@@ -121,6 +126,11 @@ def _idents(node) -> Set[str]:
         elif n.child_count:
             stack.extend(n.children)
     return out
+
+
+def _short(node, limit: int = 60) -> str:
+    text = " ".join(node.text.decode("utf-8", "replace").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _macro_idents(node) -> Set[str]:
@@ -160,6 +170,14 @@ class CppFile:
             self.error = str(exc)
             return
         self._walk(self.tree.root_node, [], False, None)
+        seen: Dict[str, int] = {}
+        for sym in self.symbols:  # keys are content-based (stable across sides); make them unique
+            n = seen.get(sym.key, 0)
+            seen[sym.key] = n + 1
+            if n:
+                sym.key = f"{sym.key} #{n + 1}"
+            if not sym.label:
+                sym.label = sym.key
         self.framework = self._framework()
         self._find_registrations()
 
@@ -218,7 +236,7 @@ class CppFile:
                     self._add_class(c, scope, anon, cls, ch)
         elif t in ("preproc_def", "preproc_function_def"):
             name = ch.child_by_field_name("name").text.decode()
-            sym = CppSymbol(key=f"macro {name}", kind="macro", name=name, start=start, end=end, node=ch,
+            sym = CppSymbol(key=f"macro {name}", kind="macro", name=name, start=start, end=end, node=ch, label=f"#define {name}",
                             idents=_macro_idents(ch) - {name})
             self.symbols.append(sym)
             self.macros[name] = sym
@@ -226,13 +244,14 @@ class CppFile:
             p = ch.child_by_field_name("path")
             if p is not None:
                 self.includes.append((start, p.text.decode().strip('<>"')))
-            self.symbols.append(CppSymbol(key=f"include {start}", kind="include", name="", start=start, end=end, node=ch))
+            self.symbols.append(CppSymbol(key=f"include {_short(ch)}", kind="include", name="", start=start, end=end,
+                                          node=ch, label=_short(ch)))
         elif t in ("declaration", "alias_declaration", "type_definition", "enum_specifier", "using_declaration",
                    "field_declaration", "static_assert_declaration"):
             names = self._declared_names(ch)
             internal = anon or any(c.type == "storage_class_specifier" and c.text == b"static" for c in ch.children)
             name = names[0] if names else ""
-            key = "::".join(scope + ([cls] if cls else []) + [name]) if name else f"decl {start}"
+            key = "::".join(scope + ([cls] if cls else []) + [name]) if name else f"decl {_short(ch, 200)}"
             has_init = any(c.type == "init_declarator" for c in ch.children) or t in (
                 "alias_declaration", "type_definition", "enum_specifier")
             self.symbols.append(CppSymbol(key=key, kind="variable" if has_init or not names else "declaration",
@@ -244,16 +263,16 @@ class CppFile:
             fn = call.child_by_field_name("function") if call is not None and call.type == "call_expression" else None
             if fn is not None and fn.type == "identifier":
                 name = fn.text.decode()
-            self.symbols.append(CppSymbol(key=f"stmt {start}", kind="statement", name=name, start=start, end=end,
-                                          node=ch, idents=_idents(ch)))
+            self.symbols.append(CppSymbol(key=f"stmt {_short(ch, 200)}", kind="statement", name=name, start=start,
+                                          end=end, node=ch, idents=_idents(ch), label=_short(ch)))
         elif t in ("comment", ";", "{", "}", "#endif", "#else", "preproc_call", "access_specifier", "namespace",
                    "identifier", "namespace_identifier", "string_literal", "extern"):
             if t == "preproc_call":
-                self.symbols.append(CppSymbol(key=f"pp {start}", kind="statement", name="", start=start, end=end,
-                                              node=ch, idents=_idents(ch)))
+                self.symbols.append(CppSymbol(key=f"pp {_short(ch, 200)}", kind="statement", name="", start=start,
+                                              end=end, node=ch, idents=_idents(ch), label=_short(ch)))
         else:
-            self.symbols.append(CppSymbol(key=f"{t} {start}", kind="statement", name="", start=start, end=end, node=ch,
-                                          idents=_idents(ch)))
+            self.symbols.append(CppSymbol(key=f"{t} {_short(ch, 200)}", kind="statement", name="", start=start,
+                                          end=end, node=ch, idents=_idents(ch), label=_short(ch)))
 
     def _declared_names(self, decl) -> List[str]:
         out = []
@@ -282,7 +301,7 @@ class CppFile:
             return
         name = _strip_templates(name_node.text.decode()).split("::")[-1] if name_node is not None else ""
         qual = "::".join(scope + ([outer] if outer else []) + [name])
-        sym = CppSymbol(key=f"class {qual}", kind="class", name=name or (outer or ""), start=span_node.start_point[0] + 1,
+        sym = CppSymbol(key=f"class {qual}", label=qual, kind="class", name=name or (outer or ""), start=span_node.start_point[0] + 1,
                         end=_end_line(span_node), node=node, internal=anon, cls=outer)
         # the class body without its methods' bodies (those are symbols of their own)
         sym.idents = set()
@@ -341,7 +360,7 @@ class CppFile:
         static = any(c.type == "storage_class_specifier" and c.text == b"static" for c in node.children)
         qual = "::".join(scope + ([cls] if cls else []) + [name])
         kind = "method" if cls else "function"
-        sym = CppSymbol(key=f"{qual}{params}", kind=kind, name=cls if cls else name, start=start, end=end, node=node,
+        sym = CppSymbol(key=f"{qual}{params}", label=qual, kind=kind, name=cls if cls else name, start=start, end=end, node=node,
                         internal=(anon or (static and not cls)), macro=macro, macro_args=margs, cls=cls,
                         idents=_idents(node))
         sym.idents.discard(name)
@@ -639,7 +658,7 @@ def cpp_changes(files: List[ChangedFile], base: CppIndex, head: CppIndex) -> Tup
                     for ln in sorted(lines):
                         regs += [r.to_dict() for r in fobj.registrations_in(ln, ln)]
             rec = ChangedSymbol(
-                file=f.path, line=(hl or bl or 1), symbol=key if key != "<file>" else f"{f.path}:<file>", lang="cpp",
+                file=f.path, line=(hl or bl or 1), symbol=sym.label if key != "<file>" else f"{f.path}:<file>", lang="cpp",
                 kind=sym.kind, change="modified", side="head" if hs is not None else "base", name=sym.name,
                 neighbour_only=near,
                 data={"key": key, "internal": sym.internal, "macro": sym.macro, "macro_args": list(sym.macro_args),

@@ -260,9 +260,10 @@ def _fold_inplace(sel: Selection, acc: _Acc, by_native) -> None:
     """An uncovered in-place / out variant (``gelu_``) of an op that is covered (``gelu``) is the
     same kernel: say so in a note instead of listing it as uncovered."""
     keep = []
+    uncovered = {(u.framework, u.op) for u in sel.uncovered_native}
     for u in sel.uncovered_native:
         base = u.op[:-1] if u.framework == "torch" and u.op.endswith("_") and not u.op.endswith("__") else None
-        if base and by_native[u.framework].get(base):
+        if base and (by_native[u.framework].get(base) or (u.framework, base) in uncovered):
             continue
         keep.append(u)
     sel.uncovered_native = keep

@@ -87,7 +87,9 @@ class NativePropagator:
             if torchy and kind == "function":
                 for op in sorted(self._aten_of(fn, macro, data.get("macro_args") or [])):
                     hits.append(NativeHit("torch", op, [start, op_label("torch", op)], sym))
-            if not (macro or "").startswith("TORCH_META"):
+            if kind == "macro" and data.get("regs"):
+                pass  # a changed registration line inside a macro: exactly those registrations
+            elif not (macro or "").startswith("TORCH_META"):
                 seeds.append((sym.name, [start]))
                 if kind == "method" and fn and fn != sym.name and macro:
                     seeds.append((fn, [start]))
@@ -136,7 +138,8 @@ class NativePropagator:
         frontier: List[str] = []
         for name, path in seeds:
             if name and name not in paths:
-                paths[name] = path if path and path[-1] == name else path + [name]
+                last = path[-1] if path else ""
+                paths[name] = path if (last == name or last.endswith(("::" + name, " " + name))) else path + [name]
                 frontier.append(name)
         depth = 0
         while frontier and depth < MAX_DEPTH:
@@ -179,6 +182,8 @@ class NativePropagator:
                                 hits.append(NativeHit("torch", op, paths[via] + [label + fn, op_label("torch", op)], sym))
                         if not (s.macro or "").startswith("TORCH_META"):
                             reach(fn, via, label + fn)
+                    elif s.kind == "macro" and any(s.start <= r.start and r.end <= s.end for r in f.registrations):
+                        continue  # a registration macro: its registrations that use the name count (above)
                     elif s.kind in ("method", "class", "macro", "variable") and s.name:
                         reach(s.name, via, label + s.name)
             frontier = list(dict.fromkeys(nxt))
