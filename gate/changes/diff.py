@@ -26,10 +26,13 @@ def parse_diff(text: str) -> List[ChangedFile]:
     for pf in patch:
         src = None if pf.source_file in (None, "/dev/null") else _strip(pf.source_file)
         dst = None if pf.target_file in (None, "/dev/null") else _strip(pf.target_file)
-        if pf.is_added_file:
+        # git marks new / deleted files with /dev/null on one side. unidiff's is_added_file /
+        # is_removed_file also guess from the hunks, which misreads a -U0 edit at the top of a
+        # file (``@@ -0,0 +1 @@``) as a new file: use the markers only.
+        if src is None:
             status, path, old = "added", dst or _strip(pf.path), None
-        elif pf.is_removed_file:
-            status, path, old = "deleted", src or _strip(pf.path), None
+        elif dst is None:
+            status, path, old = "deleted", src, None
         elif pf.is_rename:
             status, path, old = "renamed", dst or _strip(pf.path), src
         else:

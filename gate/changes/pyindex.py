@@ -236,6 +236,30 @@ class PyIndex:
                 break
         return ent
 
+    def split_dotted(self, dotted: str) -> Tuple[str, List[str]]:
+        """``pkg.mod:Qual.name`` / ``pkg.mod.Qual.name`` -> (longest module in the index, rest)."""
+        if ":" in dotted:
+            modname, qual = dotted.split(":", 1)
+            return modname, qual.split(".")
+        parts_all = dotted.split(".")
+        for i in range(len(parts_all), 0, -1):
+            if self.has_module(".".join(parts_all[:i])):
+                return ".".join(parts_all[:i]), parts_all[i:]
+        return "", parts_all
+
+    def entry(self, dotted: str) -> Optional[str]:
+        """Graph node where calling catalogue callable ``dotted`` starts; a re-export
+        (``from .ops import gelu`` in ``pkg/__init__``) is kept as its own first hop."""
+        modname, parts = self.split_dotted(dotted)
+        if modname and len(parts) == 1:
+            m = self.module(modname)
+            if m is not None and not m.error and parts[0] in m.imports and parts[0] not in m.defs:
+                return f"{modname}:{parts[0]}"
+        ent = self.resolve_dotted(dotted)
+        if ent is None or ent.kind == "ext":
+            return None
+        return ent.node(self)
+
     def resolve_dotted(self, dotted: str) -> Optional[Entity]:
         """A catalogue callable (``pkg.mod:Qual.name`` or ``pkg.mod.name``) -> its definition."""
         if ":" in dotted:

@@ -32,18 +32,8 @@ def fuzz_task(
     bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(MUTATORS[n]) for n in names}
     if scheduler is not None and hasattr(scheduler, "bind"):
         scheduler = scheduler.bind(names)
-    res = search(
-        runner.evaluate,
-        lambda r: draw(spec, r),
-        bound,
-        rng,
-        seconds=task.budget.seconds,
-        evals=task.budget.evals,
-        guidance=task.strategy,
-        seeds=seeds,
-        scheduler=scheduler,
-        progress=progress,
-    )
+    with np.errstate(all="ignore"):
+        res = _search(spec, runner, rng, task, bound, seeds, scheduler, progress)
     status, message = "ok", None
     if res.unsupported and res.best_eval is None:
         status, message = "unsupported", res.unsupported
@@ -68,6 +58,21 @@ def fuzz_task(
     )
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
     return finding
+
+
+def _search(spec, runner, rng, task, bound, seeds, scheduler, progress):
+    return search(
+        runner.evaluate,
+        lambda r: draw(spec, r),
+        bound,
+        rng,
+        seconds=task.budget.seconds,
+        evals=task.budget.evals,
+        guidance=task.strategy,
+        seeds=seeds,
+        scheduler=scheduler,
+        progress=progress,
+    )
 
 
 __all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "VariantRunner"]

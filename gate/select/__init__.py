@@ -98,6 +98,8 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
         if not s.semantic:
             sel.cleared.append(Cleared(s.file, s.line, s.symbol, s.why))
 
+    unreached: List[Tuple[ChangedSymbol, str]] = []  # semantic changes no analysis attributed
+
     # 1. C/C++/CUDA -> native ops ---------------------------------------------------------
     changed_natives: Dict[Tuple[str, str], List[Tuple[List[str], ChangedSymbol]]] = {}
     cpp_syms = [s for s in syms if s.lang == "cpp" and s.semantic]
@@ -113,7 +115,7 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                 props[s.side] = NativePropagator(cb.cpp(s.side), natives)
             hits = props[s.side].propagate(s)
             if not hits:
-                sel.cleared.append(Cleared(s.file, s.line, s.symbol, NO_REGISTRATION))
+                unreached.append((s, NO_REGISTRATION))
             for h in hits:
                 changed_natives.setdefault((h.framework, h.op), []).append((h.path, s))
         for p in props.values():
@@ -167,7 +169,7 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                         acc.add(spec.name, Reason(sym.file, sym.line, sym.symbol, chain + [spec.name], "python"))
     for s in py_syms:
         if id(s) not in reached:
-            sel.cleared.append(Cleared(s.file, s.line, s.symbol, NOT_REACHABLE))
+            unreached.append((s, NOT_REACHABLE))
 
     # 3. native ops -> catalogue rows -------------------------------------------------------
     by_native = {fw: catalog.by_native(fw) for fw in ("torch", "tensorflow")}
@@ -187,9 +189,12 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
     _fold_inplace(sel, acc, by_native)
 
     # 4. globs: select.map, catalogue sources, select.all -------------------------------------
+    # select.map always applies to a file with a real change; a row's ``sources`` decide alone
+    # only for files no analyser reads, and otherwise pick up what the analysis left unattributed.
     semantic_files = {s.file for s in syms if s.semantic}
     analysed_files = {s.file for s in syms}
     all_hits: List[Tuple[str, str, int]] = []
+    mapped_files: set = set()
     for f in cs.files:
         if f.path in ignored:
             continue
@@ -199,20 +204,31 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
         line = f.line_of("new" if f.status != "deleted" else "old")
         for pattern, names in gmap.items():
             if any(match(p, pattern) for p in paths):
-                accounted.add(f.path)
+                mapped_files.add(f.path)
                 for n in names:
                     op = catalog.get(n).name
                     acc.add(op, Reason(f.path, line, f.path, [f.path, f"select.map '{pattern}'", op], "glob"))
-        for spec in catalog:
-            for src in spec.sources:
-                if any(match(p, src) for p in paths):
-                    accounted.add(f.path)
+        if f.path not in analysed_files:
+            for spec in catalog:
+                src = next((g for g in spec.sources if any(match(p, g) for p in paths)), None)
+                if src:
+                    mapped_files.add(f.path)
                     acc.add(spec.name, Reason(f.path, line, f.path, [f.path, f"sources '{src}'", spec.name], "sources"))
         for pattern in all_globs:
             if any(match(p, pattern) for p in paths):
-                accounted.add(f.path)
+                mapped_files.add(f.path)
                 all_hits.append((f.path, pattern, line))
                 break
+    for s, why in unreached:
+        hit = False
+        for spec in catalog:
+            src = next((g for g in spec.sources if match(s.file, g)), None)
+            if src:
+                hit = True
+                acc.add(spec.name, Reason(s.file, s.line, s.symbol, [s.symbol, f"sources '{src}'", spec.name], "sources"))
+        if not hit and s.file not in mapped_files:
+            sel.cleared.append(Cleared(s.file, s.line, s.symbol, why))
+    accounted |= mapped_files
     if all_hits:
         order = list(acc.ops) + [s.name for s in sorted(catalog, key=lambda s: s.origin != "user")]
         limit = cap or len(catalog)

@@ -16,10 +16,7 @@ def entry_node(index: PyIndex, callable_path: str) -> Optional[str]:
     top = callable_path.replace(":", ".").split(".")[0]
     if not (index.has_module(top) or any(m.startswith(top + ".") for m in index.path_of)):
         return None
-    ent = index.resolve_dotted(callable_path)
-    if ent is None or ent.kind in ("ext",):
-        return None
-    return ent.node(index)
+    return index.entry(callable_path)
 
 
 def reach(index: PyIndex, start: str, targets: Set[str], limit: int = 200000) -> Dict[str, List[str]]:
