@@ -62,9 +62,16 @@ def collect_changes(repo: os.PathLike, base: str, head: str = "HEAD", python_pat
         cs.symbols.extend(syms)
         cs.notes.extend(notes)
     if any(not f.binary and (is_cpp(f.path) or is_cpp(f.old_path)) for f in files):
-        syms, notes = cpp_changes(files, cb.cpp("base"), cb.cpp("head"))
-        cs.symbols.extend(syms)
-        cs.notes.extend(notes)
+        try:
+            import tree_sitter  # noqa: F401
+            import tree_sitter_cpp  # noqa: F401
+        except ImportError:
+            cs.notes.append("C/C++/CUDA changes not analysed: install tree-sitter and tree-sitter-cpp "
+                            "(pip install tree-sitter tree-sitter-cpp)")
+        else:
+            syms, notes = cpp_changes(files, cb.cpp("base"), cb.cpp("head"))
+            cs.symbols.extend(syms)
+            cs.notes.extend(notes)
     return cs
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..changes import ChangeSet, CodeBase, collect_changes
 from ..changes.git import Git
@@ -148,7 +148,10 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
             if not tset:
                 continue
             idx = cb.py(side)
+            only_native = not targets[side]
             for spec in catalog:
+                if only_native and spec.origin != "user":
+                    continue  # built-in rows reach native ops through their declared `native` names
                 node = entry_node(idx, spec.callable)
                 if node is None:
                     if spec.origin == "user" and side == "head" and _in_repo(idx, spec.callable):

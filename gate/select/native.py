@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from ..changes.cpp import CppFile, CppIndex, is_header
+from ..changes.cpp import CppFile, CppIndex
 from ..changes.model import ChangedSymbol
 from .aten import NativeFunctions
 
