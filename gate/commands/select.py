@@ -29,7 +29,10 @@ def run(args) -> int:
     from ..select import select_ops
 
     repo = Path(args.repo)
-    root = Git(repo).root  # one-line error for a missing directory or a non-repository
+    git = Git(repo)  # one-line error for a missing directory or a non-repository
+    root = git.root
+    git.resolve(args.base), git.resolve(args.head)  # bad refs fail before any config is read
+    git.close()
     cfg = load_config(args.config) if args.config else load_config(search_from=root)
     catalog = load_catalog(cfg.ops, builtin=cfg.builtin)
     sel = select_ops(root, args.base, args.head, catalog, cfg)
