@@ -84,6 +84,10 @@ TORCH_CASES = [
     ("header-inline", lambda r: edit(r, f"{A}/Activation.h", "return 0.044715;", "return 0.0447;"), {"torch.gelu"}, set()),
     ("cuda-kernel", lambda r: edit(r, f"{A}/cuda/ActivationGeluKernel.cu", "0.70710678f", "0.7071067811865476f"),
      {"torch.gelu"}, set()),
+    # an #include added to a header: what every includer registers
+    ("header-include", lambda r: edit(r, f"{A}/Activation.h", "#include <ATen/native/DispatchStub.h>",
+                                      "#include <ATen/native/DispatchStub.h>\n#include <cmath>"),
+     {"torch.gelu", "torch.relu"}, {("torch", "hardsigmoid")}),
     ("cuda-comment-only", lambda r: edit(r, f"{A}/cuda/ActivationGeluKernel.cu", "erf form", "erf formulation"), set(), set()),
     ("cuda-unregistered", lambda r: edit(r, f"{A}/cuda/ActivationGeluKernel.cu", "= 0.0f;", "= 1.0f;"), set(), set()),
     ("dispatch-kernel-name", lambda r: edit(r, f"{A}/Activation.cpp", "at::clamp_min(self, 0)", "at::clamp_min(self, 0.0)"),

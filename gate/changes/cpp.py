@@ -668,8 +668,6 @@ def cpp_changes(files: List[ChangedFile], base: CppIndex, head: CppIndex) -> Tup
                 rec.change, rec.why = "unchanged", "comment/blank lines outside every definition"
                 if regs:
                     rec.change, rec.why = "modified", ""
-            elif sym.kind == "include":
-                rec.change = "modified"
             elif bs is not None and hs is not None:
                 if bs.fingerprint(bf.src) == hs.fingerprint(hf.src):
                     rec.change = "unchanged"

@@ -125,7 +125,7 @@ class PyModule:
 
     # -- queries -------------------------------------------------------------------------
     def keys(self) -> Set[str]:
-        return set(self.defs) | set(self.assigns) | {MODULE}
+        return set(self.defs) | set(self.assigns) | {MODULE} | ({MAIN} if self.main else set())
 
     def symbols_at(self, lines: Iterable[int]) -> Dict[str, int]:
         """Symbol key -> first of ``lines`` that falls in it (innermost definition wins)."""

@@ -222,6 +222,24 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                 mapped_files.add(f.path)
                 all_hits.append((f.path, pattern, line))
                 break
+    # a whole new / deleted file none of whose symbols matters is one line, not one per symbol
+    status = {f.path: f.status for f in cs.files}
+    by_file: Dict[str, List[Tuple[ChangedSymbol, str]]] = {}
+    for s, why in unreached:
+        by_file.setdefault(s.file, []).append((s, why))
+    semantic_count: Dict[str, int] = {}
+    for s in syms:
+        if s.semantic:
+            semantic_count[s.file] = semantic_count.get(s.file, 0) + 1
+    collapsed = {p for p, lst in by_file.items()
+                 if status.get(p) in ("added", "deleted") and len(lst) > 1 and len(lst) == semantic_count.get(p)
+                 and not any(match(p, g) for spec in catalog for g in spec.sources)}
+    for p in sorted(collapsed):
+        lst = by_file[p]
+        whys = sorted({w for _s, w in lst})
+        sel.cleared.append(Cleared(p, 1, f"{p}:<file>", f"{status[p]} file: none of its {len(lst)} symbols matters "
+                                   f"({'; '.join(whys)})"))
+    unreached = [(s, w) for s, w in unreached if s.file not in collapsed]
     for s, why in unreached:
         hit = False
         for spec in catalog:
