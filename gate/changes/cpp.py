@@ -91,7 +91,7 @@ class CppSymbol:
     label: str = ""  # how reports show it
     _fp: Optional[str] = None
 
-    def fingerprint(self, src: bytes) -> str:
+    def fingerprint(self) -> str:
         if self._fp is None:
             self._fp = _tokens(self.node) if self.node is not None else ""
         return self._fp
@@ -669,7 +669,7 @@ def cpp_changes(files: List[ChangedFile], base: CppIndex, head: CppIndex) -> Tup
                 if regs:
                     rec.change, rec.why = "modified", ""
             elif bs is not None and hs is not None:
-                if bs.fingerprint(bf.src) == hs.fingerprint(hf.src):
+                if bs.fingerprint() == hs.fingerprint():
                     rec.change = "unchanged"
                     rec.why = ("only next to an inserted/deleted line; tokens unchanged" if near else
                                "comment/format-only change (tokens unchanged)")
