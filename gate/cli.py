@@ -20,6 +20,7 @@ COMMANDS = [
     "gate.commands.select",
     "gate.commands.run",
     "gate.commands.baseline",
+    "gate.commands.nightly",
 ]
 
 
