@@ -17,8 +17,12 @@ from .errors import EXIT_CODES, GateError, Outcome
 COMMANDS = [
     "gate.commands.ops",
     "gate.commands.fuzz",
+    "gate.commands.select",
     "gate.commands.run",
     "gate.commands.baseline",
+    "gate.commands.nightly",
+    "gate.commands.publish",
+    "gate.commands.action",
     "gate.commands.explain",
 ]
 

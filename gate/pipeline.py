@@ -125,7 +125,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     git(repo, "rev-parse", "--git-dir")
     cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
     cfg.activate()
-    _forget_modules_under(repo)
+    _forget_user_modules(repo, cfg)
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
     base_sha = git(repo, "rev-parse", "--verify", f"{opts.base}^{{commit}}")
@@ -232,6 +232,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.verdicts.append(V.VariantVerdict(op=name, framework=spec.framework, variant={"dtype": "*"},
                                                 outcome=V.NOT_COVERED, reason="total budget exhausted before this operator"))
     report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
+    if settings.behaviour_change == "fail":  # the reporters mark these as failures too
+        report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
     # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
     # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
@@ -248,15 +250,27 @@ def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
     localise_all(report, work, ctx)
 
 
-def _forget_modules_under(root: Path) -> None:
-    """Drop already-imported modules that live in the repository, so head's code is imported
-    as it is on disk now (a long-lived process may have imported an older version)."""
+def _forget_user_modules(root: Path, cfg: Config) -> None:
+    """Drop already-imported modules of the user's library (by location under the repository and
+    by top-level package name in its python_path), so head's code is imported as it is on disk
+    now: a long-lived process may hold an older version, or the same package from another tree."""
     import sys
 
+    tops = set()
+    for p in cfg.raw.get("python_path") or ["."]:
+        d = (cfg.root / p)
+        if d.is_dir():
+            for child in d.iterdir():
+                if child.suffix == ".py":
+                    tops.add(child.stem)
+                elif (child / "__init__.py").exists():
+                    tops.add(child.name)
     root_s = str(root)
     for name, mod in list(sys.modules.items()):
+        if name == "gate" or name.startswith("gate."):
+            continue
         f = getattr(mod, "__file__", None)
-        if f and str(Path(f).resolve()).startswith(root_s) and not name.startswith("gate"):
+        if name.split(".")[0] in tops or (f and str(Path(f).resolve()).startswith(root_s)):
             del sys.modules[name]
 
 

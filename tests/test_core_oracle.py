@@ -87,3 +87,8 @@ def test_l1_and_mean():
     assert m.l1 == pytest.approx(2.0**-10 + 2.0**-9)
     assert m.mean_ulp == pytest.approx(1.0)
     assert fitness(m, "l1") == pytest.approx(1.0)
+
+
+def test_scalar_outputs():
+    m = compare([out(np.float64(1.0 + 2.0**-10))], [out(np.float64(1.0), "float64")], "float16", ulp_floor="dtype")
+    assert m.ulp == pytest.approx(1.0) and m.worst_index == ()

@@ -27,6 +27,10 @@ def register(sub) -> None:
     r.add_argument("--seed", type=int, help="random seed (default: the config's)")
     r.add_argument("--shard", metavar="I/N", help="measure only shard I of N (1-based) of the operators")
     r.add_argument("--out", metavar="DIR", help="write here instead of the config's baselines dir (for shards)")
+    r.add_argument("--nightly", action="store_true",
+                   help="also run the scheduled multi-operator graph and deployment-path (export) campaigns")
+    r.add_argument("--nightly-budget", type=float, metavar="SECONDS", default=300.0,
+                   help="total budget of the nightly campaigns (default 300)")
     add_variant_args(r)
     r.set_defaults(func=run_refresh)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
@@ -84,15 +88,33 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     return changes
 
 
+def refresh_nightly(cfg, *, budget: float, seed: int, out: Path, say: Callable[[str], None]):
+    """Graph and export campaigns (gate.graphs.nightly): their findings become baseline rows like
+    any other (op = the graph signature or operator, variant .../graph or .../export)."""
+    from ..graphs.nightly import run_nightly
+    from ..judge.baselines import write_rows
+    from ..ops.catalog import load_catalog
+
+    catalog = load_catalog(cfg.ops, builtin=cfg.builtin or ("torch",))
+    frameworks = sorted({s.framework for s in catalog})
+    say(f"nightly campaigns: graphs + export, {budget:g}s over {', '.join(frameworks)}")
+    findings = run_nightly(list(catalog), budget_seconds=budget, seed=seed, frameworks=tuple(frameworks))
+    return write_rows(out, findings, {f.op: f.framework for f in findings})
+
+
 def run_refresh(args) -> int:
     cfg, _ = load(args)
     shard = parse_shard(args.shard)
     out = Path(args.out) if args.out else cfg.baselines_dir
     seed = args.seed if args.seed is not None else cfg.seed
     say = lambda s: print(f"dl-gate: {s}", file=sys.stderr)  # noqa: E731
-    changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.budget, evals=args.evals, seed=seed, out=out,
-                                say=say, shard=shard, dtypes=split_list(args.dtype), devices=split_list(args.device),
-                                modes=split_list(args.mode))
+    changes = []
+    if cfg.ops or args.ops or not args.nightly:
+        changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.budget, evals=args.evals, seed=seed,
+                                    out=out, say=say, shard=shard, dtypes=split_list(args.dtype),
+                                    devices=split_list(args.device), modes=split_list(args.mode))
+    if args.nightly:
+        changes += refresh_nightly(cfg, budget=args.nightly_budget, seed=seed, out=out, say=say)
     for c in changes:
         print(c.line())
     n = {k: sum(c.kind == k for c in changes) for k in ("added", "changed", "unchanged")}

@@ -53,7 +53,12 @@ def finding_env(finding: Finding) -> Dict[str, str]:
 
 
 def safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+    """A file-name-safe form of ``text``; long names (graph signatures) keep a readable prefix
+    and a hash, within every file system's 255-byte limit."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+    if len(name) > 120:
+        name = f"{name[:100]}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    return name
 
 
 def _num(v):

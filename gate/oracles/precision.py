@@ -121,8 +121,9 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             continue
         if a.size == 0:
             continue
-        a = a.astype(np.float64, copy=False)
-        b = b.astype(np.float64, copy=False)
+        shape = a.shape
+        a = a.astype(np.float64, copy=False).reshape(-1)
+        b = b.astype(np.float64, copy=False).reshape(-1)
         ovf = overflow_bound(dtype)
         fast = bool(np.isfinite(a).all() and np.isfinite(b).all())
         if fast:
@@ -134,7 +135,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             denom = ulp(b, dtype)
             np.maximum(denom, floor, out=denom)
             ulp_err = np.divide(err, denom, out=denom)
-            rel_den = np.abs(b, out=np.empty_like(b))  # an array also for 0-d outputs
+            rel_den = np.abs(b)
             np.maximum(rel_den, max(floor, np.finfo(np.float64).tiny), out=rel_den)
             rel_max = float((err / rel_den).max())
         else:
@@ -145,7 +146,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         idx = int(np.argmax(ulp_err))
         u = float(ulp_err.flat[idx])
         if u > worst[0]:
-            worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, a.shape)), float(a.flat[idx]), float(b.flat[idx]))
+            worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
         max_ulp = max(max_ulp, u)
         tot_abs = max(tot_abs, float(err.max()))
         tot_rel = max(tot_rel, rel_max)
