@@ -268,8 +268,11 @@ class Session:
         for i, (v, _) in enumerate(qs):
             by_variant.setdefault(v, []).append(i)
         for v, idx in by_variant.items():
-            for i, r in zip(idx, self.head.evaluate(spec, v, [qs[i][1] for i in idx])):
-                hres[i] = r
+            for i in idx:  # one at a time: a spent budget stops the batch (large inputs are slow)
+                if deadline.expired():
+                    hres[i] = ReplayResult(UNAVAILABLE, error="localisation budget spent")
+                else:
+                    hres[i] = self.head.evaluate(spec, v, [qs[i][1]])[0]
         bres: List[Optional[ReplayResult]] = [None] * len(qs)
         if use_base and self.base is not None:
             jobs, where = [], []
@@ -289,7 +292,10 @@ class Session:
             h, b = hres[i], bres[i]
             if use_base and b is None and target.head_suspect(h, v.dtype):
                 b = ReplayResult(UNAVAILABLE, error="base not asked")
-            holds = target.holds(h, b if use_base else None, v) if target.head_suspect(h, v.dtype) else False
+            if h.status == UNAVAILABLE:
+                holds = None
+            else:
+                holds = target.holds(h, b if use_base else None, v) if target.head_suspect(h, v.dtype) else False
             sev = target.severity(h, b, v.dtype) if holds else 0.0
             out.append(Check(q, v, holds, h, b, sev))
         return out
