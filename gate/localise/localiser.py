@@ -259,8 +259,9 @@ class Localiser:
                          "head": f"{fmt(dv)} (tolerance {fmt(BEHAVIOUR_TOLERANCE_ULP)})"})
         if self.target.kind == PRECISION and h.metrics is not None:
             thr = self.target.threshold(b, dtype, self.target.row_limit(self.variant) if not self.use_base else None)
-            rows.append({"name": "threshold (ulp)", "base": "", "head": f"{fmt(thr)} = max(floor {fmt(self.target.floor(dtype))}, "
-                                                                      f"{self.settings.m(dtype):g} x base)"})
+            how = (f"max(floor {fmt(self.target.floor(dtype))}, {self.settings.m(dtype):g} x base)" if self.use_base
+                   else "the baseline row's limit")
+            rows.append({"name": "threshold (ulp)", "base": "", "head": f"{fmt(thr)} = {how}"})
         loc = focus_element(self.target, h, b, dtype)
         if loc is not None and h.outputs is not None:
             k, idx = loc
