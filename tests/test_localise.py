@@ -311,6 +311,13 @@ def test_every_diagnosis_has_base_vs_head_and_a_worst_element(gate_run):
         assert v.repro_command == d["repro_command"]
         assert Path(d["details_file"]).exists()
     assert report.env["localise"]["budget"] == 60 and report.env["localise"]["seconds"] < 60
+    # what the report stage reads: report.json (diagnoses included) is valid against its schema
+    import jsonschema
+    from gate.report.schema import REPORT_SCHEMA
+
+    jsonschema.validate(json.loads((out / "report.json").read_text()), REPORT_SCHEMA)
+    md = (out / "report.md").read_text()
+    assert "Sub-operation" in md and "nnops/_numerics.py:" in md
 
 
 def test_repro_scripts_reproduce_in_a_fresh_process(gate_run, tmp_path):
