@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from gate.cli import main
@@ -171,14 +170,6 @@ def planted_lines(repo: Path, name: str) -> set:
     return {start + i for i, ln in enumerate(new.splitlines()) if ln.strip() and not ln.strip().startswith("#")}
 
 
-def _has_selection() -> bool:
-    try:
-        from gate.select import select_ops  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def gate_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("localise")
@@ -205,16 +196,17 @@ def gate_run(tmp_path_factory):
         (repo / f).write_text(src.replace(old, new))
     _git(repo, "commit", "-q", "-am", "faster activations")
     out = tmp / "out"
-    extra = [] if _has_selection() else ["--ops", ",".join(f"nnops.{n}" for n in PLANTED)]
     old = os.getcwd()
     os.chdir(repo)
     try:
-        code = main(["run", "--base", "main", "--out", str(out), "--evals", "40", "--seed", "0", *extra])
+        code = main(["run", "--base", "main", "--out", str(out), "--evals", "40", "--seed", "0"])
     finally:
         os.chdir(old)
     doc = json.loads((out / "report.json").read_text())  # plain JSON all the way down
     report = GateReport.from_dict(doc)
     assert code == 1 and report.outcome == "regression", report.reason
+    # the selection stage chose exactly the five operators, each through its changed code
+    assert {s["op"] for s in report.selected} == {f"nnops.{n}" for n in PLANTED}
     return repo, out, report
 
 
@@ -240,6 +232,8 @@ def test_deep_helper_names_the_helper_line(gate_run):
         assert funcs == ["softplus", "_softplus_stable", "log1p_exp_neg_abs", "_log1p"], funcs
         top = d["changed_code"][0]
         assert (top["file"], top["line"], top["distance"]) == ("nnops/_numerics.py", line, 0), d["changed_code"]
+        # only the change that reaches softplus (the selection's path), not the other four
+        assert len(d["changed_code"]) == 1 and top["path"][0] == "nnops._numerics:_log1p", d["changed_code"]
         assert d["minimal_input_elements"] * 10 <= d["found_input_elements"], d["minimal_input"]
         assert "dtype" not in d["parameter"].split(";")[0] or "only" not in d["parameter"], d["parameter"]
 

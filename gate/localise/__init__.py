@@ -24,7 +24,7 @@ import json
 import time
 import traceback
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from .model import Deadline, Diagnosis, safe_id
 

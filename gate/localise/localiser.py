@@ -8,14 +8,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..backends.base import Output
 from ..fuzz.inputs import Candidate, project
 from ..fuzz.runner import OK
 from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from .evaluate import Check, Session
 from .model import Deadline, Diagnosis, fmt, jsonable, safe_id
-from .target import (BEHAVIOUR, CRASH_KIND, NONFINITE, PRECISION, RowLimit, Target, classify, element_ulps,
+from .target import (BEHAVIOUR, CRASH_KIND, PRECISION, RowLimit, Target, classify, element_ulps,
                      focus_element, signature)
 
 SMALL = 16  # inputs/outputs up to this many elements are shown in full
@@ -196,7 +195,7 @@ class Localiser:
         s = "; ".join(parts)
         s += f" ({cand.size} element{'s' if cand.size != 1 else ''}"
         if found:
-            s += f"; found input: {found}, {found / max(cand.size, 1):.0f}x larger" if found > cand.size else f"; as found"
+            s += f"; found input: {found}, {found / max(cand.size, 1):.0f}x larger" if found > cand.size else "; as found"
         return s + ")"
 
     # -- 1. parameters --------------------------------------------------------------------------

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ..fuzz.inputs import Candidate, derived_params, tensor_shape
 from ..ops.spec import OpSpec
 from ..plan import Variant
