@@ -36,13 +36,18 @@ class ShrinkResult:
     log: List[str] = field(default_factory=list)
 
 
+def simple_values(domain: Domain) -> List[float]:
+    """Plain values inside the domain's open interval, plainest first."""
+    out = [v for v in SIMPLE_VALUES if (domain.lo is None or v > domain.lo) and (domain.hi is None or v < domain.hi)]
+    if not out:
+        lo = domain.lo if domain.lo is not None else (domain.hi - 1.0)
+        hi = domain.hi if domain.hi is not None else lo + 2.0
+        out = [(lo + hi) / 2.0]
+    return out
+
+
 def simple_value(domain: Domain) -> float:
-    for v in SIMPLE_VALUES:
-        if (domain.lo is None or v > domain.lo) and (domain.hi is None or v < domain.hi):
-            return v
-    lo = domain.lo if domain.lo is not None else (domain.hi - 1.0)
-    hi = domain.hi if domain.hi is not None else lo + 2.0
-    return (lo + hi) / 2.0
+    return simple_values(domain)[0]
 
 
 def _idents(e) -> set:
@@ -157,7 +162,9 @@ def ddmin(n: int, build: Callable[[List[int]], Optional[Candidate]], check, min_
         chunks = [current[i * size // k:(i + 1) * size // k] for i in range(k)]
         subsets: List[List[int]] = [c for c in chunks if len(c) >= min_size and c]
         if k > 2:
-            subsets += [[x for x in current if x not in set(c)] for c in chunks]
+            for c in chunks:
+                drop = set(c)
+                subsets.append([x for x in current if x not in drop])
         subsets = [s for s in subsets if min_size <= len(s) < size]
         subsets.sort(key=len)
         subsets = subsets[:MAX_ROUND]
@@ -293,6 +300,15 @@ class Shrinker:
         self.stats["evaluated"] = self.stats.get("evaluated", 0)
         return ShrinkResult(best, best_check, self.stats.get("rounds", 0), self.stats["evaluated"], truncated, self.log)
 
+    @staticmethod
+    def _fill(base: Candidate, name: str, s: float, keep) -> Candidate:
+        c = base.copy(origin="shrink")
+        arr = np.full(base.arrays[name].size, s, dtype=np.float64)
+        idx = np.asarray(keep, dtype=np.int64)
+        arr[idx] = base.arrays[name].reshape(-1)[idx]
+        c.arrays[name] = arr.reshape(base.arrays[name].shape)
+        return c
+
     def _values(self, best: Candidate, best_check):
         truncated = False
         for t in self.spec.inputs:
@@ -303,30 +319,32 @@ class Shrinker:
             a = best.arrays[t.name]
             if a.size == 0:
                 continue
-            s = simple_value(t.domain)
             flat = a.reshape(-1)
-            if np.all(flat == s):
+            plain = simple_values(t.domain)[:2]
+            if any(np.all(flat == s) for s in plain):
                 continue
+            # the whole tensor plain (0, else 1: a weight) first; then keep what matters
+            whole = self.check([self._fill(best, t.name, s, []) for s in plain])
+            done = next((r for r in whole if r.holds), None)
+            if done is not None:
+                best, best_check = done.cand, done
+                self.log.append(f"values of {t.name}: all {a.size} set to {done.cand.arrays[t.name].reshape(-1)[0]:g}")
+                continue
+            s = plain[0]
 
             def build(keep, base=best, name=t.name, s=s):
-                c = base.copy(origin="shrink")
-                arr = np.full(base.arrays[name].size, s, dtype=np.float64)
-                idx = np.asarray(keep, dtype=np.int64)
-                arr[idx] = base.arrays[name].reshape(-1)[idx]
-                c.arrays[name] = arr.reshape(base.arrays[name].shape)
-                return c
+                return self._fill(base, name, s, keep)
 
-            prefer = [[]]
+            prefer = []
             if self.focus is not None and self.out_shape is not None and a.shape == tuple(self.out_shape):
                 prefer.append([int(np.ravel_multi_index(self.focus[1], a.shape))])
-            if a.size > 4096:  # only the cheap guesses on large inputs
-                res = self.check([build(p) for p in prefer])
-                for r in res:
+            if a.size > 4096:  # only the cheap guess on large inputs
+                for r in (self.check([build(p) for p in prefer]) if prefer else []):
                     if r.holds:
                         best, best_check = r.cand, r
                         break
                 continue
-            keep, chk = ddmin(a.size, build, self.check, 0, self.deadline, prefer=prefer, stats=self.stats)
+            keep, chk = ddmin(a.size, build, self.check, 1, self.deadline, prefer=prefer, stats=self.stats)
             if chk is not None:
                 best, best_check = chk.cand, chk
                 self.log.append(f"values of {t.name}: {a.size - len(keep)} of {a.size} set to {s:g}")
@@ -335,8 +353,8 @@ class Shrinker:
             if t.kind != "float" or t.name not in best.arrays:
                 continue
             a = best.arrays[t.name]
-            s = simple_value(t.domain)
-            idx = [int(i) for i in np.flatnonzero(a.reshape(-1) != s)][:32]
+            plain = simple_values(t.domain)[:2]
+            idx = [int(i) for i in np.flatnonzero(~np.isin(a.reshape(-1), plain))][:32]
             for i in idx:
                 if self.deadline.expired():
                     return best, best_check, True
