@@ -130,6 +130,11 @@ def test_changed_code_ranking_follows_the_stack_and_the_selection():
     # a call site one level up the stack is closer than another line of that function
     rows = rank([Change("lib/f.py", [6], "f", 3, 8), Change("lib/h.py", [11], "helper", 10, 13)], stack, [])
     assert [(r["line"], r["distance"]) for r in rows] == [(11, 1), (6, 2)]
+    # a changed helper that no longer calls anything traced, called on the sub-operation's line
+    src = {("lib/h.py", 12): "    return torch.exp(shift(x))"}
+    rows = rank([Change("lib/s.py", [4], "shift", 2, 5), Change("lib/a.py", [30], "unrelated", 28, 33)], stack, [],
+                lambda f, ln: src.get((f, ln), ""))
+    assert [(r["symbol"], r["distance"]) for r in rows][0] == ("shift", 1) and "called on" in rows[0]["why"]
 
 
 NAIVE = '''
@@ -145,7 +150,7 @@ def softplus(x):
 '''
 
 
-def _work(tmp_path, monkeypatch, dtype="float16", settings=None, base_ulp=0.5):
+def _work(tmp_path, monkeypatch, dtype="float16", settings=None, base_ulp=0.5, hi=6.0):
     """A work item as the pipeline builds it, for an operator judged without a base replay."""
     mod = _module(tmp_path, monkeypatch, NAIVE)
     spec = OpSpec.from_dict({"name": "t.softplus", "framework": "torch", "callable": f"{mod}:softplus",
@@ -153,7 +158,7 @@ def _work(tmp_path, monkeypatch, dtype="float16", settings=None, base_ulp=0.5):
                              "dims": {"N": [1, 8], "D": [1, 16]}, "dtypes": ["float16", "float32"]}, origin="user")
     variant = Variant(dtype)
     rng = np.random.default_rng(0)
-    cands = [Candidate(dims={"N": 8, "D": 16}, params={}, arrays={"x": rng.uniform(-10.0, 6.0, (8, 16))}) for _ in range(3)]
+    cands = [Candidate(dims={"N": 8, "D": 16}, params={}, arrays={"x": rng.uniform(-10.0, hi, (8, 16))}) for _ in range(3)]
     head = replay(spec, variant, cands)
     settings = settings or GateSettings()
     row = BaselineRow(op=spec.name, variant=variant.key, env={}, ulp=base_ulp)
@@ -187,6 +192,17 @@ def test_without_base_the_finding_is_held_against_the_baseline_row(tmp_path, mon
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, d["repro_script"]], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 1 and "float16 max error" in res.stdout, res.stdout + res.stderr
+
+
+def test_new_overflow_is_traced_to_the_call_that_overflows(tmp_path, monkeypatch):
+    mod, w = _work(tmp_path, monkeypatch, hi=13.0)  # exp(x) overflows float16 above ~11.1
+    vv = w["verdict"]
+    assert vv.outcome == "regression" and "NaN/Inf" in vv.reason
+    localise_all(GateReport(outcome="regression", reason="", verdicts=[vv]), [w], _ctx(tmp_path, 30))
+    d = vv.diagnosis
+    assert d["kind"] == "nonfinite" and d["minimal_input_elements"] == 1
+    assert (d["suboperation"]["call"], d["suboperation"]["line"]) == ("exp", _line(tmp_path, mod, "torch.exp(x)"))
+    assert "overflows" in d["suboperation"]["how"] and "float16" in d["parameter"]
 
 
 def test_budget_bounds_the_stage_and_failures_stay_inside(tmp_path, monkeypatch):

@@ -11,17 +11,19 @@ counts. Distance, smallest first:
 * 2k - a changed line is the call site of the k-th enclosing frame of the sub-operation
   (k = 1: the line in the caller that leads to it);
 * 2k + 1 - the change sits elsewhere in the k-th frame's function (k = 0: the sub-operation's
-  own function);
+  own function), or the changed function is called on the k-th frame's line (a helper that
+  computes the sub-operation's input and no longer calls anything traced);
 * beyond the call stack: 2·depth + 2 + the length of the selection path from the changed
   symbol to the operator (unrelated to the traced path: least likely).
 """
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -61,6 +63,22 @@ def _definitions(source: str) -> List[Tuple[int, int, str]]:
     return out
 
 
+def _docstring_lines(source: str) -> set:
+    """Lines that belong to docstrings (module, class, function)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    out: set = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                    and isinstance(first.value.value, str):
+                out.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    return out
+
+
 def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]] = None) -> List[Change]:
     """Hunks of the diff base..head in Python files, one :class:`Change` per (file, definition)."""
     from unidiff import PatchSet
@@ -82,9 +100,14 @@ def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]
         src = _git(repo, "show", f"{head}:{path}") or ""
         src_lines = src.splitlines()
         defs = _definitions(src)
+        docs = _docstring_lines(src)
         by_def: Dict[Tuple[Optional[str], int, int], Change] = {}
         for h in pf:
             lines = [ln.target_line_no for ln in h if ln.is_added and ln.target_line_no]
+            # code lines first: a docstring, comment or blank line is named only when nothing else changed
+            code = [n for n in lines if n not in docs and 0 < n <= len(src_lines)
+                    and src_lines[n - 1].strip() and not src_lines[n - 1].strip().startswith("#")]
+            lines = code or lines
             if not lines:  # a pure deletion: point at the line that now follows it
                 lines = [max(1, h.target_start + (1 if h.target_length == 0 else 0))]
             for ln in lines:
@@ -125,9 +148,24 @@ def _reason_matches(ch: Change, reasons: Sequence[dict]) -> Optional[dict]:
     return None
 
 
-def rank(changes: Sequence[Change], stack: Sequence[str], reasons: Sequence[dict]) -> List[dict]:
+def source_lines(repo: Path, rev: str) -> Callable[[str, int], str]:
+    """``(file, line) -> text`` of ``rev``'s version of a file (cached; "" when unknown)."""
+    cache: Dict[str, List[str]] = {}
+
+    def get(path: str, line: int) -> str:
+        if path not in cache:
+            cache[path] = (_git(repo, "show", f"{rev}:{path}") or "").splitlines()
+        lines = cache[path]
+        return lines[line - 1] if 0 < line <= len(lines) else ""
+
+    return get
+
+
+def rank(changes: Sequence[Change], stack: Sequence[str], reasons: Sequence[dict],
+         line_text: Optional[Callable[[str, int], str]] = None) -> List[dict]:
     """Changed code nearest to the sub-operation first (``stack``: its library frames,
-    outermost first, as "file:line function"); ``reasons``: the selection's for this op."""
+    outermost first, as "file:line function"); ``reasons``: the selection's for this op;
+    ``line_text(file, line)``: head's source, to see which functions a frame's line calls."""
     frames = [_parse_frame(s) for s in reversed(list(stack))]  # innermost first
     file_reasons = [r for r in reasons if r.get("file")]
     pool = list(changes)
@@ -152,6 +190,14 @@ def rank(changes: Sequence[Change], stack: Sequence[str], reasons: Sequence[dict
                 continue
             if best is None or cand[:2] < best[:2]:
                 best = cand
+        name = (ch.symbol or "").split(".")[-1]
+        for k, (f, ln, fn) in enumerate(frames if line_text is not None and name else []):
+            if best is not None and best[0] <= 2 * k + 1:
+                break
+            if re.search(rf"\b{re.escape(name)}\s*\(", line_text(f, ln) or ""):
+                best = (2 * k + 1, 0, ch.lines[0], f"{ch.symbol} is called on the sub-operation's line ({f}:{ln})" if k == 0
+                        else f"{ch.symbol} is called on {f}:{ln} ({fn}), {k} level{'s' if k > 1 else ''} up the stack")
+                break
         r = _reason_matches(ch, file_reasons) if file_reasons else None
         path = list(r.get("path") or []) if r else []
         if best is None:

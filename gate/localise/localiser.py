@@ -392,7 +392,7 @@ class Localiser:
 
     # -- 5. changed code ---------------------------------------------------------------------------------
     def _changed_code(self, stack: List[str], diag: Diagnosis) -> None:
-        from .code import changed_code, rank
+        from .code import changed_code, rank, source_lines
 
         repo, mb, hs = self.ctx.get("repo"), self.ctx.get("merge_base"), self.ctx.get("head_sha")
         if not (repo and mb and hs):
@@ -407,7 +407,9 @@ class Localiser:
         for s in self.ctx.get("selected") or []:
             if s.get("op") == self.spec.name:
                 reasons = [r for r in (s.get("reasons") or []) if isinstance(r, dict)]
-        rows = rank(self.shared["changes"], stack, reasons)
+        if "sources" not in self.shared:
+            self.shared["sources"] = source_lines(Path(repo), hs)
+        rows = rank(self.shared["changes"], stack, reasons, self.shared["sources"])
         diag.changed_code = jsonable(rows[:20])
 
     # -- 6. repro ----------------------------------------------------------------------------------------------
