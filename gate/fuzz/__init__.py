@@ -36,7 +36,8 @@ def fuzz_task(
     first, most novel value classes first. ``coverage``: draw fresh inputs aimed at uncovered
     value classes and pairs, reward the scheduler for new coverage, report it in
     ``Finding.coverage['classes']``. ``batch``: children evaluated per call for batch-separable
-    specs (default 8 when the spec declares ``batch_dim``; 1 turns batching off).
+    specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
+    batching off).
     ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks)."""
     from .batch import BatchEvaluator
     from .coverage import CoverageMap
@@ -87,7 +88,7 @@ def fuzz_task(
     seed_info["used"] = len(seed_list)
 
     evaluator = BatchEvaluator(runner)
-    width = batch if batch is not None else (8 if evaluator.enabled else 1)
+    width = batch if batch is not None else (8 if evaluator.pays else 1)
     res = search(
         runner.evaluate,
         fresh,
@@ -138,7 +139,8 @@ def fuzz_task(
     if hasattr(scheduler, "stats"):
         finding.coverage["schedule"] = scheduler.stats()
     finding.coverage["seeds"] = seed_info
-    finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls}
+    finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls,
+                                 "default": 8 if evaluator.pays else 1}
     return finding
 
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..oracles.precision import compare
+from ..oracles.precision import Metrics, compare, overflow_bound, ulp
 from .inputs import Candidate
 from .runner import OK, Evaluation, VariantRunner
 
@@ -50,6 +50,12 @@ class BatchEvaluator:
     def enabled(self) -> bool:
         return bool(self.batched) and isinstance(self.symbol, str)
 
+    @property
+    def pays(self) -> bool:
+        """Worth it by default: every input is batched, so every value mutation of a parent
+        joins its batch (a shared weight splits batches whenever a child mutates it)."""
+        return self.enabled and len(self.batched) == len(self.spec.inputs)
+
     # -- grouping -----------------------------------------------------------------------
     def _params_key(self, q: Candidate) -> str:
         return repr(sorted((k, repr(v)) for k, v in q.params.items()))
@@ -64,7 +70,7 @@ class BatchEvaluator:
             if t.name in self.batched:
                 if a.ndim <= bd:
                     return None
-                parts.append((t.name, a.shape[:bd] + a.shape[bd + 1:], str(a.dtype)))
+                parts.append((t.name, a.shape[:bd] + a.shape[bd + 1:], a.dtype.char))
             else:
                 parts.append((t.name, a.shape, hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()))
         return tuple(parts)
@@ -130,22 +136,22 @@ class BatchEvaluator:
             out = runner.run_low(merged)
         except Exception:
             return [self._single(q) for q in group]
-        ref_parts, out_parts = self._split(ref, sizes), self._split(out, sizes)
         pkey = self._params_key(first)
-        if ref_parts is None or out_parts is None:
+        total = sum(sizes)
+        if not all(np.ndim(o.array) > bd and np.shape(o.array)[bd] == total for o in [*ref, *out]):
             self.separable[pkey] = False
             return [self._single(q) for q in group]
         if pkey not in self.separable:
-            self.separable[pkey] = self._check(group, ref_parts)
+            self.separable[pkey] = self._check(group, self._split(ref, sizes))
             if not self.separable[pkey]:
                 return [self._single(q) for q in group]
+        if bd == 0:
+            metrics = compare_segments(out, ref, sizes, runner.variant.dtype, self.spec.ulp_floor)
+        else:
+            metrics = [compare(o, r, runner.variant.dtype, self.spec.ulp_floor)
+                       for o, r in zip(self._split(out, sizes), self._split(ref, sizes))]
         each = (time.perf_counter() - t0) / len(group)
-        results = []
-        for q, o, r in zip(group, out_parts, ref_parts):
-            t1 = time.perf_counter()
-            metrics = compare(o, r, runner.variant.dtype, self.spec.ulp_floor)
-            results.append((q, Evaluation(OK, metrics=metrics, seconds=each + time.perf_counter() - t1)))
-        return results
+        return [(q, Evaluation(OK, metrics=m, seconds=each)) for q, m in zip(group, metrics)]
 
     def _check(self, group: List[Candidate], ref_parts: List[List[Output]]) -> bool:
         """Is the batched reference the reference of each member alone (to float64 rounding)?"""
@@ -170,4 +176,84 @@ class BatchEvaluator:
         return True
 
 
-__all__ = ["BatchEvaluator"]
+def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], sizes: Sequence[int], dtype: str,
+                     ulp_floor: str = "output") -> List[Metrics]:
+    """:func:`gate.oracles.precision.compare` of each candidate of a batch at once: the outputs
+    are concatenated along axis 0, candidate ``i`` owns ``sizes[i]`` rows. Gives exactly the
+    figures ``compare`` gives on each candidate's rows (maxima, counts and the worst element
+    exactly; sums to rounding, as they are summed row by row), with the elementwise work done
+    once for the whole batch."""
+    n = len(sizes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
+    if len(outputs) != len(reference):
+        return [Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")] * n
+    worst = [(-1.0, 0, (), 0.0, 0.0)] * n
+    max_ulp, tot_abs, tot_rel, tot_l1, tot_ulp = (np.zeros(n) for _ in range(5))
+    nonfinite = np.zeros(n, dtype=np.int64)
+    int_mismatch = np.zeros(n, dtype=np.int64)
+    numel = np.zeros(n, dtype=np.int64)
+    ovf = overflow_bound(dtype)
+    for k, (o, r) in enumerate(zip(outputs, reference)):
+        a, b = np.asarray(o.array), np.asarray(r.array)
+        if a.shape != b.shape:
+            return [Metrics(shape_mismatch=f"output {k}: shape {a.shape} vs reference {b.shape}")] * n
+        rest = a.shape[1:]
+        width = int(np.prod(rest)) if rest else 1
+        numel += np.asarray(sizes, dtype=np.int64) * width
+        if not o.is_float or not r.is_float:
+            rows = np.count_nonzero((a != b).reshape(a.shape[0], -1), axis=1)
+            int_mismatch += np.add.reduceat(rows, starts) if a.shape[0] else 0
+            continue
+        if width == 0:
+            continue
+        a = a.astype(np.float64, copy=False).reshape(a.shape[0], width)
+        b = b.astype(np.float64, copy=False).reshape(b.shape[0], width)
+        ref_finite = np.isfinite(b)
+        ref_representable = ref_finite & (np.abs(b) < ovf)
+        out_finite = np.isfinite(a)
+        nonfinite += np.add.reduceat(np.count_nonzero(ref_representable & ~out_finite, axis=1), starts)
+        ref_overflow = ref_finite & ~ref_representable
+        exact_inf = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
+        judged = ref_finite & out_finite & ~exact_inf
+        any_judged = np.add.reduceat(np.count_nonzero(judged, axis=1), starts) > 0
+        if not np.any(any_judged):
+            continue
+        err = np.zeros_like(b)
+        err[judged] = np.abs(a[judged] - b[judged])
+        mag_rows = np.where(ref_representable, np.abs(b), 0.0).max(axis=1)
+        mag = np.maximum.reduceat(mag_rows, starts)
+        floor_seg = ulp(mag, dtype) if ulp_floor == "output" else np.full(n, float(ulp(np.asarray(0.0), dtype)))
+        floor_rows = np.repeat(floor_seg, sizes)[:, None]
+        denom = np.maximum(ulp(b, dtype), floor_rows)
+        ulp_err = np.where(judged, err / denom, 0.0)
+        abs_floor = np.maximum(floor_rows, np.finfo(np.float64).tiny)
+        rel_err = np.where(judged, err / np.maximum(np.abs(b), abs_floor), 0.0)
+        rows = np.arange(a.shape[0])
+        row_max = ulp_err.max(axis=1)
+        row_arg = ulp_err.argmax(axis=1)
+        seg_max = np.maximum.reduceat(row_max, starts)
+        hit = row_max == np.repeat(seg_max, sizes)
+        first = np.minimum.reduceat(np.where(hit, rows, a.shape[0]), starts)
+        seg_abs = np.maximum.reduceat(err.max(axis=1), starts)
+        seg_rel = np.maximum.reduceat(rel_err.max(axis=1), starts)
+        seg_l1 = np.add.reduceat(err.sum(axis=1), starts)
+        seg_ulp = np.add.reduceat(ulp_err.sum(axis=1), starts)
+        for i in np.flatnonzero(any_judged):
+            u = float(seg_max[i])
+            if u > worst[i][0]:
+                r, c = int(first[i]), int(row_arg[first[i]])
+                shape = (int(sizes[i]),) + tuple(rest)
+                worst[i] = (u, k, tuple(int(x) for x in np.unravel_index((r - starts[i]) * width + c, shape)),
+                            float(a[r, c]), float(b[r, c]))
+        max_ulp = np.where(any_judged, np.maximum(max_ulp, seg_max), max_ulp)
+        tot_abs = np.where(any_judged, np.maximum(tot_abs, seg_abs), tot_abs)
+        tot_rel = np.where(any_judged, np.maximum(tot_rel, seg_rel), tot_rel)
+        tot_l1 = tot_l1 + np.where(any_judged, seg_l1, 0.0)
+        tot_ulp = tot_ulp + np.where(any_judged, seg_ulp, 0.0)
+    return [Metrics(ulp=float(max_ulp[i]), abs=float(tot_abs[i]), rel=float(tot_rel[i]), l1=float(tot_l1[i]),
+                    mean_ulp=float(tot_ulp[i]) / max(int(numel[i]), 1), nonfinite=int(nonfinite[i]),
+                    int_mismatch=int(int_mismatch[i]), numel=int(numel[i]), worst_output=worst[i][1],
+                    worst_index=worst[i][2], worst_out=worst[i][3], worst_ref=worst[i][4]) for i in range(n)]
+
+
+__all__ = ["BatchEvaluator", "compare_segments"]

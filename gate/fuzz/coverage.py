@@ -25,6 +25,7 @@ them (generation that prefers uncovered classes and pairs).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
@@ -126,42 +127,50 @@ def realise_param(p: ParamSpec, cls: str, rng: np.random.Generator) -> Any:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _band_edges(dtype: str) -> Tuple[np.ndarray, float, float]:
+    bands = element_bands(dtype)
+    edges = np.array([bands["subnormal"][0], bands["tiny"][0], bands["bulk"][0], bands["large"][0],
+                      bands["near_max"][0], bands["near_max"][1]])
+    return edges, bands["near_one"][0], bands["near_one"][1]
+
+
+_BINS = ("zero", "subnormal", "tiny", "bulk", "large", "near_max", None)
+
+
 def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
     """The value classes present in one float tensor (already rounded to ``dtype``)."""
-    a = np.asarray(arr, dtype=np.float64)
+    a = np.asarray(arr, dtype=np.float64).reshape(-1)
     if a.size == 0:
         return {"empty"}
-    fin = a[np.isfinite(a)]
-    out: Set[str] = set()
-    if fin.size < a.size:
-        out.add("nonfinite")
+    finite = np.isfinite(a)
+    all_finite = bool(finite.all())
+    fin = a if all_finite else a[finite]
+    out: Set[str] = set() if all_finite else {"nonfinite"}
     if fin.size == 0:
         return out
     m = np.abs(fin)
-    bands = element_bands(dtype)
-    if np.any(m == 0):
-        out.add("zero")
-    for name in ("subnormal", "tiny", "large", "near_max"):
-        lo, hi = bands[name]
-        if np.any((m >= lo) & (m < hi)):
+    edges, nlo, nhi = _band_edges(dtype)
+    counts = np.bincount(np.searchsorted(edges, m, side="right"), minlength=len(_BINS))
+    near = int(np.count_nonzero((m >= nlo) & (m < nhi)))
+    for i, name in enumerate(_BINS):
+        if name and counts[i]:
             out.add(name)
-    nlo, nhi = bands["near_one"]
-    near = (m >= nlo) & (m < nhi)
-    if np.any(near):
+    if near:
         out.add("near_one")
-    blo, bhi = bands["bulk"]
-    if np.any((m >= blo) & (m < bhi) & ~near):
-        out.add("bulk")
-    if fin.size == a.size and np.all(m < bands["tiny"][1]):
+        if counts[3] == near:
+            out.discard("bulk")
+    lo, hi = float(fin.min()), float(fin.max())
+    if all_finite and counts[:3].sum() == a.size:
         out.add("all_tiny")
-    if a.size >= 2 and fin.size == a.size:
-        if np.all(fin == fin.flat[0]):
+    if a.size >= 2 and all_finite:
+        if lo == hi:
             out.add("constant")
         else:
             mean, std = float(fin.mean()), float(fin.std())
             if std > 0 and abs(mean) >= 30 * std:
                 out.add("shifted")
-    if fin.size == a.size and np.all(fin < 0):
+    if all_finite and hi < 0:
         out.add("negative")
     return out
 
@@ -336,6 +345,7 @@ class CoverageMap:
         self.attempts: Dict[tuple, int] = {}
         self.max_attempts = max_attempts
         self.observed = 0
+        self.exhausted = False
 
     # -- accounting ---------------------------------------------------------------------
     def observe(self, cand: Candidate) -> Tuple[int, int]:
@@ -394,6 +404,8 @@ class CoverageMap:
     def suggest(self, rng: np.random.Generator) -> Dict[str, str]:
         """An uncovered target: an uncovered single with a partner making an uncovered pair,
         else an uncovered pair; ``{}`` when everything reachable was covered or tried."""
+        if self.exhausted:
+            return {}
         singles = [s for s in self.uncovered_singles() if self._fresh(s)]
         if singles:
             key, cls = singles[int(rng.integers(len(singles)))]
@@ -422,6 +434,7 @@ class CoverageMap:
                 return {ki: a, kj: b}
         left = [t for t in self.uncovered_pairs() if self._fresh(t)]
         if not left:
+            self.exhausted = True  # coverage and attempts only grow: nothing will reopen
             return {}
         t = left[int(rng.integers(len(left)))]
         self.attempts[t] = self.attempts.get(t, 0) + 1

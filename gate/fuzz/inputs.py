@@ -2,6 +2,7 @@
 float64 arrays). Generation follows the spec's value spaces; nothing here knows a framework."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -254,6 +255,7 @@ def draw(spec: OpSpec, rng: np.random.Generator, *, fixed_params: Optional[Mappi
 # ---------------------------------------------------------------------------------------
 # edge values and value regimes (FIELD_GUIDE §3): where operator bugs hide
 # ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def float_facts(dtype: str) -> Dict[str, float]:
     """Landmarks of a float format: ``eps`` (spacing above 1), ``below_one`` (the largest
     value below 1), ``min_normal``, ``min_subnormal``, ``max`` and ``log_max`` (where exp
@@ -326,6 +328,7 @@ def _signed(mags: np.ndarray, domain: Domain, rng: np.random.Generator) -> np.nd
     return mags if pos_ok else -mags
 
 
+@functools.lru_cache(maxsize=None)
 def element_bands(dtype: str) -> Dict[str, tuple]:
     """Magnitude bands ``a <= |x| < b`` of the element value classes (shared with
     :mod:`gate.fuzz.coverage`, so that a generated value lands in the class it aims at)."""
