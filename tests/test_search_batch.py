@@ -67,18 +67,22 @@ def test_segment_oracle_equals_the_oracle_per_candidate():
         ref[rng.random(ref.shape) < 0.03] = 1e6  # overflows float16 ...
         out[ref == 1e6] = np.inf  # ... matched by the right infinity
         ref[rng.random(ref.shape) < 0.02] = np.inf
+        sub = rng.random(ref.shape) < 0.05  # subnormal in float16 ...
+        ref[sub] = 1e-6
+        out[sub] = np.where(rng.random(int(sub.sum())) < 0.5, 0.0, 1e-6)  # ... sometimes flushed
         idx_o = rng.integers(0, 3, size=(total, 2))
         idx_r = idx_o.copy()
         idx_r[rng.random(idx_r.shape) < 0.1] += 1
         outs = [Output(out, "float16"), Output(idx_o, "int64")]
         refs = [Output(ref, "float64"), Output(idx_r, "int64")]
         floor = "output" if trial % 2 else "dtype"
-        got = compare_segments(outs, refs, sizes, dtype, floor)
+        ftz = trial % 3 == 0
+        got = compare_segments(outs, refs, sizes, dtype, floor, ftz=ftz)
         cuts = np.cumsum(sizes)[:-1]
         for i, (o, r, i_o, i_r) in enumerate(zip(np.split(out, cuts), np.split(ref, cuts), np.split(idx_o, cuts),
                                                   np.split(idx_r, cuts))):
             want = compare([Output(o, "float16"), Output(i_o, "int64")],
-                           [Output(r, "float64"), Output(i_r, "int64")], dtype, floor)
+                           [Output(r, "float64"), Output(i_r, "int64")], dtype, floor, ftz=ftz)
             same_metrics(got[i], want)
 
 

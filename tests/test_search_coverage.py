@@ -153,3 +153,58 @@ def test_edge_values_follow_the_dtype_and_the_domain(dtype):
     assert np.all((unit > -1) & (unit < 1)) and np.any(unit == f["below_one"])
     pos = edge_values(Domain.parse("positive"), dtype)
     assert np.all(pos > 0)
+
+
+def _features_by_element(a, dtype):
+    """value_features by definition, one element at a time (the reference for the fast path)."""
+    from gate.fuzz.inputs import element_bands
+
+    bands = element_bands(dtype)
+    a = np.asarray(a, dtype=float).reshape(-1)
+    if a.size == 0:
+        return {"empty"}
+    out = set()
+    fin = [x for x in a if math.isfinite(x)]
+    if len(fin) < a.size:
+        out.add("nonfinite")
+    for x in fin:
+        m = abs(x)
+        if m == 0:
+            out.add("zero")
+        for name in ("subnormal", "tiny", "large", "near_max"):
+            if bands[name][0] <= m < bands[name][1]:
+                out.add(name)
+        near = bands["near_one"][0] <= m < bands["near_one"][1]
+        if near:
+            out.add("near_one")
+        elif bands["bulk"][0] <= m < bands["bulk"][1]:
+            out.add("bulk")
+    if fin and len(fin) == a.size:
+        f = np.array(fin)
+        if np.all(np.abs(f) < 1e-3):
+            out.add("all_tiny")
+        if a.size >= 2 and f.min() == f.max():
+            out.add("constant")
+        elif a.size >= 2 and (f.min() > 0 or f.max() < 0) and f.std() > 0 and abs(f.mean()) >= 30 * f.std():
+            out.add("shifted")
+        if f.max() < 0:
+            out.add("negative")
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_value_features_match_their_definition(dtype):
+    rng = np.random.default_rng(5)
+    from gate.fuzz.inputs import REGIMES
+
+    for domain in ("real", "positive", "unit"):
+        dom = Domain.parse(domain)
+        for regime in REGIMES:
+            for _ in range(8):
+                arr = regime_values(regime, dom, (int(rng.integers(1, 4)), int(rng.integers(1, 9))), rng, dtype)
+                if arr is None:
+                    continue
+                arr = numpy_quantize(arr, dtype)
+                if rng.random() < 0.2:
+                    arr.flat[int(rng.integers(arr.size))] = np.nan
+                assert value_features(arr, dtype) == _features_by_element(arr, dtype), (regime, domain)

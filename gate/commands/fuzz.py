@@ -73,9 +73,6 @@ def run(args) -> int:
         per_op = Budget(seconds=10.0)
     if per_op.seconds is None and args.budget is None and not args.evals:
         per_op = Budget(seconds=10.0)
-    print(f"dl-gate fuzz: seed {seed}, strategy {args.strategy}, budget per operator: "
-          + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
-          + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
     tasks = []
     for spec in specs:
         backend = get_backend(spec.framework)
@@ -83,6 +80,13 @@ def run(args) -> int:
                           devices=devices, modes=modes, available_devices=backend.devices()))
     if not tasks:
         raise GateError("no variant to fuzz on this machine (check --dtype/--device/--mode)")
+    for spec in specs:  # fail fast, before any work, on an un-importable callable
+        get_backend(spec.framework).resolve(spec.callable)
+        if spec.reference:
+            get_backend(spec.framework).resolve(spec.reference)
+    print(f"dl-gate fuzz: seed {seed}, strategy {args.strategy}, budget per operator: "
+          + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
+          + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
     findings = []
     bar = None
     if progress_enabled():

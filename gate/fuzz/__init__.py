@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..plan import Task
-from .engine import GUIDANCES, UniformScheduler, search
+from .engine import GUIDANCES, search
 from .finding import Crash, Finding
 from .inputs import Candidate, draw
 from .mutate import MUTATORS, PREDOO_MUTATORS, bind
@@ -89,28 +89,29 @@ def fuzz_task(
 
     evaluator = BatchEvaluator(runner)
     width = batch if batch is not None else (8 if evaluator.pays else 1)
-    res = search(
-        runner.evaluate,
-        fresh,
-        bound,
-        rng,
-        seconds=task.budget.seconds,
-        evals=task.budget.evals,
-        guidance=task.strategy,
-        seeds=seed_list,
-        scheduler=scheduler,
-        progress=progress,
-        evaluate_many=evaluator.evaluate_many if evaluator.enabled and width > 1 else None,
-        batch=width,
-        novelty=novelty if cov is not None else None,
-        on_best=on_best,
-    )
-    best_eval = res.best_eval
-    if best_eval is not None and width > 1 and evaluator.enabled:
-        # report the figures of the best input run alone, as the judge will replay it
-        _, alone = runner.evaluate(res.best, quantized=True)
-        if alone.status == OK:
-            best_eval = alone
+    with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
+        res = search(
+            runner.evaluate,
+            fresh,
+            bound,
+            rng,
+            seconds=task.budget.seconds,
+            evals=task.budget.evals,
+            guidance=task.strategy,
+            seeds=seed_list,
+            scheduler=scheduler,
+            progress=progress,
+            evaluate_many=evaluator.evaluate_many if evaluator.enabled and width > 1 else None,
+            batch=width,
+            novelty=novelty if cov is not None else None,
+            on_best=on_best,
+        )
+        best_eval = res.best_eval
+        if best_eval is not None and width > 1 and evaluator.enabled:
+            # report the figures of the best input run alone, as the judge will replay it
+            _, alone = runner.evaluate(res.best, quantized=True)
+            if alone.status == OK:
+                best_eval = alone
     status, message = "ok", None
     if res.unsupported and best_eval is None:
         status, message = "unsupported", res.unsupported

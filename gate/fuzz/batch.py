@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..oracles.precision import Metrics, compare, overflow_bound, ulp
+from ..oracles.precision import Metrics, compare, min_normal, overflow_bound, ulp
 from .inputs import Candidate
 from .runner import OK, Evaluation, VariantRunner
 
@@ -145,10 +145,11 @@ class BatchEvaluator:
             self.separable[pkey] = self._check(group, self._split(ref, sizes))
             if not self.separable[pkey]:
                 return [self._single(q) for q in group]
+        ftz = runner.backend.flush_subnormals
         if bd == 0:
-            metrics = compare_segments(out, ref, sizes, runner.variant.dtype, self.spec.ulp_floor)
+            metrics = compare_segments(out, ref, sizes, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz)
         else:
-            metrics = [compare(o, r, runner.variant.dtype, self.spec.ulp_floor)
+            metrics = [compare(o, r, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz)
                        for o, r in zip(self._split(out, sizes), self._split(ref, sizes))]
         each = (time.perf_counter() - t0) / len(group)
         return [(q, Evaluation(OK, metrics=m, seconds=each)) for q, m in zip(group, metrics)]
@@ -177,7 +178,7 @@ class BatchEvaluator:
 
 
 def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], sizes: Sequence[int], dtype: str,
-                     ulp_floor: str = "output") -> List[Metrics]:
+                     ulp_floor: str = "output", ftz: bool = False) -> List[Metrics]:
     """:func:`gate.oracles.precision.compare` of each candidate of a batch at once: the outputs
     are concatenated along axis 0, candidate ``i`` owns ``sizes[i]`` rows. Gives exactly the
     figures ``compare`` gives on each candidate's rows (maxima, counts and the worst element
@@ -213,8 +214,10 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
         out_finite = np.isfinite(a)
         nonfinite += np.add.reduceat(np.count_nonzero(ref_representable & ~out_finite, axis=1), starts)
         ref_overflow = ref_finite & ~ref_representable
-        exact_inf = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
-        judged = ref_finite & out_finite & ~exact_inf
+        exact = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
+        if ftz:  # a framework that flushes subnormal results: zero for a subnormal reference is exact
+            exact = exact | ((a == 0) & (np.abs(b) < min_normal(dtype)))
+        judged = ref_finite & out_finite & ~exact
         any_judged = np.add.reduceat(np.count_nonzero(judged, axis=1), starts) > 0
         if not np.any(any_judged):
             continue

@@ -9,9 +9,9 @@ Every candidate is mapped to *classes*, one set per coverage key:
 * ``dim:NAME`` - the size class of a dimension: ``0, 1, 2-6, 7, 8, 9, 10-63, 64-4095, >=4096``
   (length 1, the vector width 8 and its neighbours, long reductions).
 * ``values:TENSOR`` - the value classes present in a float input (several at once):
-  ``bulk, zero, subnormal, tiny, all_tiny, near_one, large, near_max, constant, shifted,
-  negative, empty``; the magnitude bands are those of :func:`gate.fuzz.inputs.element_bands`
-  for the dtype under test.
+  ``bulk, zero, subnormal, tiny, all_tiny, near_one, large, near_max, constant, shifted
+  (one sign, |mean| >= 30 std), negative, empty``; the magnitude bands are those of
+  :func:`gate.fuzz.inputs.element_bands` for the dtype under test.
 * ``shape:TENSOR`` - rank x per-dimension size class (``r2:1x10-63``), reported alone.
 
 The *universe* of a key is the set of classes the spec's value spaces can reach: parameter
@@ -139,7 +139,9 @@ _BINS = ("zero", "subnormal", "tiny", "bulk", "large", "near_max", None)
 
 
 def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
-    """The value classes present in one float tensor (already rounded to ``dtype``)."""
+    """The value classes present in one float tensor (already rounded to ``dtype``). A few
+    passes over the data: the bands of the smallest and largest magnitudes are present by
+    definition, only bands strictly between them are searched."""
     a = np.asarray(arr, dtype=np.float64).reshape(-1)
     if a.size == 0:
         return {"empty"}
@@ -149,24 +151,34 @@ def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
     out: Set[str] = set() if all_finite else {"nonfinite"}
     if fin.size == 0:
         return out
-    m = np.abs(fin)
-    edges, nlo, nhi = _band_edges(dtype)
-    counts = np.bincount(np.searchsorted(edges, m, side="right"), minlength=len(_BINS))
-    near = int(np.count_nonzero((m >= nlo) & (m < nhi)))
-    for i, name in enumerate(_BINS):
-        if name and counts[i]:
-            out.add(name)
-    if near:
-        out.add("near_one")
-        if counts[3] == near:
-            out.discard("bulk")
     lo, hi = float(fin.min()), float(fin.max())
-    if all_finite and counts[:3].sum() == a.size:
+    m = np.abs(fin)
+    m_hi = max(abs(lo), abs(hi))
+    m_lo = float(m.min()) if lo < 0.0 < hi else min(abs(lo), abs(hi))
+    edges, nlo, nhi = _band_edges(dtype)
+    b_lo = int(np.searchsorted(edges, m_lo, side="right"))
+    b_hi = int(np.searchsorted(edges, m_hi, side="right"))
+    present = {b_lo, b_hi}
+    for b in range(b_lo + 1, b_hi):
+        lo_e = edges[b - 1]
+        hi_e = edges[b] if b < len(edges) else math.inf
+        if np.any((m >= lo_e) & (m < hi_e)):
+            present.add(b)
+    for b in present:
+        if _BINS[b]:
+            out.add(_BINS[b])
+    if m_lo < nhi and m_hi >= nlo:
+        near = (m >= nlo) & (m < nhi)
+        if np.any(near):
+            out.add("near_one")
+            if 3 in present and not np.any((m >= edges[2]) & (m < edges[3]) & ~near):
+                out.discard("bulk")
+    if all_finite and m_hi < edges[2]:
         out.add("all_tiny")
     if a.size >= 2 and all_finite:
         if lo == hi:
             out.add("constant")
-        else:
+        elif lo > 0 or hi < 0:  # large mean, small spread: one sign, |mean| >= 30 std
             mean, std = float(fin.mean()), float(fin.std())
             if std > 0 and abs(mean) >= 30 * std:
                 out.add("shifted")

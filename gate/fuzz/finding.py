@@ -50,6 +50,9 @@ class Finding:
     trajectory: List[List[float]] = field(default_factory=list)
     env: Dict[str, Any] = field(default_factory=dict)
     coverage: Dict[str, Any] = field(default_factory=dict)
+    #: oracle-specific facts (graph: first diverging node, amplification; export: converter
+    #: function, stage); JSON-safe via :func:`json_safe`
+    extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -81,6 +84,7 @@ class Finding:
             "trajectory": [[int(e), _num(f)] for e, f in self.trajectory],
             "env": self.env,
             "coverage": self.coverage,
+            "extra": json_safe(self.extra),
         }
         if with_inputs and self.best is not None:
             d["best_input"] = base64.b64encode(self.best.to_bytes()).decode()
@@ -106,7 +110,38 @@ class Finding:
             trajectory=[[e, (math.inf if f == "inf" else f)] for e, f in raw.get("trajectory", [])],
             env=raw.get("env", {}),
             coverage=raw.get("coverage", {}),
+            extra=from_json_safe(raw.get("extra", {})),
         )
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict
+    JSON), tuples as lists."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return v
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def from_json_safe(v: Any) -> Any:
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    if v == "nan":
+        return math.nan
+    if isinstance(v, dict):
+        return {k: from_json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [from_json_safe(x) for x in v]
+    return v
 
 
 def _num(f: float):

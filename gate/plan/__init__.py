@@ -47,7 +47,7 @@ class Variant:
         return asdict(self)
 
 
-ORACLES = ("precision", "grad", "compiled", "xfw", "nan", "layout_eq", "batch_eq", "contig_eq", "inplace_eq", "export")
+ORACLES = ("precision", "grad", "compiled", "xfw", "nan", "layout_eq", "batch_eq", "contig_eq", "inplace_eq", "export", "graph")
 
 
 @dataclass(frozen=True)

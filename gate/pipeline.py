@@ -1,0 +1,278 @@
+"""One run of the gate: select -> plan -> fuzz -> replay on base -> judge -> (localise) -> report.
+
+This module wires the stages together and nothing more: each stage lives in its own package.
+A :class:`gate.errors.GateError` anywhere still produces a report (outcome ``error``) with every
+verdict computed so far, so a JUnit file and the report are always written.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import HARNESS_VERSION, __version__
+from .backends import get_backend
+from .config import Config, load_config, parse_config
+from .errors import GateError, Outcome
+from .judge import verdict as V
+from .judge.baselines import BaselineStore, GitBaselineSource
+from .judge.decide import GateSettings, decide, overall
+from .judge.replay import ReplayJob, replay, replay_in_tree, worktree
+from .ops.catalog import Catalog, load_catalog
+from .ops.spec import OpSpec
+from .plan import Budget, Task, plan
+
+
+@dataclass
+class RunOptions:
+    repo: Path = Path(".")
+    base: Optional[str] = None
+    head: str = "HEAD"
+    config: Optional[Path] = None
+    out: Path = Path("dl-gate-out")
+    budget_total: Optional[float] = None
+    budget_per_op: Optional[float] = None
+    evals: Optional[int] = None  # per variant (deterministic budget)
+    seed: Optional[int] = None
+    ops: Optional[List[str]] = None  # force these operators instead of selecting from the diff
+    dtypes: Optional[List[str]] = None
+    devices: Optional[List[str]] = None
+    modes: Optional[List[str]] = None
+    strategy: Optional[str] = None
+    progress: Optional[Callable[[str], None]] = None
+
+
+def git(repo: Path, *args: str) -> str:
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        msg = (res.stderr.strip().splitlines() or ["git failed"])[-1]
+        raise GateError(f"git {' '.join(args)}: {msg}")
+    return res.stdout.strip()
+
+
+def base_config(repo: Path, rev: str, rel: str) -> Optional[Config]:
+    res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"], capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    return parse_config(res.stdout, Path(f"{rel}@{rev[:10]}"), root=repo)
+
+
+def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
+    """File (relative to the repo when inside it) and line of the operator's definition."""
+    try:
+        fn = get_backend(spec.framework).resolve(spec.callable)
+        fn = inspect.unwrap(fn)
+        path = inspect.getsourcefile(fn)
+        line = inspect.getsourcelines(fn)[1]
+    except Exception:
+        return (spec.sources[0] if spec.sources else None), None
+    if path is None:
+        return None, None
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path(repo).resolve())), line
+    except ValueError:
+        return str(p), line
+
+
+def prioritise(names: Sequence[str], reasons: Dict[str, list], per_op: float, total: float) -> Tuple[List[str], List[str]]:
+    """Order ops (directly changed first, then by number of reasons) and keep those the total
+    budget covers; the rest are reported as not covered."""
+    def key(n):
+        rs = reasons.get(n) or []
+        direct = any(len(r.get("path") or []) <= 2 for r in rs)
+        return (0 if direct else 1, -len(rs), n)
+
+    ordered = sorted(names, key=key)
+    k = max(1, int(math.floor(total / per_op + 1e-9))) if per_op > 0 else len(ordered)
+    return ordered[:k], ordered[k:]
+
+
+def _selection(opts: RunOptions, cfg: Config, catalog: Catalog, base_sha: str, head_sha: str):
+    if opts.ops:
+        return [{"op": catalog.get(n).name, "reasons": [{"kind": "forced", "file": None, "line": None,
+                                                          "symbol": n, "path": [n]}]} for n in opts.ops], {}
+    from .select import select_ops
+
+    sel = select_ops(opts.repo, base_sha, head_sha, catalog, cfg)
+    d = sel.to_dict()
+    return d.get("selected", []), d
+
+
+def run_gate(opts: RunOptions) -> V.GateReport:
+    t0 = time.perf_counter()
+    say = opts.progress or (lambda s: None)
+    report = V.GateReport(outcome=Outcome.ERROR.value, reason="", seed=opts.seed)
+    report.env["gate_version"] = __version__
+    report.env["harness"] = HARNESS_VERSION
+    try:
+        _run(opts, report, say)
+    except GateError as exc:
+        report.outcome, report.reason = Outcome.ERROR.value, str(exc)
+        report.errors.append(str(exc))
+    report.seconds = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def _run(opts: RunOptions, report: V.GateReport, say) -> None:
+    repo = Path(opts.repo).resolve()
+    git(repo, "rev-parse", "--git-dir")
+    cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
+    cfg.activate()
+    _forget_user_modules(repo, cfg)
+    if not opts.base:
+        raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
+    base_sha = git(repo, "rev-parse", "--verify", f"{opts.base}^{{commit}}")
+    head_sha = git(repo, "rev-parse", "--verify", f"{opts.head}^{{commit}}")
+    merge_base = git(repo, "merge-base", base_sha, head_sha)
+    report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
+    cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"
+    bcfg = base_config(repo, base_sha, cfg_rel)
+    # the PR cannot loosen its own gate: settings (and op thresholds) come from the base
+    settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
+    base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
+    catalog = load_catalog(cfg.ops, builtin=cfg.builtin)
+    seed = opts.seed if opts.seed is not None else cfg.seed
+    report.seed = seed
+
+    selected, sel_dict = _selection(opts, cfg, catalog, merge_base, head_sha)
+    report.selected = selected
+    if sel_dict:
+        report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native") if k in sel_dict}
+    if not selected:
+        report.outcome = Outcome.PASS.value
+        report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
+        return
+    names = [s["op"] for s in selected]
+    reasons = {s["op"]: s.get("reasons", []) for s in selected}
+    budget_cfg = cfg.budget
+    total = opts.budget_total or budget_cfg.get("total") or 120.0
+    per_op = opts.budget_per_op or budget_cfg.get("per_op") or total / len(names)
+    per_op = min(per_op, total)
+    if opts.evals:
+        covered, not_covered = list(names), []
+    else:
+        covered, not_covered = prioritise(names, reasons, per_op, total)
+    report.not_covered = not_covered
+    say(f"selected {len(names)} operator(s); fuzzing {len(covered)} at {per_op:g}s each, seed {seed}")
+
+    store = BaselineStore(GitBaselineSource(repo, base_sha, cfg.raw.get("baselines", "baselines"))).load()
+    gate_cfg = cfg.gate
+    dtypes = opts.dtypes or gate_cfg.get("dtypes")
+    modes = opts.modes or gate_cfg.get("modes")
+    devices = opts.devices or gate_cfg.get("devices")
+    strategy = opts.strategy or gate_cfg.get("strategy", "linf")
+
+    from .fuzz import fuzz_task
+    from .fuzz.inputs import draw
+
+    work: List[dict] = []
+    for name in covered:
+        spec = catalog.get(name)
+        if name in base_specs and base_specs[name].thresholds:
+            spec = spec.replace(thresholds=base_specs[name].thresholds)
+        backend = get_backend(spec.framework)
+        want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
+        budget = Budget(seconds=None if opts.evals else per_op, evals=None)
+        tasks = plan([spec], budget, per_op=budget, seed=seed, strategy=strategy, dtypes=want_dtypes,
+                     devices=devices, modes=modes, available_devices=backend.devices())
+        if opts.evals:
+            tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed, strategy=t.strategy) for t in tasks]
+        src_file, src_line = op_source(spec, repo)
+        for task in tasks:
+            env = backend.environment(task.variant.device)
+            row, status = store.lookup(spec.name, task.variant.key, env)
+            corpus = store.corpus(row) if row is not None and status == "ok" else []
+            say(f"fuzzing {task.id}")
+            finding = fuzz_task(task, seeds=corpus)
+            rng = np.random.default_rng(task.rng_seed() + [1])
+            cands = list(corpus)
+            cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]
+            cands += [draw(spec, rng, origin="control") for _ in range(3)]
+            head_results = replay(spec, task.variant, cands)
+            work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
+                         "cands": cands, "head": head_results, "src": (src_file, src_line)})
+
+    base_results: Dict[str, list] = {}
+    jobs = [ReplayJob(key=w["task"].id, spec=w["spec"], variant=w["task"].variant, candidates=w["cands"])
+            for w in work if w["spec"].origin == "user"]
+    if jobs:
+        say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
+        py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
+        with worktree(repo, merge_base) as tree:
+            if cfg.path:
+                py_path = [str((tree / Path(cfg_rel).parent / p)) for p in py_path]
+            base_results = replay_in_tree(tree, py_path, jobs)
+
+    for w in work:
+        task, finding = w["task"], w["finding"]
+        w["base"] = base_results.get(task.id)
+        vv = decide(w["spec"], task.variant, w["head"], base_results.get(task.id), w["row"], w["status"], finding,
+                    settings, inputs=[c.summary() for c in w["cands"]],
+                    controls=[c.origin == "control" for c in w["cands"]])
+        vv.source_file, vv.source_line = w["src"]
+        vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
+        if vv.input_summary is None and finding.best is not None:
+            vv.input_summary = finding.best.summary()
+        vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
+                            f"--device {task.variant.device} --seed {task.seed} "
+                            + (f"--evals {finding.evals}" if opts.evals else f"--budget {per_op:g}"))
+        w["verdict"] = vv
+        report.verdicts.append(vv)
+        report.env.setdefault("frameworks", {})[w["spec"].framework] = finding.env.get("version")
+
+    for name in not_covered:
+        spec = catalog.get(name)
+        report.verdicts.append(V.VariantVerdict(op=name, framework=spec.framework, variant={"dtype": "*"},
+                                                outcome=V.NOT_COVERED, reason="total budget exhausted before this operator"))
+    report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
+    if settings.behaviour_change == "fail":  # the reporters mark these as failures too
+        report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
+    # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
+    # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
+    ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
+           "selected": selected, "settings": settings, "out": Path(opts.out), "say": say}
+    localise_stage(report, work, ctx)
+
+
+def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
+    """Run the localise stage when it is installed (gate.localise.localise_all)."""
+    try:
+        from .localise import localise_all
+    except ImportError:
+        return
+    localise_all(report, work, ctx)
+
+
+def _forget_user_modules(root: Path, cfg: Config) -> None:
+    """Drop already-imported modules of the user's library (by location under the repository and
+    by top-level package name in its python_path), so head's code is imported as it is on disk
+    now: a long-lived process may hold an older version, or the same package from another tree."""
+    import sys
+
+    tops = set()
+    for p in cfg.raw.get("python_path") or ["."]:
+        d = (cfg.root / p)
+        if d.is_dir():
+            for child in d.iterdir():
+                if child.suffix == ".py":
+                    tops.add(child.stem)
+                elif (child / "__init__.py").exists():
+                    tops.add(child.name)
+    root_s = str(root)
+    for name, mod in list(sys.modules.items()):
+        if name == "gate" or name.startswith("gate."):
+            continue
+        f = getattr(mod, "__file__", None)
+        if name.split(".")[0] in tops or (f and str(Path(f).resolve()).startswith(root_s)):
+            del sys.modules[name]
+
+
+def _m(f, key):
+    return getattr(f.metrics, key) if f.metrics else None
