@@ -31,9 +31,10 @@ def fuzz_task(
     """Search ``task``'s variant for the input with the largest precision error.
 
     ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)
-    or an object with ``choose``/``update``. ``seed_store``: a :class:`gate.fuzz.seeds.SeedStore`
-    whose seeds for this op (harvested from the project's tests, PyTorch OpInfo samples) are run
-    first, most novel value classes first. ``coverage``: draw fresh inputs aimed at uncovered
+    or an object with ``choose``/``update``. ``seeds`` run first, all of them, in order; then
+    the seeds of ``seed_store`` (a :class:`gate.fuzz.seeds.SeedStore`: calls harvested from the
+    project's tests, PyTorch OpInfo samples), most novel value classes first, at most
+    ``max_seeds``. ``coverage``: draw fresh inputs aimed at uncovered
     value classes and pairs, reward the scheduler for new coverage, report it in
     ``Finding.coverage['classes']``. ``batch``: children evaluated per call for batch-separable
     specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
@@ -75,16 +76,14 @@ def fuzz_task(
     else:
         fresh = lambda r: draw(spec, r)  # noqa: E731
 
-    seed_list = list(seeds)
+    seed_list = list(seeds)  # given seeds run first, all of them, in their order
     seed_info = {"given": len(seed_list)}
     if seed_store is not None:
-        stored = seed_store.load(spec)
-        seed_info.update(seed_store.last_sources)
-        seed_list += stored
-    if seed_list:
         from .seeds import prioritise
 
-        seed_list = prioritise(spec, seed_list, dtype, limit=max_seeds)
+        stored = seed_store.load(spec)
+        seed_info.update(seed_store.last_sources)
+        seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
     seed_info["used"] = len(seed_list)
 
     evaluator = BatchEvaluator(runner)
