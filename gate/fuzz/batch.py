@@ -78,33 +78,28 @@ class BatchEvaluator:
     # -- evaluating ---------------------------------------------------------------------
     def evaluate_many(self, cands: Sequence[Candidate]) -> List[Tuple[Candidate, Evaluation]]:
         """``[(quantised candidate, evaluation)]`` in the order of ``cands``."""
-        qs = [self.runner.quantize(c) for c in cands]
-        results: List[Optional[Tuple[Candidate, Evaluation]]] = [None] * len(qs)
+        results: List[Optional[Tuple[Candidate, Evaluation]]] = [None] * len(cands)
         groups: Dict[tuple, List[int]] = {}
-        if self.enabled:
-            for i, q in enumerate(qs):
-                key = self._group_key(q)
-                if key is None:
-                    results[i] = self._single(q)
-                else:
-                    groups.setdefault(key, []).append(i)
-        else:
-            for i, q in enumerate(qs):
-                results[i] = self._single(q)
+        for i, c in enumerate(cands):
+            key = self._group_key(c) if self.enabled else None
+            if key is None:
+                results[i] = self._single(c, quantized=False)
+            else:
+                groups.setdefault(key, []).append(i)
         for idx in groups.values():
             for start in range(0, len(idx), self.max_batch):
                 chunk = idx[start:start + self.max_batch]
-                if len(chunk) == 1 or self.separable.get(self._params_key(qs[chunk[0]])) is False:
+                if len(chunk) == 1 or self.separable.get(self._params_key(cands[chunk[0]])) is False:
                     for i in chunk:
-                        results[i] = self._single(qs[i])
+                        results[i] = self._single(cands[i], quantized=False)
                     continue
-                for i, r in zip(chunk, self._batched([qs[i] for i in chunk])):
+                for i, r in zip(chunk, self._batched([cands[i] for i in chunk])):
                     results[i] = r
         return [r for r in results]  # type: ignore[misc]
 
-    def _single(self, q: Candidate) -> Tuple[Candidate, Evaluation]:
+    def _single(self, c: Candidate, quantized: bool = True) -> Tuple[Candidate, Evaluation]:
         self.calls += 1
-        return self.runner.evaluate(q, quantized=True)
+        return self.runner.evaluate(c, quantized=quantized)
 
     def _split(self, outs: List[Output], sizes: List[int]) -> Optional[List[List[Output]]]:
         bd, total = self.batch_dim, sum(sizes)
@@ -118,17 +113,31 @@ class BatchEvaluator:
                 per[k].append(Output(piece, o.dtype))
         return per
 
-    def _batched(self, group: List[Candidate]) -> List[Tuple[Candidate, Evaluation]]:
+    def _batched(self, raw: List[Candidate]) -> List[Tuple[Candidate, Evaluation]]:
+        """Quantise the group as one batch (rounding is elementwise), run it, score each member."""
         runner, bd = self.runner, self.batch_dim
-        first = group[0]
-        sizes = [q.arrays[self.batched[0]].shape[bd] for q in group]
+        first = raw[0]
+        sizes = [c.arrays[self.batched[0]].shape[bd] for c in raw]
         merged = Candidate(dims=dict(first.dims), params=dict(first.params), arrays={}, origin="batch")
         for t in self.spec.inputs:
             if t.name in self.batched:
-                merged.arrays[t.name] = np.concatenate([q.arrays[t.name] for q in group], axis=bd)
+                merged.arrays[t.name] = np.concatenate([c.arrays[t.name] for c in raw], axis=bd)
             else:
                 merged.arrays[t.name] = first.arrays[t.name]
         merged.dims[self.symbol] = int(sum(sizes))
+        merged = runner.quantize(merged)
+        cuts = np.cumsum(sizes)[:-1]
+        group = []
+        for c in raw:
+            q = Candidate(dims=dict(c.dims), params=dict(c.params), arrays={}, origin=c.origin)
+            group.append(q)
+        for t in self.spec.inputs:
+            if t.name in self.batched:
+                for q, piece in zip(group, np.split(merged.arrays[t.name], cuts, axis=bd)):
+                    q.arrays[t.name] = piece
+            else:
+                for q in group:
+                    q.arrays[t.name] = merged.arrays[t.name]
         t0 = time.perf_counter()
         try:
             self.calls += 1
@@ -209,28 +218,42 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
             continue
         a = a.astype(np.float64, copy=False).reshape(a.shape[0], width)
         b = b.astype(np.float64, copy=False).reshape(b.shape[0], width)
-        ref_finite = np.isfinite(b)
-        ref_representable = ref_finite & (np.abs(b) < ovf)
-        out_finite = np.isfinite(a)
-        nonfinite += np.add.reduceat(np.count_nonzero(ref_representable & ~out_finite, axis=1), starts)
-        ref_overflow = ref_finite & ~ref_representable
-        exact = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
-        if ftz:  # a framework that flushes subnormal results: zero for a subnormal reference is exact
-            exact = exact | ((a == 0) & (np.abs(b) < min_normal(dtype)))
-        judged = ref_finite & out_finite & ~exact
-        any_judged = np.add.reduceat(np.count_nonzero(judged, axis=1), starts) > 0
-        if not np.any(any_judged):
-            continue
-        err = np.zeros_like(b)
-        err[judged] = np.abs(a[judged] - b[judged])
-        mag_rows = np.where(ref_representable, np.abs(b), 0.0).max(axis=1)
-        mag = np.maximum.reduceat(mag_rows, starts)
-        floor_seg = ulp(mag, dtype) if ulp_floor == "output" else np.full(n, float(ulp(np.asarray(0.0), dtype)))
-        floor_rows = np.repeat(floor_seg, sizes)[:, None]
-        denom = np.maximum(ulp(b, dtype), floor_rows)
-        ulp_err = np.where(judged, err / denom, 0.0)
-        abs_floor = np.maximum(floor_rows, np.finfo(np.float64).tiny)
-        rel_err = np.where(judged, err / np.maximum(np.abs(b), abs_floor), 0.0)
+        absb = np.abs(b)
+        fast = bool(np.isfinite(a).all() and np.isfinite(b).all())
+        if fast:
+            mag_rows = absb.max(axis=1)
+            fast = float(mag_rows.max()) < ovf and not (ftz and np.any(a == 0))
+        if fast:  # every value finite and in range: every element is judged, no masks
+            any_judged = np.ones(n, dtype=bool)
+            err = np.abs(a - b)
+            mag = np.maximum.reduceat(mag_rows, starts)
+            floor_rows = np.repeat(_floors(mag, dtype, ulp_floor, n), sizes)[:, None]
+            denom = ulp(b, dtype)
+            np.maximum(denom, floor_rows, out=denom)
+            ulp_err = np.divide(err, denom, out=denom)
+            rel_err = err / np.maximum(absb, np.maximum(floor_rows, np.finfo(np.float64).tiny))
+        else:
+            ref_finite = np.isfinite(b)
+            ref_representable = ref_finite & (absb < ovf)
+            out_finite = np.isfinite(a)
+            nonfinite += np.add.reduceat(np.count_nonzero(ref_representable & ~out_finite, axis=1), starts)
+            ref_overflow = ref_finite & ~ref_representable
+            exact = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
+            if ftz:  # a framework that flushes subnormal results: zero for a subnormal reference is exact
+                exact = exact | ((a == 0) & (absb < min_normal(dtype)))
+            judged = ref_finite & out_finite & ~exact
+            any_judged = np.add.reduceat(np.count_nonzero(judged, axis=1), starts) > 0
+            if not np.any(any_judged):
+                continue
+            err = np.zeros_like(b)
+            err[judged] = np.abs(a[judged] - b[judged])
+            mag_rows = np.where(ref_representable, absb, 0.0).max(axis=1)
+            mag = np.maximum.reduceat(mag_rows, starts)
+            floor_rows = np.repeat(_floors(mag, dtype, ulp_floor, n), sizes)[:, None]
+            denom = np.maximum(ulp(b, dtype), floor_rows)
+            ulp_err = np.where(judged, err / denom, 0.0)
+            abs_floor = np.maximum(floor_rows, np.finfo(np.float64).tiny)
+            rel_err = np.where(judged, err / np.maximum(absb, abs_floor), 0.0)
         rows = np.arange(a.shape[0])
         row_max = ulp_err.max(axis=1)
         row_arg = ulp_err.argmax(axis=1)
@@ -257,6 +280,14 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
                     mean_ulp=float(tot_ulp[i]) / max(int(numel[i]), 1), nonfinite=int(nonfinite[i]),
                     int_mismatch=int(int_mismatch[i]), numel=int(numel[i]), worst_output=worst[i][1],
                     worst_index=worst[i][2], worst_out=worst[i][3], worst_ref=worst[i][4]) for i in range(n)]
+
+
+def _floors(mag: np.ndarray, dtype: str, ulp_floor: str, n: int) -> np.ndarray:
+    """Each candidate's ulp floor: the ulp of its largest representable reference value
+    (``output``) or the dtype's smallest subnormal (``dtype``), as the oracle takes it."""
+    if ulp_floor == "output":
+        return ulp(mag, dtype)
+    return np.full(n, float(ulp(np.asarray(0.0), dtype)))
 
 
 __all__ = ["BatchEvaluator", "compare_segments"]
