@@ -6,7 +6,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import List
 
 from ..backends import get_backend
 from ..errors import GateError

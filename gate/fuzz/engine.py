@@ -20,7 +20,7 @@ import numpy as np
 
 from ..oracles.precision import fitness
 from .inputs import Candidate
-from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation
+from .runner import CRASH, INVALID, UNSUPPORTED, Evaluation
 
 GUIDANCES = ("linf", "l1", "random")
 
