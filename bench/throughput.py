@@ -108,7 +108,9 @@ def main() -> int:
         normal = rate(op, args.seconds / 2)
         clocked = ClockedBackend(b)
         runner.backend = clocked
-        f = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=args.seconds), seed=0), runner=runner)
+        # batch=1: one operator call per evaluation, so fuzz/op compares like with like
+        # (batched evaluation is measured by bench/batched_eval.py)
+        f = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=args.seconds), seed=0), runner=runner, batch=1)
         fz = f.evals / f.seconds
         op_rate = clocked.op_n / clocked.op_s
         op_ref_rate = clocked.op_n / (clocked.op_s + clocked.ref_s)

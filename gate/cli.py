@@ -17,6 +17,7 @@ from .errors import EXIT_CODES, GateError, Outcome
 COMMANDS = [
     "gate.commands.ops",
     "gate.commands.fuzz",
+    "gate.commands.harvest",
     "gate.commands.select",
     "gate.commands.run",
     "gate.commands.baseline",

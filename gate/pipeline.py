@@ -10,7 +10,7 @@ import inspect
 import math
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -171,6 +171,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
 
     from .fuzz import fuzz_task
     from .fuzz.inputs import draw
+    from .fuzz.seeds import SeedStore
+
+    seed_store = SeedStore(cfg.baselines_dir / "seeds")  # `dl-gate harvest` seeds, OpInfo samples
 
     work: List[dict] = []
     for name in covered:
@@ -190,7 +193,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
             row, status = store.lookup(spec.name, task.variant.key, env)
             corpus = store.corpus(row) if row is not None and status == "ok" else []
             say(f"fuzzing {task.id}")
-            finding = fuzz_task(task, seeds=corpus)
+            finding = fuzz_task(task, seeds=corpus, seed_store=seed_store)
             rng = np.random.default_rng(task.rng_seed() + [1])
             cands = list(corpus)
             cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]

@@ -63,7 +63,10 @@ ops:
 PRS = {
     "precision": ("def log1p_op(x):\n    return torch.log1p(x)", "def log1p_op(x):\n    return torch.log(1 + x)"),
     "nan": ("    e = torch.exp(_row_shift(x, dim))", "    e = torch.exp(x)"),
-    "behaviour": ("    return x * torch.sigmoid(x)", "    return x * torch.sigmoid(1.5 * x)"),
+    # a different function with the same rounding (x2 is exact; an overflow matches the
+    # reference's): sigmoid(1.5 * x) would also round its argument, a real precision loss
+    # for large |x| that the search finds
+    "behaviour": ("    return x * torch.sigmoid(x)", "    return x * torch.sigmoid(x) * 2"),
     "crash": ("def smooth(x):\n", "def smooth(x):\n    if x.shape[-1] > 3:\n        raise IndexError('index 3 is out of bounds for dimension 0')\n"),
     "refactor": ("    return x * torch.sigmoid(x)", "    gate_value = torch.sigmoid(x)\n    return x * gate_value"),
     "docs": ('    """Stable softmax."""', '    """Softmax, stable: subtracts the row maximum before exp()."""'),

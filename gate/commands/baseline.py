@@ -55,6 +55,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
                       out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
     from ..backends import get_backend
     from ..fuzz import fuzz_task
+    from ..fuzz.seeds import SeedStore
     from ..judge.baselines import write_rows
     from ..ops.catalog import load_catalog
     from ..plan import Budget, Task, plan
@@ -71,6 +72,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     dtypes = dtypes or gate_cfg.get("dtypes")
     findings = []
     frameworks = {}
+    seed_store = SeedStore(cfg.baselines_dir / "seeds")  # the same seeds the gate's runs start from
     for name in names:
         spec = catalog.get(name)
         frameworks[name] = spec.framework
@@ -83,7 +85,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
             if evals:
                 t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
             say(f"measuring {t.id}")
-            findings.append(fuzz_task(t))
+            findings.append(fuzz_task(t, seed_store=seed_store))
     changes = write_rows(out, findings, frameworks)
     return changes
 

@@ -6,7 +6,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import List
 
 from ..backends import get_backend
 from ..errors import GateError
@@ -24,6 +23,10 @@ def register(sub) -> None:
     p.add_argument("--evals", type=int, metavar="N", help="evaluations per operator (deterministic budget)")
     p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP) or random")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
+    p.add_argument("--scheduler", default="uct", choices=["uct", "uniform"],
+                   help="mutation scheduler: uct (bandit, default) or uniform (control)")
+    p.add_argument("--no-seeds", action="store_true",
+                   help="ignore stored seeds (<baselines>/seeds from `dl-gate harvest`, OpInfo samples)")
     p.add_argument("--json", metavar="FILE", help="write findings (with worst inputs) as JSON")
     p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
                    help="directory for worst inputs as .npz (default dl-gate-out/inputs)")
@@ -89,10 +92,15 @@ def run(args) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(tasks), unit="variant", file=sys.stderr, leave=False)
+    store = None
+    if not args.no_seeds:
+        from ..fuzz.seeds import SeedStore
+
+        store = SeedStore(cfg.baselines_dir / "seeds")
     for task in tasks:
         if bar:
             bar.set_description(task.id)
-        findings.append(fuzz_task(task))
+        findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler))
         if bar:
             bar.update(1)
     if bar:

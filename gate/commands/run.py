@@ -1,14 +1,13 @@
 """``dl-gate run``: the gate's main job on a pull request (or ``--example``: on the bundled one)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 from pathlib import Path
 
-from ..errors import GateError, Outcome
-from .common import add_config_arg, add_variant_args, progress_enabled, split_list
+from ..errors import GateError
+from .common import add_config_arg, add_variant_args, split_list
 
 
 def register(sub) -> None:
@@ -55,25 +54,16 @@ def run(args) -> int:
     report = run_gate(opts)
     paths = write_outputs(report, Path(args.out))
     print_report(report)
-    print(f"\nreport: {paths.get('report.json')}" + (f", JUnit: {paths['junit.xml']}" if "junit.xml" in paths else ""))
+    print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
     return report.exit_code
 
 
 def write_outputs(report, out: Path) -> dict:
     """report.json always; JUnit/Markdown/plots through the report stage."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    try:
-        from ..report import write_all  # the report stage
+    from ..report import write_all  # the report stage
 
-        paths.update({k: str(v) for k, v in write_all(report, out).items()})
-    except ImportError:
-        pass
-    p = out / "report.json"
-    if "report.json" not in paths:
-        p.write_text(json.dumps(report.to_dict(), indent=1))
-        paths["report.json"] = str(p)
-    return paths
+    out.mkdir(parents=True, exist_ok=True)
+    return {k: str(v) for k, v in write_all(report, out).items()}
 
 
 def _f(x):

@@ -10,8 +10,8 @@ from ..plan import Task
 from .engine import GUIDANCES, search
 from .finding import Crash, Finding
 from .inputs import Candidate, draw
-from .mutate import MUTATORS, PREDOO_MUTATORS
-from .runner import VariantRunner
+from .mutate import MUTATORS, PREDOO_MUTATORS, bind
+from .runner import OK, CRASH, VariantRunner
 
 
 def fuzz_task(
@@ -22,22 +22,99 @@ def fuzz_task(
     runner: Optional[VariantRunner] = None,
     mutators: Optional[Sequence[str]] = None,
     scheduler=None,
+    seed_store=None,
+    coverage: bool = True,
+    batch: Optional[int] = None,
+    max_seeds: int = 16,
+    on_best: Optional[Callable] = None,
 ) -> Finding:
-    """Search ``task``'s variant for the input with the largest precision error."""
+    """Search ``task``'s variant for the input with the largest precision error.
+
+    ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)
+    or an object with ``choose``/``update``. ``seeds`` run first, all of them, in order; then
+    the seeds of ``seed_store`` (a :class:`gate.fuzz.seeds.SeedStore`: calls harvested from the
+    project's tests, PyTorch OpInfo samples), most novel value classes first, at most
+    ``max_seeds``. ``coverage``: draw fresh inputs aimed at uncovered
+    value classes and pairs, reward the scheduler for new coverage, report it in
+    ``Finding.coverage['classes']``. ``batch``: children evaluated per call for batch-separable
+    specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
+    batching off).
+    ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks)."""
+    from .batch import BatchEvaluator
+    from .coverage import CoverageMap
+    from .schedule import make_scheduler
+
     spec = task.op
     runner = runner or VariantRunner(spec, task.variant)
     runner.backend.seed(task.seed)
     rng = np.random.default_rng(task.rng_seed())
+    dtype = task.variant.dtype
     names = list(mutators or MUTATORS)
-    bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(MUTATORS[n]) for n in names}
-    if scheduler is not None and hasattr(scheduler, "bind"):
+    if scheduler is None:
+        scheduler = "uniform" if task.strategy == "random" else "uct"
+    if isinstance(scheduler, str):
+        scheduler = make_scheduler(scheduler, names)
+    elif hasattr(scheduler, "bind"):
         scheduler = scheduler.bind(names)
-    with np.errstate(all="ignore"):
-        res = _search(spec, runner, rng, task, bound, seeds, scheduler, progress)
+    if hasattr(scheduler, "sub"):
+        choose = scheduler.sub
+    else:
+        def choose(name, options, r):
+            return options[int(r.integers(len(options)))] if options else None
+    bound = {n: bind(MUTATORS[n], spec, dtype=dtype, choose=choose, name=n) for n in names}
+
+    cov = CoverageMap(spec, dtype) if coverage else None
+
+    def novelty(q: Candidate, ev) -> float:
+        if cov is None or ev.status not in (OK, CRASH):
+            return 0.0
+        singles, pairs = cov.observe(q)
+        return min(1.0, 0.5 * singles + 0.05 * pairs)
+
+    if cov is not None and task.strategy != "random":
+        fresh = lambda r: cov.draw(r)  # noqa: E731
+    else:
+        fresh = lambda r: draw(spec, r)  # noqa: E731
+
+    seed_list = list(seeds)  # given seeds run first, all of them, in their order
+    seed_info = {"given": len(seed_list)}
+    if seed_store is not None:
+        from .seeds import prioritise
+
+        stored = seed_store.load(spec)
+        seed_info.update(seed_store.last_sources)
+        seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
+    seed_info["used"] = len(seed_list)
+
+    evaluator = BatchEvaluator(runner)
+    width = batch if batch is not None else (8 if evaluator.pays else 1)
+    with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
+        res = search(
+            runner.evaluate,
+            fresh,
+            bound,
+            rng,
+            seconds=task.budget.seconds,
+            evals=task.budget.evals,
+            guidance=task.strategy,
+            seeds=seed_list,
+            scheduler=scheduler,
+            progress=progress,
+            evaluate_many=evaluator.evaluate_many if evaluator.enabled and width > 1 else None,
+            batch=width,
+            novelty=novelty if cov is not None else None,
+            on_best=on_best,
+        )
+        best_eval = res.best_eval
+        if best_eval is not None and width > 1 and evaluator.enabled:
+            # report the figures of the best input run alone, as the judge will replay it
+            _, alone = runner.evaluate(res.best, quantized=True)
+            if alone.status == OK:
+                best_eval = alone
     status, message = "ok", None
-    if res.unsupported and res.best_eval is None:
+    if res.unsupported and best_eval is None:
         status, message = "unsupported", res.unsupported
-    elif res.best_eval is None and not res.crashes:
+    elif best_eval is None and not res.crashes:
         status, message = "no-valid-input", res.invalid_example
     finding = Finding(
         op=spec.name,
@@ -48,7 +125,7 @@ def fuzz_task(
         evals=res.evals,
         seconds=res.seconds,
         status=status,
-        metrics=res.best_eval.metrics if res.best_eval else None,
+        metrics=best_eval.metrics if best_eval else None,
         best=res.best,
         crashes=[Crash(c.signature, c.message, c.count, c.candidate) for c in res.crashes.values()],
         invalid=res.invalid,
@@ -57,22 +134,14 @@ def fuzz_task(
         env=runner.backend.environment(task.variant.device),
     )
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
+    if cov is not None:
+        finding.coverage["classes"] = cov.report()
+    if hasattr(scheduler, "stats"):
+        finding.coverage["schedule"] = scheduler.stats()
+    finding.coverage["seeds"] = seed_info
+    finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls,
+                                 "default": 8 if evaluator.pays else 1}
     return finding
-
-
-def _search(spec, runner, rng, task, bound, seeds, scheduler, progress):
-    return search(
-        runner.evaluate,
-        lambda r: draw(spec, r),
-        bound,
-        rng,
-        seconds=task.budget.seconds,
-        evals=task.budget.evals,
-        guidance=task.strategy,
-        seeds=seeds,
-        scheduler=scheduler,
-        progress=progress,
-    )
 
 
 __all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "VariantRunner"]

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ..backends.base import Output
 from ..fuzz.finding import Finding
-from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
+from ..fuzz.runner import CRASH, INVALID, OK
 from ..ops.spec import OpSpec
 from ..oracles.precision import compare
 from ..plan import Variant
@@ -222,8 +222,11 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         return vv
     if fixed or base_max > max(floor, m * head_max_same):
         vv.outcome = V.IMPROVEMENT
-        vv.reason = f"error {_f(base_max)} -> {_f(head_max_same)} ulp on identical inputs" + (
-            f"; head fixes NaN/Inf or a crash on {fixed} input(s)" if fixed else "")
+        if fixed:
+            vv.reason = (f"head fixes NaN/Inf or a crash on {fixed} input(s) where base failed "
+                         f"(elsewhere {_f(base_max)} -> {_f(head_max_same)} ulp)")
+        else:
+            vv.reason = f"error {_f(base_max)} -> {_f(head_max_same)} ulp on identical inputs"
         return vv
     if row_status == "not-comparable":
         vv.details["baseline_env"] = row.env if row else None

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import GateError
 from ..fuzz.inputs import Candidate
-from ..fuzz.runner import OK, VariantRunner
+from ..fuzz.runner import VariantRunner
 from ..ops.spec import OpSpec
 from ..oracles.precision import Metrics
 from ..plan import Variant

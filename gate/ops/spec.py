@@ -200,6 +200,7 @@ class OpSpec:
     sources: tuple = ()
     native: tuple = ()  # native op names (ATen / TF op registrations)
     twin: Optional[str] = None  # cross-framework twin op name
+    opinfo: Optional[str] = None  # PyTorch OpInfo entry whose sample inputs seed the search
     batch_dim: Optional[int] = None  # inputs are batch-separable along this dim
     grad: bool = False
     tags: tuple = ()
@@ -253,6 +254,7 @@ class OpSpec:
             "sources": list(self.sources),
             "native": list(self.native),
             "twin": self.twin,
+            "opinfo": self.opinfo,
             "batch_dim": self.batch_dim,
             "grad": self.grad,
             "tags": list(self.tags),
@@ -300,6 +302,7 @@ class OpSpec:
                 sources=tuple(merged.get("sources", ())),
                 native=tuple(merged.get("native", ())),
                 twin=merged.get("twin"),
+                opinfo=merged.get("opinfo"),
                 batch_dim=merged.get("batch_dim"),
                 grad=bool(merged.get("grad", False)),
                 tags=tuple(merged.get("tags", ())),

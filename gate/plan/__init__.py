@@ -6,7 +6,7 @@ A :class:`Variant` is one way of computing an operator that the gate judges on i
 from __future__ import annotations
 
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterable, List, Optional, Sequence
 
 from ..errors import UnsupportedVariant
