@@ -152,7 +152,7 @@ PLANTED = {
              "        # the tanh form is cheap enough to run in the input dtype\n"
              "        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)\n"
              "        return 0.5 * x * (1.0 + torch.tanh(inner))"),
-    "scaled_silu": ("nnops/activations.py", "    return x * gate", "    return 2.0 * x * gate"),
+    "scaled_silu": ("nnops/activations.py", "    return x * gate", "    return 0.5 * x * gate"),
     "global_rms": ("nnops/reductions.py", "    flat = x.reshape(-1)", "    flat = x.view(-1)"),
 }
 

@@ -102,7 +102,7 @@ class Target:
             return h.metrics.int_mismatch > 0
         if self.kind == BEHAVIOUR:
             return True
-        return not h.metrics.nonfinite and h.metrics.ulp > self.floor(dtype)
+        return h.metrics.ulp > self.floor(dtype)
 
     def holds(self, h: ReplayResult, b: Optional[ReplayResult], variant) -> Optional[bool]:
         """True/False, or None when it cannot be told (base unavailable, no baseline row)."""
@@ -119,6 +119,8 @@ class Target:
                 return not limit.nonfinite
             if self.kind == INT_MISMATCH:
                 return True
+            if h.metrics.nonfinite and not limit.nonfinite:
+                return False
             return h.metrics.ulp > limit.threshold
         if self.kind == CRASH_KIND:
             return b.status == OK
@@ -131,8 +133,8 @@ class Target:
         if self.kind == BEHAVIOUR:
             d = divergence(h, b, dtype, self.spec.ulp_floor)
             return d is not None and d > BEHAVIOUR_TOLERANCE_ULP
-        if b.metrics.nonfinite:
-            return False
+        if h.metrics.nonfinite and not b.metrics.nonfinite:
+            return False  # a new NaN/Inf: another kind of finding (the judge calls it that first)
         return h.metrics.ulp > self.threshold(b, dtype)
 
     def severity(self, h: ReplayResult, b: Optional[ReplayResult], dtype: str) -> float:

@@ -535,8 +535,8 @@ def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: 
             if d > 0:
                 found = _pick(head.low.calls[i], delta=d, rate=r_h[i],
                               how="no call's error jumps above the floor; the call with the largest error")
-    if found is not None:
-        found = _overflow_source(head.low, found) or found
+    if found is not None and isinstance(found.get("delta"), float) and math.isinf(found["delta"]):
+        found = _overflow_source(head.low, found) or found  # a NaN/Inf that an overflow upstream caused
     return found, table
 
 
