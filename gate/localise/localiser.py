@@ -116,12 +116,12 @@ class Localiser:
 
         # 1-2. minimal input -----------------------------------------------------------------
         minimal = start
-        if start.holds and not self.deadline.expired():
-            minimal = self._shrink(start, diag)
-        elif not start.holds:
-            pass
-        else:
-            diag.truncated = True
+        if start.holds:
+            if self.deadline.expired():
+                diag.truncated = True
+                diag.notes.append("budget spent before shrinking: the input as found")
+            else:
+                minimal = self._shrink(start, diag)
         cand = minimal.cand
         diag.minimal_input_elements = int(cand.size)
         diag.minimal_input = self._describe_input(cand, diag.found_input_elements)
