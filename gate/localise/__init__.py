@@ -47,7 +47,8 @@ def localise_all(report, work: List[dict], ctx: dict) -> None:
                 w["verdict"].diagnosis = {"error": msg}
         report.warnings.append(msg)
     report.env["localise"] = {**dict(report.env.get("localise") or {}), "seconds": round(time.perf_counter() - t0, 2),
-                              "findings": len(items)}
+                              "findings": len(items),
+                              "truncated": sum(bool((w["verdict"].diagnosis or {}).get("truncated")) for w in items)}
 
 
 def _budget(ctx: dict) -> float:
