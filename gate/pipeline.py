@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -81,19 +81,6 @@ def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
         return str(p), line
 
 
-def prioritise(names: Sequence[str], reasons: Dict[str, list], per_op: float, total: float) -> Tuple[List[str], List[str]]:
-    """Order ops (directly changed first, then by number of reasons) and keep those the total
-    budget covers; the rest are reported as not covered."""
-    def key(n):
-        rs = reasons.get(n) or []
-        direct = any(len(r.get("path") or []) <= 2 for r in rs)
-        return (0 if direct else 1, -len(rs), n)
-
-    ordered = sorted(names, key=key)
-    k = max(1, int(math.floor(total / per_op + 1e-9))) if per_op > 0 else len(ordered)
-    return ordered[:k], ordered[k:]
-
-
 def _selection(opts: RunOptions, cfg: Config, catalog: Catalog, base_sha: str, head_sha: str):
     if opts.ops:
         return [{"op": catalog.get(n).name, "reasons": [{"kind": "forced", "file": None, "line": None,
@@ -150,17 +137,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
         return
     names = [s["op"] for s in selected]
-    reasons = {s["op"]: s.get("reasons", []) for s in selected}
     budget_cfg = cfg.budget
-    total = opts.budget_total or budget_cfg.get("total") or 120.0
-    per_op = opts.budget_per_op or budget_cfg.get("per_op") or total / len(names)
-    per_op = min(per_op, total)
-    if opts.evals:
-        covered, not_covered = list(names), []
-    else:
-        covered, not_covered = prioritise(names, reasons, per_op, total)
-    report.not_covered = not_covered
-    say(f"selected {len(names)} operator(s); fuzzing {len(covered)} at {per_op:g}s each, seed {seed}")
+    total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
+    per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
 
     store = BaselineStore(GitBaselineSource(repo, base_sha, cfg.raw.get("baselines", "baselines"))).load()
     gate_cfg = cfg.gate
@@ -171,36 +150,63 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
 
     from .fuzz import fuzz_task
     from .fuzz.inputs import draw
+    from .fuzz.schedule import allocate
     from .fuzz.seeds import SeedStore
 
     seed_store = SeedStore(cfg.baselines_dir / "seeds")  # `dl-gate harvest` seeds, OpInfo samples
 
-    work: List[dict] = []
-    for name in covered:
+    # ---- plan every variant of every selected op, then spend the total budget by priority -----
+    planned: List[dict] = []
+    for name in names:
         spec = catalog.get(name)
         if name in base_specs and base_specs[name].thresholds:
             spec = spec.replace(thresholds=base_specs[name].thresholds)
         backend = get_backend(spec.framework)
         want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
-        budget = Budget(seconds=None if opts.evals else per_op, evals=None)
+        budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
         tasks = plan([spec], budget, per_op=budget, seed=seed, strategy=strategy, dtypes=want_dtypes,
                      devices=devices, modes=modes, available_devices=backend.devices())
         if opts.evals:
-            tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed, strategy=t.strategy) for t in tasks]
-        src_file, src_line = op_source(spec, repo)
+            tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed,
+                          strategy=t.strategy) for t in tasks]
         for task in tasks:
-            env = backend.environment(task.variant.device)
-            row, status = store.lookup(spec.name, task.variant.key, env)
-            corpus = store.corpus(row) if row is not None and status == "ok" else []
-            say(f"fuzzing {task.id}")
-            finding = fuzz_task(task, seeds=corpus, seed_store=seed_store)
-            rng = np.random.default_rng(task.rng_seed() + [1])
-            cands = list(corpus)
-            cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]
-            cands += [draw(spec, rng, origin="control") for _ in range(3)]
-            head_results = replay(spec, task.variant, cands)
-            work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
-                         "cands": cands, "head": head_results, "src": (src_file, src_line)})
+            row, status = store.lookup(spec.name, task.variant.key, backend.environment(task.variant.device))
+            planned.append({"spec": spec, "task": task, "row": row, "status": status})
+    if opts.evals:
+        run_tasks, skipped = [p["task"] for p in planned], []
+    else:
+        # history: how close the base's stored error came to the gate's floor (closer = sooner)
+        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant.dtype)
+                   for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
+        alloc = allocate([p["task"] for p in planned], total, history=history)
+        report.env["allocation"] = alloc.to_dict()
+        cap = {p["task"].id: p["task"].budget.seconds for p in planned}  # per_op split over the op's variants
+        run_tasks = [Task(op=t.op, variant=t.variant, budget=Budget(seconds=min(t.budget.seconds, cap[t.id])),
+                          seed=t.seed, strategy=t.strategy) for t in alloc.tasks]
+        skipped = [n["task"] for n in alloc.not_covered]
+    by_id = {p["task"].id: p for p in planned}
+    report.not_covered = sorted(skipped)
+    say(f"selected {len(names)} operator(s), {len(planned)} variant(s); fuzzing {len(run_tasks)} within "
+        + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
+        + f", seed {seed}")
+
+    work: List[dict] = []
+    sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
+    for task in run_tasks:
+        p = by_id[task.id]
+        spec, row, status = p["spec"], p["row"], p["status"]
+        if spec.name not in sources:
+            sources[spec.name] = op_source(spec, repo)
+        corpus = store.corpus(row) if row is not None and status == "ok" else []
+        say(f"fuzzing {task.id}")
+        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store)
+        rng = np.random.default_rng(task.rng_seed() + [1])
+        cands = list(corpus)
+        cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]
+        cands += [draw(spec, rng, origin="control") for _ in range(3)]
+        head_results = replay(spec, task.variant, cands)
+        work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
+                     "cands": cands, "head": head_results, "src": sources[spec.name]})
 
     base_results: Dict[str, list] = {}
     jobs = [ReplayJob(key=w["task"].id, spec=w["spec"], variant=w["task"].variant, candidates=w["cands"])
@@ -230,10 +236,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.verdicts.append(vv)
         report.env.setdefault("frameworks", {})[w["spec"].framework] = finding.env.get("version")
 
-    for name in not_covered:
-        spec = catalog.get(name)
-        report.verdicts.append(V.VariantVerdict(op=name, framework=spec.framework, variant={"dtype": "*"},
-                                                outcome=V.NOT_COVERED, reason="total budget exhausted before this operator"))
+    for tid in report.not_covered:
+        p = by_id[tid]
+        report.verdicts.append(V.VariantVerdict(
+            op=p["spec"].name, framework=p["spec"].framework, variant=p["task"].variant.to_dict(),
+            outcome=V.NOT_COVERED, reason="the total budget ran out before this variant (raise budget.total)"))
     report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
     if settings.behaviour_change == "fail":  # the reporters mark these as failures too
         report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]

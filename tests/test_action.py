@@ -15,8 +15,8 @@ from junitparser import Error, JUnitXml
 from gate.commands.action import ActionInputs, command_for, fix_ownership, get_input, resolve_base_ref, trust_workspace
 from gate.errors import GateError
 from gate.report.outputs import parse_outputs
-from github_fake import FakeGitHub
-from report_samples import rich_report
+from tests.github_fake import FakeGitHub
+from tests.report_samples import rich_report
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "acme/ops"

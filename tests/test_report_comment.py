@@ -6,7 +6,7 @@ import requests
 
 from gate.report.comment import (CommentResult, GitHubClient, Stamp, find_sticky, is_stale, marker,
                                  upsert_sticky_comment)
-from github_fake import FakeGitHub, rate_limit_headers
+from tests.github_fake import FakeGitHub, rate_limit_headers
 
 REPO = "acme/ops"
 SHA1, SHA2 = "1" * 40, "2" * 40

@@ -13,8 +13,8 @@ from gate.report.annotations import Annotation, build_annotations, cap, emit_ann
 from gate.report.common import SUMMARY_LIMIT
 from gate.report.github import GitHubContext, publish_to_github
 from gate.report.outputs import format_outputs, parse_outputs
-from github_fake import FakeGitHub
-from report_samples import pass_report, regression, rich_report, variant
+from tests.github_fake import FakeGitHub
+from tests.report_samples import pass_report, regression, rich_report, variant
 
 REPO = "acme/ops"
 HEAD = "b" * 40

@@ -9,7 +9,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped
 
 from gate.judge.verdict import BEHAVIOUR_CHANGE, REGRESSION
 from gate.report.junit import render_junit, write_junit
-from report_samples import error_report, pass_report, regression, rich_report
+from tests.report_samples import error_report, pass_report, regression, rich_report
 
 SCHEMA = xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit.xsd"))
 

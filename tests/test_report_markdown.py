@@ -13,7 +13,7 @@ from gate.report import write_all
 from gate.report.common import COMMENT_LIMIT, SUMMARY_LIMIT
 from gate.report.markdown import mermaid_chart, render_markdown
 from gate.report.plot import write_plot
-from report_samples import error_report, pass_report, regression, rich_report, variant
+from tests.report_samples import error_report, pass_report, regression, rich_report, variant
 
 
 def table_rows(md):

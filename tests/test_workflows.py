@@ -13,7 +13,7 @@ import yaml
 
 from gate.commands.action import ActionInputs
 from gate.report.github import outputs_for
-from report_samples import rich_report
+from tests.report_samples import rich_report
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))

@@ -263,7 +263,9 @@ def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], setting
     nb = [v for v in verdicts if v.outcome == V.NEEDS_BASELINE]
     if nb:
         return Outcome.NEEDS_BASELINE.value, f"{len(nb)} variant(s) have no baseline yet, e.g. {nb[0].id}; run `dl-gate baseline refresh`"
-    n = len(verdicts)
+    nc = sum(v.outcome == V.NOT_COVERED for v in verdicts)
+    n = len(verdicts) - nc
     imp = sum(v.outcome == V.IMPROVEMENT for v in verdicts)
     warn = f", {len(beh)} behaviour change(s) (warn)" if beh else ""
-    return Outcome.PASS.value, f"{n} variant(s) checked, no regression" + (f", {imp} improved" if imp else "") + warn
+    return Outcome.PASS.value, (f"{n} variant(s) checked, no regression" + (f", {imp} improved" if imp else "") + warn
+                                + (f"; {nc} not covered by the budget" if nc else ""))
