@@ -11,7 +11,7 @@ from typing import List
 from ..backends import get_backend
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES, MODES
-from ..plan import Budget, plan
+from ..plan import ORACLES, Budget, plan
 from .common import add_config_arg, add_variant_args, load, progress_enabled, split_list
 
 
@@ -22,7 +22,16 @@ def register(sub) -> None:
     add_variant_args(p)
     p.add_argument("--budget", type=float, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
     p.add_argument("--evals", type=int, metavar="N", help="evaluations per operator (deterministic budget)")
-    p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP) or random")
+    p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP), random or spread (max - min)")
+    p.add_argument("--oracle", action="append", metavar="ORACLE",
+                   help=f"oracle(s) to run (repeatable or comma-separated; 'all' for every one that applies): "
+                        f"{', '.join(ORACLES)} (default: the config's gate.oracles, else precision)")
+    p.add_argument("--isolate", action="store_true", default=None,
+                   help="evaluate in a worker process: a segfault, abort or hang becomes a crash finding "
+                        "(default: the config's gate.isolate)")
+    p.add_argument("--eval-timeout", type=float, metavar="SECONDS",
+                   help="with --isolate: seconds one evaluation may take before it counts as a hang "
+                        "(default: the config's gate.eval_timeout, else 10)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
     p.add_argument("--json", metavar="FILE", help="write findings (with worst inputs) as JSON")
     p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
@@ -40,6 +49,30 @@ def validate_variant_filters(dtypes, modes, devices) -> None:
     for d in devices or []:
         if d not in ("cpu", "cuda"):
             raise GateError(f"unknown device {d!r} (use cpu or cuda)")
+
+
+def oracle_list(names) -> List[str]:
+    if not names:
+        return ["precision"]
+    if "all" in names:
+        return list(ORACLES)
+    for n in names:
+        if n not in ORACLES:
+            raise GateError(f"unknown oracle {n!r} (use {', '.join(ORACLES)} or all)")
+    return list(names)
+
+
+def isolate_options(args, cfg):
+    """``IsolateOptions`` when evaluations run in a worker process (flag or ``gate.isolate``), else None."""
+    on = args.isolate if args.isolate is not None else bool(cfg.gate.get("isolate", False))
+    timeout = args.eval_timeout if args.eval_timeout is not None else cfg.gate.get("eval_timeout")
+    if timeout is not None and timeout <= 0:
+        raise GateError("--eval-timeout must be a positive number of seconds")
+    if not on:
+        return None
+    from ..fuzz.isolate import IsolateOptions
+
+    return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
 
 
 def fmt(x: float) -> str:
@@ -62,6 +95,8 @@ def run(args) -> int:
         raise GateError("--evals must be a positive number")
     dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
     validate_variant_filters(dtypes, modes, devices)
+    oracles = oracle_list(split_list(args.oracle) or cfg.gate.get("oracles"))
+    isolate = isolate_options(args, cfg)
     specs = [catalog.get(n) for n in args.ops]
     seed = args.seed if args.seed is not None else cfg.seed
     per_op = Budget(seconds=args.budget if args.budget or not args.evals else None, evals=args.evals)
@@ -76,7 +111,7 @@ def run(args) -> int:
     for spec in specs:
         backend = get_backend(spec.framework)
         tasks.extend(plan([spec], per_op, per_op=per_op, seed=seed, strategy=args.strategy, dtypes=dtypes,
-                          devices=devices, modes=modes, available_devices=backend.devices()))
+                          devices=devices, modes=modes, available_devices=backend.devices(), oracles=oracles))
     if not tasks:
         raise GateError("no variant to fuzz on this machine (check --dtype/--device/--mode)")
     findings = []
@@ -88,7 +123,7 @@ def run(args) -> int:
     for task in tasks:
         if bar:
             bar.set_description(task.id)
-        findings.append(fuzz_task(task))
+        findings.append(fuzz_task(task, isolate=isolate))
         if bar:
             bar.update(1)
     if bar:
@@ -120,7 +155,11 @@ def print_table(findings) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     for f in findings:
         for c in f.crashes:
-            print(f"crash in {f.id}: {c.message} (x{c.count})")
+            print(f"crash in {f.id}: {c.signature} (x{c.count}): {c.message}")
+    for f in findings:
+        facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair") and not isinstance(v, (list, dict))}
+        if facts:
+            print(f"{f.id}: " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in facts.items()))
 
 
 def save_inputs(findings, out_dir: Path) -> int:

@@ -9,7 +9,8 @@ output is compared with the float64 reference output. Errors are reported as
   floor so that outputs near a zero of the function do not explode: ``ulp_floor='output'``
   uses the ulp of the output's magnitude, ``'dtype'`` the smallest subnormal),
 * ``nonfinite``: NaN/Inf in the output where the reference, rounded to the dtype, is finite,
-* ``int_mismatch``: differing elements of integer outputs (indices), compared exactly.
+* ``int_mismatch``: differing elements of integer outputs (indices), compared exactly,
+* ``spread``: max − min of the finite float outputs (what Audee's NaN search maximises).
 
 A reference value that overflows the dtype's range is matched by an infinity of the same sign.
 """
@@ -53,6 +54,7 @@ class Metrics:
     worst_out: float = 0.0
     worst_ref: float = 0.0
     shape_mismatch: Optional[str] = None
+    spread: float = 0.0
 
     @property
     def severity(self) -> float:
@@ -88,6 +90,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     worst = (-1.0, 0, (), 0.0, 0.0)
     tot_abs = tot_l1 = tot_rel = tot_ulp_sum = 0.0
     max_ulp = 0.0
+    spread = 0.0
     nonfinite = int_mismatch = numel = 0
     for k, (o, r) in enumerate(zip(outputs, reference)):
         a, b = np.asarray(o.array), np.asarray(r.array)
@@ -101,6 +104,9 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             continue
         a = a.astype(np.float64, copy=False)
         b = b.astype(np.float64, copy=False)
+        fin = a[np.isfinite(a)]
+        if fin.size:
+            spread = max(spread, float(fin.max() - fin.min()))
         ref_finite = np.isfinite(b)
         ovf = overflow_bound(dtype)
         ref_representable = ref_finite & (np.abs(b) < ovf)
@@ -147,14 +153,18 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         worst_index=worst[2],
         worst_out=worst[3],
         worst_ref=worst[4],
+        spread=spread,
     )
 
 
 def fitness(m: Metrics, guidance: str) -> float:
     """The number the search maximises. ``linf``: max ULP error; ``l1``: mean ULP error;
+    ``spread``: max − min of the output (drives values towards overflow, Audee's NaN search);
     ``random``: no feedback. NaN/Inf and mismatches dominate everything."""
     if m.shape_mismatch or m.nonfinite or m.int_mismatch:
         return math.inf
+    if guidance == "spread":
+        return m.spread
     if guidance == "l1":
         return m.mean_ulp
     return m.ulp

@@ -1,0 +1,335 @@
+"""Crash and hang isolation: evaluate candidates in a worker process that may die.
+
+:class:`IsolatedRunner` has the runner interface (``evaluate``, ``backend``, the oracle hooks),
+so the engine and :func:`gate.fuzz.fuzz_task` use it unchanged. Each evaluation is sent to a
+warm worker (the framework is imported and the oracle's runner built once per worker, not per
+evaluation) and must answer within ``timeout`` seconds. When the worker dies (segfault, abort,
+the OOM killer) or does not answer in time, the evaluation becomes a CRASH whose signature is
+the signal name or ``timeout after Xs`` plus the innermost Python frame that ``faulthandler``
+printed, the worker is restarted, and the search goes on.
+
+Why ``subprocess`` + pipes rather than ``multiprocessing``: the worker is ``python -m
+gate.fuzz.isolate`` with two inherited pipe file descriptors, so
+
+* nothing of the parent is forked: torch/TensorFlow thread pools and CUDA contexts are not
+  fork-safe, which rules ``fork`` out;
+* unlike the ``spawn`` and ``forkserver`` start methods, the caller's ``__main__`` is never
+  re-imported in the worker, so the gate works from any entry point (CLI, pytest, a user's
+  script without an ``if __name__ == "__main__"`` guard);
+* the protocol uses dedicated descriptors, not stdin/stdout, so an operator that prints cannot
+  corrupt it; its output goes to a log the parent reads for the crash signature.
+
+The price is a fresh interpreter (and framework import) per restart, i.e. per crash or hang:
+``bench/isolation_cost.py`` measures steady-state throughput, in-process vs isolated, side by
+side. Messages are pickled over ``multiprocessing.connection.Connection`` framing; both ends
+are this package.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from .. import errors
+from ..errors import GateError
+from ..ops.spec import OpSpec
+from ..plan import Variant
+from .inputs import Candidate
+from .runner import CRASH, Evaluation
+
+_TIMEOUT = "timeout"
+_DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class IsolateOptions:
+    timeout: float = 10.0  # seconds one evaluation may take before it counts as a hang
+    start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
+    warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
+
+    def to_dict(self) -> dict:
+        return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor}
+
+
+class _RemoteBackend:
+    """What :func:`gate.fuzz.fuzz_task` asks of ``runner.backend``, answered by the worker."""
+
+    def __init__(self, owner: "IsolatedRunner"):
+        self._owner = owner
+
+    @property
+    def name(self) -> str:
+        return self._owner.spec.framework
+
+    def seed(self, seed: int) -> None:
+        self._owner.seed(seed)
+
+    def environment(self, device: str) -> dict:
+        return dict(self._owner.env)
+
+
+class IsolatedRunner:
+    """The runner of ``variant.oracle`` for ``spec``, living in a worker process."""
+
+    def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
+        from .registry import hooks, runner_options
+
+        self.spec = spec
+        self.variant = variant
+        self.options = options
+        self.oracle_options = runner_options(spec, variant.oracle)
+        # the oracle's hooks are data: answered here without importing a framework
+        self.search_spec, self.guidance, self.extra_mutators = hooks(spec, variant, self.oracle_options)
+        self.backend = _RemoteBackend(self)
+        self.env: Dict[str, Any] = {}
+        self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0}
+        self._seed: Optional[int] = None
+        self._proc: Optional[subprocess.Popen] = None
+        self._tx: Optional[Connection] = None
+        self._rx: Optional[Connection] = None
+        self._log: Optional[str] = None
+        self._fresh = True
+        self._start()
+
+    # -- worker lifecycle ----------------------------------------------------------------
+    def _start(self) -> None:
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        fd, self._log = tempfile.mkstemp(prefix="dl-gate-worker-", suffix=".log")
+        os.close(fd)
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        with open(self._log, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
+                pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+            )
+        os.close(p2c_r)
+        os.close(c2p_w)
+        self._tx = Connection(p2c_w, readable=False)
+        self._rx = Connection(c2p_r, writable=False)
+        self.stats["starts"] += 1
+        self._tx.send(("init", {"sys_path": list(sys.path), "spec": self.spec, "variant": self.variant}))
+        kind, reply = self._receive(self.options.start_timeout)
+        if kind != "reply" or reply[0] != "ready":
+            detail = reply[2] if kind == "reply" and reply[0] == "error" else self._log_tail().strip()[-500:]
+            cls = getattr(errors, reply[1], GateError) if kind == "reply" and reply[0] == "error" else GateError
+            self._kill()
+            if not (isinstance(cls, type) and issubclass(cls, GateError)):
+                cls = GateError
+            raise cls(f"isolated worker for {self.spec.name}[{self.variant.key}] did not start: {detail or kind}")
+        self.env = dict(reply[1].get("env") or {})
+        self._fresh = True
+        if self._seed is not None:
+            self._call(("seed", self._seed))
+
+    def _receive(self, timeout: float) -> Tuple[str, Any]:
+        assert self._rx is not None
+        try:
+            if not self._rx.poll(timeout):
+                return _TIMEOUT, None
+            return "reply", self._rx.recv()
+        except (EOFError, OSError):
+            return _DEAD, None
+
+    def _call(self, msg: tuple) -> Any:
+        assert self._tx is not None
+        self._tx.send(msg)
+        kind, reply = self._receive(self.options.start_timeout)
+        if kind != "reply":
+            raise GateError(f"isolated worker for {self.spec.name} stopped answering ({kind})")
+        return reply
+
+    def _kill(self) -> None:
+        proc = self._proc
+        self._proc = None
+        for conn in (self._tx, self._rx):
+            if conn is not None:
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+        self._tx = self._rx = None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+                pass
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None and self._tx is not None:
+            try:
+                self._tx.send(("exit",))
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        if self._log and os.path.exists(self._log):
+            os.unlink(self._log)
+        self._log = None
+
+    def __enter__(self) -> "IsolatedRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- the runner interface ------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        self._seed = seed
+        if self._proc is not None:
+            self._call(("seed", seed))
+
+    def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
+        if self._proc is None:
+            self._start()
+        timeout = self.options.timeout * (self.options.warmup_factor if self._fresh else 1.0)
+        log_pos = os.path.getsize(self._log) if self._log and os.path.exists(self._log) else 0
+        t0 = time.perf_counter()
+        # the worker dumps its Python stack shortly before the deadline, so a hang has a place
+        dump_after = max(timeout * 0.5, timeout - 0.5)
+        self._tx.send(("eval", cand, keep_outputs, quantized, dump_after))
+        kind, reply = self._receive(timeout)
+        self._fresh = False
+        self.stats["evaluations"] += 1
+        if kind == "reply" and reply[0] == "result":
+            return reply[1], reply[2]
+        if kind == "reply" and reply[0] == "raise":
+            raise RuntimeError(f"oracle runner failed in the isolated worker:\n{reply[1]}")
+        if kind == _TIMEOUT:
+            self._kill()
+            self.stats["timeouts"] += 1
+            where = _innermost_frame(self._log_tail(log_pos))
+            signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
+            message = f"no result within {timeout:g}s (hang); the worker was killed and restarted" + (
+                f"; it was in {where}" if where else "")
+        else:
+            rc = self._proc.wait(timeout=10) if self._proc is not None else None
+            self._kill()
+            self.stats["crashes"] += 1
+            name, why = _describe_exit(rc)
+            where = _innermost_frame(self._log_tail(log_pos))
+            signature = name + (f" in {where}" if where else "")
+            message = f"the worker died with {why}; restarted" + (f"; it was in {where}" if where else "")
+        ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
+                        extra={"isolated": True})
+        return cand, ev
+
+    def _log_tail(self, pos: int = 0, limit: int = 20000) -> str:
+        if not self._log or not os.path.exists(self._log):
+            return ""
+        with open(self._log, "rb") as fh:
+            fh.seek(max(pos, os.path.getsize(self._log) - limit))
+            return fh.read().decode("utf-8", "replace")
+
+
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
+
+
+def _innermost_frame(log: str) -> Optional[str]:
+    """``file.py:LINE function`` of the innermost frame of the last faulthandler dump."""
+    starts = [m.start() for m in re.finditer(r"\(most recent call first\):", log)]
+    if not starts:
+        return None
+    m = _FRAME.search(log, starts[-1])
+    if not m:
+        return None
+    return f"{os.path.basename(m.group(1))}:{m.group(2)} {m.group(3)}"
+
+
+def _describe_exit(rc: Optional[int]) -> Tuple[str, str]:
+    if rc is None:
+        return "worker lost", "an unknown status"
+    if rc < 0:
+        try:
+            sig = signal.Signals(-rc)
+        except ValueError:
+            return f"signal {-rc}", f"signal {-rc}"
+        text = signal.strsignal(sig) or sig.name
+        if sig == signal.SIGKILL:
+            text += ", e.g. by the out-of-memory killer"
+        return sig.name, f"{sig.name} ({text})"
+    return f"exit code {rc}", f"exit code {rc}"
+
+
+# ---------------------------------------------------------------------------------------
+# the worker
+# ---------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when the gate process dies (no orphan hangs)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+
+def worker_main(rfd: int, wfd: int) -> int:
+    import faulthandler
+    import traceback
+
+    _die_with_parent()
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    rx = Connection(rfd, writable=False)
+    tx = Connection(wfd, readable=False)
+    runner = None
+    while True:
+        try:
+            msg = rx.recv()
+        except (EOFError, OSError):
+            return 0
+        kind = msg[0]
+        if kind == "exit":
+            return 0
+        if kind == "init":
+            info = msg[1]
+            for p in reversed(info["sys_path"]):
+                if p not in sys.path:
+                    sys.path.insert(0, p)
+            try:
+                from .registry import build_runner
+
+                runner = build_runner(info["spec"], info["variant"])
+                env = runner.backend.environment(info["variant"].device)
+                tx.send(("ready", {"env": env, "pid": os.getpid()}))
+            except GateError as exc:
+                tx.send(("error", type(exc).__name__, str(exc)))
+            except Exception as exc:
+                tx.send(("error", "GateError", f"{type(exc).__name__}: {exc}"))
+        elif kind == "seed":
+            runner.backend.seed(msg[1])
+            tx.send(("ok",))
+        elif kind == "eval":
+            _, cand, keep_outputs, quantized, dump_after = msg
+            faulthandler.dump_traceback_later(dump_after, exit=False)
+            try:
+                q, ev = runner.evaluate(cand, keep_outputs=keep_outputs, quantized=quantized)
+            except Exception:
+                tx.send(("raise", traceback.format_exc()))
+                continue
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            tx.send(("result", q, ev))
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(int(sys.argv[1]), int(sys.argv[2])))
