@@ -203,9 +203,7 @@ class IsolatedRunner:
         timeout = self.options.timeout * (self.options.warmup_factor if self._fresh else 1.0)
         log_pos = os.path.getsize(self._log) if self._log and os.path.exists(self._log) else 0
         t0 = time.perf_counter()
-        # the worker dumps its Python stack shortly before the deadline, so a hang has a place
-        dump_after = max(timeout * 0.5, timeout - 0.5)
-        self._tx.send(("eval", cand, keep_outputs, quantized, dump_after))
+        self._tx.send(("eval", cand, keep_outputs, quantized))
         kind, reply = self._receive(timeout)
         self._fresh = False
         self.stats["evaluations"] += 1
@@ -214,6 +212,7 @@ class IsolatedRunner:
         if kind == "reply" and reply[0] == "raise":
             raise RuntimeError(f"oracle runner failed in the isolated worker:\n{reply[1]}")
         if kind == _TIMEOUT:
+            self._dump_stack()
             self._kill()
             self.stats["timeouts"] += 1
             where = _innermost_frame(self._log_tail(log_pos))
@@ -232,6 +231,22 @@ class IsolatedRunner:
                         extra={"isolated": True})
         return cand, ev
 
+    def _dump_stack(self, wait: float = 1.0) -> None:
+        """Ask a hung worker for its Python stack (faulthandler on SIGUSR1) before killing it."""
+        if self._proc is None or self._proc.poll() is not None or not hasattr(signal, "SIGUSR1"):
+            return
+        size = os.path.getsize(self._log) if self._log and os.path.exists(self._log) else 0
+        try:
+            self._proc.send_signal(signal.SIGUSR1)
+        except OSError:
+            return
+        deadline = time.perf_counter() + wait
+        while time.perf_counter() < deadline:
+            time.sleep(0.02)
+            if self._log and os.path.getsize(self._log) > size and "most recent call first" in self._log_tail(size):
+                time.sleep(0.05)  # let the dump finish
+                return
+
     def _log_tail(self, pos: int = 0, limit: int = 20000) -> str:
         if not self._log or not os.path.exists(self._log):
             return ""
@@ -243,15 +258,36 @@ class IsolatedRunner:
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
+def _library_dirs() -> Tuple[str, ...]:
+    import sysconfig
+
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
 def _innermost_frame(log: str) -> Optional[str]:
-    """``file.py:LINE function`` of the innermost frame of the last faulthandler dump."""
+    """``file.py:LINE function`` of the last faulthandler dump: the innermost frame outside the
+    standard library, installed packages and the gate itself (the operator's own code), else
+    the innermost frame outside the standard library, else the innermost one."""
     starts = [m.start() for m in re.finditer(r"\(most recent call first\):", log)]
     if not starts:
         return None
-    m = _FRAME.search(log, starts[-1])
-    if not m:
+    end = log.find("\n\n", starts[-1])
+    frames = _FRAME.findall(log, starts[-1], end if end > 0 else len(log))
+    if not frames:
         return None
-    return f"{os.path.basename(m.group(1))}:{m.group(2)} {m.group(3)}"
+    libs = _library_dirs()
+    gate_dir = os.path.realpath(str(Path(__file__).resolve().parents[1])) + os.sep
+    import sysconfig
+
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+    def real(f: str) -> str:
+        return os.path.realpath(f)
+
+    pick = next((fr for fr in frames if not real(fr[0]).startswith(libs + (gate_dir,))), None)
+    pick = pick or next((fr for fr in frames if not real(fr[0]).startswith(stdlib)), None) or frames[0]
+    return f"{os.path.basename(pick[0])}:{pick[1]} {pick[2]}"
 
 
 def _describe_exit(rc: Optional[int]) -> Tuple[str, str]:
@@ -288,7 +324,9 @@ def worker_main(rfd: int, wfd: int) -> int:
     import traceback
 
     _die_with_parent()
-    faulthandler.enable(file=sys.stderr, all_threads=False)
+    faulthandler.enable(file=sys.stderr, all_threads=False)  # fatal signals: where it crashed
+    if hasattr(signal, "SIGUSR1"):  # the parent's "where are you?" before it kills a hang
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
     rx = Connection(rfd, writable=False)
     tx = Connection(wfd, readable=False)
     runner = None
@@ -319,15 +357,12 @@ def worker_main(rfd: int, wfd: int) -> int:
             runner.backend.seed(msg[1])
             tx.send(("ok",))
         elif kind == "eval":
-            _, cand, keep_outputs, quantized, dump_after = msg
-            faulthandler.dump_traceback_later(dump_after, exit=False)
+            _, cand, keep_outputs, quantized = msg
             try:
                 q, ev = runner.evaluate(cand, keep_outputs=keep_outputs, quantized=quantized)
             except Exception:
                 tx.send(("raise", traceback.format_exc()))
                 continue
-            finally:
-                faulthandler.cancel_dump_traceback_later()
             tx.send(("result", q, ev))
 
 
