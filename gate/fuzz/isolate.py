@@ -54,9 +54,11 @@ class IsolateOptions:
     timeout: float = 10.0  # seconds one evaluation may take before it counts as a hang
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
+    standby: bool = True  # keep a second worker starting in the background: a crash costs no wait
 
     def to_dict(self) -> dict:
-        return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor}
+        return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
+                "standby": self.standby}
 
 
 class _RemoteBackend:
@@ -76,8 +78,127 @@ class _RemoteBackend:
         return dict(self._owner.env)
 
 
+class _Worker:
+    """One ``python -m gate.fuzz.isolate`` process, its two pipes and its log."""
+
+    def __init__(self, spec: OpSpec, variant: Variant):
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        fd, self.log = tempfile.mkstemp(prefix="dl-gate-worker-", suffix=".log")
+        os.close(fd)
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        try:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
+                    pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                )
+        finally:
+            os.close(p2c_r)
+            os.close(c2p_w)
+        self.tx = Connection(p2c_w, readable=False)
+        self.rx = Connection(c2p_r, writable=False)
+        self.fresh = True
+        self.env: Optional[dict] = None
+        # sent now, answered when the worker has imported the framework and built the runner
+        self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant}))
+
+    def receive(self, timeout: float) -> Tuple[str, Any]:
+        try:
+            if not self.rx.poll(timeout):
+                return _TIMEOUT, None
+            return "reply", self.rx.recv()
+        except (EOFError, OSError):
+            return _DEAD, None
+
+    def ready(self, timeout: float, what: str) -> dict:
+        """Wait for the init reply; a worker that cannot build its runner raises the
+        worker's own one-line :class:`GateError` here."""
+        if self.env is not None:
+            return self.env
+        kind, reply = self.receive(timeout)
+        if kind == "reply" and reply[0] == "ready":
+            self.env = dict(reply[1].get("env") or {})
+            return self.env
+        if kind == "reply" and reply[0] == "error":
+            cls = getattr(errors, reply[1], GateError)
+            if not (isinstance(cls, type) and issubclass(cls, GateError)):
+                cls = GateError
+            self.kill()
+            raise cls(reply[2])
+        detail = self.log_tail().strip()[-500:]
+        self.kill()
+        raise GateError(f"isolated worker for {what} did not start ({kind}): {detail}")
+
+    def call(self, msg: tuple, timeout: float) -> Any:
+        self.tx.send(msg)
+        kind, reply = self.receive(timeout)
+        if kind != "reply":
+            raise GateError(f"isolated worker stopped answering ({kind})")
+        return reply
+
+    def log_size(self) -> int:
+        return os.path.getsize(self.log) if os.path.exists(self.log) else 0
+
+    def log_tail(self, pos: int = 0, limit: int = 20000) -> str:
+        if not os.path.exists(self.log):
+            return ""
+        with open(self.log, "rb") as fh:
+            fh.seek(max(pos, os.path.getsize(self.log) - limit))
+            return fh.read().decode("utf-8", "replace")
+
+    def dump_stack(self, wait: float = 1.0) -> None:
+        """Ask a hung worker for its Python stack (faulthandler on SIGUSR1) before killing it."""
+        if self.proc.poll() is not None or not hasattr(signal, "SIGUSR1"):
+            return
+        size = self.log_size()
+        try:
+            self.proc.send_signal(signal.SIGUSR1)
+        except OSError:
+            return
+        deadline = time.perf_counter() + wait
+        while time.perf_counter() < deadline:
+            time.sleep(0.02)
+            if self.log_size() > size and "most recent call first" in self.log_tail(size):
+                time.sleep(0.05)  # let the dump finish
+                return
+
+    def exit_code(self) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            return None
+
+    def kill(self) -> None:
+        for conn in (self.tx, self.rx):
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.tx.send(("exit",))
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        if os.path.exists(self.log):
+            os.unlink(self.log)
+
+
 class IsolatedRunner:
-    """The runner of ``variant.oracle`` for ``spec``, living in a worker process."""
+    """The runner of ``variant.oracle`` for ``spec``, living in a worker process (plus, with
+    ``options.standby``, a second one starting in the background to replace it at once)."""
 
     def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
         from .registry import hooks, runner_options
@@ -92,92 +213,44 @@ class IsolatedRunner:
         self.env: Dict[str, Any] = {}
         self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0}
         self._seed: Optional[int] = None
-        self._proc: Optional[subprocess.Popen] = None
-        self._tx: Optional[Connection] = None
-        self._rx: Optional[Connection] = None
-        self._log: Optional[str] = None
-        self._fresh = True
-        self._start()
+        self._active: Optional[_Worker] = None
+        self._standby: Optional[_Worker] = None
+        self._ensure_active()  # fails here, in the caller, if the runner cannot be built
+
+    @property
+    def what(self) -> str:
+        return f"{self.spec.name}[{self.variant.key}]"
 
     # -- worker lifecycle ----------------------------------------------------------------
-    def _start(self) -> None:
-        p2c_r, p2c_w = os.pipe()
-        c2p_r, c2p_w = os.pipe()
-        fd, self._log = tempfile.mkstemp(prefix="dl-gate-worker-", suffix=".log")
-        os.close(fd)
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        with open(self._log, "ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
-                pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-            )
-        os.close(p2c_r)
-        os.close(c2p_w)
-        self._tx = Connection(p2c_w, readable=False)
-        self._rx = Connection(c2p_r, writable=False)
+    def _spawn(self) -> _Worker:
         self.stats["starts"] += 1
-        self._tx.send(("init", {"sys_path": list(sys.path), "spec": self.spec, "variant": self.variant}))
-        kind, reply = self._receive(self.options.start_timeout)
-        if kind != "reply" or reply[0] != "ready":
-            detail = reply[2] if kind == "reply" and reply[0] == "error" else self._log_tail().strip()[-500:]
-            cls = getattr(errors, reply[1], GateError) if kind == "reply" and reply[0] == "error" else GateError
-            self._kill()
-            if not (isinstance(cls, type) and issubclass(cls, GateError)):
-                cls = GateError
-            raise cls(f"isolated worker for {self.spec.name}[{self.variant.key}] did not start: {detail or kind}")
-        self.env = dict(reply[1].get("env") or {})
-        self._fresh = True
-        if self._seed is not None:
-            self._call(("seed", self._seed))
+        return _Worker(self.spec, self.variant)
 
-    def _receive(self, timeout: float) -> Tuple[str, Any]:
-        assert self._rx is not None
-        try:
-            if not self._rx.poll(timeout):
-                return _TIMEOUT, None
-            return "reply", self._rx.recv()
-        except (EOFError, OSError):
-            return _DEAD, None
-
-    def _call(self, msg: tuple) -> Any:
-        assert self._tx is not None
-        self._tx.send(msg)
-        kind, reply = self._receive(self.options.start_timeout)
-        if kind != "reply":
-            raise GateError(f"isolated worker for {self.spec.name} stopped answering ({kind})")
-        return reply
-
-    def _kill(self) -> None:
-        proc = self._proc
-        self._proc = None
-        for conn in (self._tx, self._rx):
-            if conn is not None:
-                try:
-                    conn.close()
-                except OSError:
-                    pass
-        self._tx = self._rx = None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        if proc is not None:
+    def _ensure_active(self) -> _Worker:
+        if self._active is None:
+            worker, self._standby = (self._standby or self._spawn()), None
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
-                pass
+                self.env = worker.ready(self.options.start_timeout, self.what)
+            except BaseException:
+                worker.close()
+                raise
+            self._active = worker
+            if self._seed is not None:
+                worker.call(("seed", self._seed), self.options.start_timeout)
+        if self.options.standby and self._standby is None:
+            self._standby = self._spawn()
+        return self._active
+
+    def _discard_active(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None and self._tx is not None:
-            try:
-                self._tx.send(("exit",))
-                self._proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self._kill()
-        if self._log and os.path.exists(self._log):
-            os.unlink(self._log)
-        self._log = None
+        for w in (self._active, self._standby):
+            if w is not None:
+                w.close()
+        self._active = self._standby = None
 
     def __enter__(self) -> "IsolatedRunner":
         return self
@@ -194,65 +267,46 @@ class IsolatedRunner:
     # -- the runner interface ------------------------------------------------------------
     def seed(self, seed: int) -> None:
         self._seed = seed
-        if self._proc is not None:
-            self._call(("seed", seed))
+        if self._active is not None:
+            self._active.call(("seed", seed), self.options.start_timeout)
 
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
-        if self._proc is None:
-            self._start()
-        timeout = self.options.timeout * (self.options.warmup_factor if self._fresh else 1.0)
-        log_pos = os.path.getsize(self._log) if self._log and os.path.exists(self._log) else 0
+        worker = self._ensure_active()
+        if worker.proc.poll() is not None:  # died between evaluations (killed from outside)
+            self.stats["lost"] = self.stats.get("lost", 0) + 1
+            self._discard_active()
+            worker = self._ensure_active()
+        timeout = self.options.timeout * (self.options.warmup_factor if worker.fresh else 1.0)
+        log_pos = worker.log_size()
         t0 = time.perf_counter()
-        self._tx.send(("eval", cand, keep_outputs, quantized))
-        kind, reply = self._receive(timeout)
-        self._fresh = False
+        try:
+            worker.tx.send(("eval", cand, keep_outputs, quantized))
+            kind, reply = worker.receive(timeout)
+        except OSError:  # the pipe broke under us: the worker is gone
+            kind, reply = _DEAD, None
+        worker.fresh = False
         self.stats["evaluations"] += 1
         if kind == "reply" and reply[0] == "result":
             return reply[1], reply[2]
         if kind == "reply" and reply[0] == "raise":
             raise RuntimeError(f"oracle runner failed in the isolated worker:\n{reply[1]}")
         if kind == _TIMEOUT:
-            self._dump_stack()
-            self._kill()
+            worker.dump_stack()
+            where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["timeouts"] += 1
-            where = _innermost_frame(self._log_tail(log_pos))
             signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
-            message = f"no result within {timeout:g}s (hang); the worker was killed and restarted" + (
+            message = f"no result within {timeout:g}s (hang); the worker was killed and replaced" + (
                 f"; it was in {where}" if where else "")
         else:
-            rc = self._proc.wait(timeout=10) if self._proc is not None else None
-            self._kill()
+            name, why = _describe_exit(worker.exit_code())
+            where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["crashes"] += 1
-            name, why = _describe_exit(rc)
-            where = _innermost_frame(self._log_tail(log_pos))
             signature = name + (f" in {where}" if where else "")
-            message = f"the worker died with {why}; restarted" + (f"; it was in {where}" if where else "")
+            message = f"the worker died with {why}; replaced" + (f"; it was in {where}" if where else "")
+        self._discard_active()
         ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
                         extra={"isolated": True})
         return cand, ev
-
-    def _dump_stack(self, wait: float = 1.0) -> None:
-        """Ask a hung worker for its Python stack (faulthandler on SIGUSR1) before killing it."""
-        if self._proc is None or self._proc.poll() is not None or not hasattr(signal, "SIGUSR1"):
-            return
-        size = os.path.getsize(self._log) if self._log and os.path.exists(self._log) else 0
-        try:
-            self._proc.send_signal(signal.SIGUSR1)
-        except OSError:
-            return
-        deadline = time.perf_counter() + wait
-        while time.perf_counter() < deadline:
-            time.sleep(0.02)
-            if self._log and os.path.getsize(self._log) > size and "most recent call first" in self._log_tail(size):
-                time.sleep(0.05)  # let the dump finish
-                return
-
-    def _log_tail(self, pos: int = 0, limit: int = 20000) -> str:
-        if not self._log or not os.path.exists(self._log):
-            return ""
-        with open(self._log, "rb") as fh:
-            fh.seek(max(pos, os.path.getsize(self._log) - limit))
-            return fh.read().decode("utf-8", "replace")
 
 
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
