@@ -2,8 +2,9 @@
 
 ``grad``: backward at the variant dtype vs backward in float64, on identical input values and an
 identical upstream gradient ``u``; the error is measured per input gradient in ULPs of the
-variant dtype (floor: the ulp of that gradient's magnitude, as backward results are sums of
-products whose small elements carry no relative accuracy).
+variant dtype, with the operator's ULP floor (elementwise operators: per element; others: the
+ulp of that gradient's magnitude, as their backward results are sums of products whose small
+elements carry no relative accuracy).
 
 ``gradcheck``: float64 analytic vs numerical gradient, ``torch.autograd.gradcheck``'s fast mode
 (``u^T J v`` for random ``u`` and direction ``v``, against central differences of
@@ -88,7 +89,7 @@ class GradRunner(_GradBase):
             sig, short = exception_signature(exc)
             return q, Evaluation(self.classify(exc), error=f"backward: {short}", signature=f"backward: {sig}",
                                  seconds=time.perf_counter() - t0)
-        metrics = compare(low, ref, dtype, "output")
+        metrics = compare(low, ref, dtype, self.spec.ulp_floor)
         names = float_input_names(self.spec)
         extra = {"oracle": self.oracle, "inputs": names,
                  "worst_input": names[metrics.worst_output] if names else None}

@@ -92,7 +92,11 @@ class PairRunner(OracleRunner):
     """Side A vs each B side, on identical values at the variant dtype."""
 
     a_name = "a"
-    compare_floor = "output"  # pairs of low-precision outputs: ULPs relative to the output's scale
+
+    @property
+    def compare_floor(self) -> str:
+        """ULP floor of the divergence: the operator's own (elementwise ops: per element)."""
+        return str(self.options.get("ulp_floor") or self.spec.ulp_floor)
 
     def skip(self, q: Candidate) -> Optional[str]:
         """Why this candidate cannot be compared by this oracle (``None``: it can)."""
