@@ -76,6 +76,7 @@ def test_both_sides_of_a_pair_are_variants_and_search_the_torch_space():
     assert f.status == "ok" and f.op == "tf.conv2d"
     assert set(f.best.arrays) >= {"input", "weight", "bias"}  # a torch.conv2d candidate
     assert f.extra["twin"] == "torch.conv2d" and f.extra["closer"] in ("torch", "tensorflow", "tie")
+    assert f.env["framework"] == "tensorflow" and f.env["twin_framework"] == "torch"  # baselines key on both
     assert f.metrics.ulp <= 2 * SPECS["torch.conv2d"].threshold("float32").ulp
 
 

@@ -30,6 +30,23 @@ from .oracle_base import OracleRunner
 from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, VariantRunner, exception_signature
 
 
+class _PairBackend:
+    """The variant's own backend, whose environment also names the twin framework's version:
+    a baseline of a differential finding is only comparable when both versions match."""
+
+    def __init__(self, own, twin):
+        self._own, self._twin = own, twin
+
+    def __getattr__(self, name):
+        return getattr(self._own, name)
+
+    def environment(self, device: str) -> dict:
+        env = self._own.environment(device)
+        env["twin_framework"] = self._twin.name
+        env["twin_version"] = self._twin.version()
+        return env
+
+
 def _pair(spec) -> XfwPair:
     pair = load_table().pair_for(spec.name)
     if pair is None:
@@ -54,6 +71,8 @@ class XfwRunner(OracleRunner):
         side_variant = Variant(dtype=variant.dtype, device=variant.device, mode="input")
         self.torch = VariantRunner(self.torch_spec, side_variant)
         self.tf = VariantRunner(self.tf_spec, side_variant)
+        twin = self.tf.backend if spec.framework == "torch" else self.torch.backend
+        self.backend = _PairBackend(self.backend, twin)
 
     def quantize(self, cand: Candidate) -> Candidate:
         return self.torch.quantize(cand)
