@@ -17,6 +17,14 @@ from .errors import EXIT_CODES, GateError, Outcome
 COMMANDS = [
     "gate.commands.ops",
     "gate.commands.fuzz",
+    "gate.commands.harvest",
+    "gate.commands.select",
+    "gate.commands.run",
+    "gate.commands.baseline",
+    "gate.commands.nightly",
+    "gate.commands.publish",
+    "gate.commands.action",
+    "gate.commands.explain",
 ]
 
 
@@ -45,6 +53,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except GateError as exc:
         print(f"dl-gate: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # output piped into `head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("dl-gate: interrupted", file=sys.stderr)
         return 130

@@ -103,11 +103,16 @@ def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = 
     errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         err = jsonschema.exceptions.best_match(errors)
-        keypath = ".".join(str(p) for p in err.absolute_path) or "(top level)"
-        line = _line_of(node, list(err.absolute_path)) if node is not None else None
+        path = list(err.absolute_path)
         msg = err.message
-        if err.validator == "additionalProperties":
-            msg = msg.replace("Additional properties are not allowed", "unknown key")
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            allowed = set((err.schema or {}).get("properties", {}))
+            extra = sorted(k for k in err.instance if k not in allowed)
+            if extra:
+                path.append(extra[0])
+                msg = f"unknown key (allowed: {', '.join(sorted(allowed))})"
+        keypath = ".".join(str(p) for p in path) or "(top level)"
+        line = _line_of(node, path) if node is not None else None
         raise ConfigError(f"{where}:{line or 1}: {keypath}: {msg}")
     root = root or (path.parent if path else Path.cwd())
     framework = raw.get("framework", "torch")

@@ -10,7 +10,7 @@ from gate.fuzz import fuzz_task
 from gate.ops.catalog import load_builtin
 from gate.plan import variants_for
 
-from oracle_support import task, user_ops
+from tests.oracle_support import task, user_ops
 
 OPS = """
 - name: planted.channel_scale

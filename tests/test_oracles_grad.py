@@ -10,7 +10,7 @@ from gate.fuzz import fuzz_task
 from gate.ops.catalog import load_builtin
 from gate.plan import variants_for
 
-from oracle_support import task, user_ops
+from tests.oracle_support import task, user_ops
 
 OPS = """
 - name: planted.square_half_backward
@@ -53,7 +53,8 @@ def test_backward_only_bug_found_by_grad_not_by_precision(ops):
     fwd = fuzz_task(task(spec, "precision", evals=30))
     assert fwd.status == "ok" and fwd.metrics.ulp <= 0.5, fwd.metrics  # x*x is correctly rounded
     f = fuzz_task(task(spec, "grad", evals=30))
-    assert f.status == "ok" and f.metrics.ulp > 100, f.metrics
+    # float16 rounding (thousands of float32 ulps) or float16 overflow (inf where float64 is finite)
+    assert f.status == "ok" and f.metrics.severity > 100, f.metrics
     assert f.extra["worst_input"] == "x"
     # the upstream gradient is part of the saved input, so the finding replays exactly
     assert "__upstream0__" in f.best.arrays
@@ -66,8 +67,9 @@ def test_float64_backward_bug_found_by_gradcheck(ops):
     (variant,) = variants_for(spec, oracles=["gradcheck"])
     assert variant.dtype == "float64"
     f = fuzz_task(task(spec, "gradcheck", dtype="float64", evals=15))
-    assert f.status == "ok" and f.metrics.rel > 1e-5, f.metrics
-    assert f.extra["gradcheck_ratio"] > 1  # torch.autograd.gradcheck would fail it too
+    # float16 rounding in backward: ~1e-4 relative, far above float64 central differences' noise
+    assert f.status == "ok" and f.metrics.rel > 1e-5 and f.metrics.ulp > 0, f.metrics
+    assert f.extra["gradcheck_ratio"] > 0.01 and f.extra["noise"] < f.metrics.abs
 
 
 @pytest.mark.parametrize("name", ["torch.tanh", "torch.softmax", "torch.layer_norm", "torch.relu", "torch.max_pool2d"])

@@ -16,7 +16,7 @@ from gate.fuzz import Finding, fuzz_task
 from gate.fuzz.isolate import IsolatedRunner, IsolateOptions
 from gate.plan import Variant
 
-from oracle_support import task, user_ops
+from tests.oracle_support import task, user_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from gate.fuzz.nansearch import edge_values, overflow_mutators
 from gate.ops.catalog import load_builtin
 from gate.oracles.precision import Metrics, fitness
 
-from oracle_support import task, user_ops
+from tests.oracle_support import task, user_ops
 
 OPS = """
 - name: planted.naive_softplus

@@ -18,9 +18,9 @@ from gate.fuzz.registry import RUNNERS
 from gate.ops.catalog import load_builtin
 from gate.ops.rules import load_rules
 from gate.oracles.precision import Metrics
-from gate.plan import ORACLES, Variant, plan, Budget, variants_for
+from gate.plan import FUZZ_ORACLES as ORACLES, Budget, Variant, plan, variants_for
 
-from oracle_support import user_ops
+from tests.oracle_support import user_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = {s.name: s for s in load_builtin(("torch", "tensorflow"))}
@@ -99,7 +99,7 @@ def test_registry_rules_schema_and_plan_agree():
 def test_finding_extra_round_trips():
     f = Finding(op="torch.exp", framework="torch", variant=Variant("float32", oracle="xfw"),
                 metrics=Metrics(ulp=3.0, spread=2.0),
-                extra={"closer": "torch", "float64_rel_divergence": math.inf, "pair": ["torch.exp", "tf.exp"]})
+                extra={"closer": "torch", "float64_mismatch": math.inf, "pair": ["torch.exp", "tf.exp"]})
     back = Finding.from_dict(json.loads(json.dumps(f.to_dict())))
     assert back.extra == f.extra and back.variant == f.variant and back.metrics.spread == 2.0
 

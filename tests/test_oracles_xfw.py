@@ -1,7 +1,10 @@
 """The torch <-> TensorFlow translation table (gate/ops/catalog/xfw.yaml) checked on real torch
 and TensorFlow for every pair: identical values in, the same function out (float64 results agree
-to 1e-6 of the output's scale) and low-precision results within the kinds' tolerance, except
-allow-listed (documented) differences, which are never compared."""
+within 1e-6 relative on at least 95% of the elements: isolated elements may differ through one
+side's own float64 inaccuracy, e.g. the tail of TF's exact GELU), and float32 results within
+twice the kind's tolerance unless one side is itself beyond tolerance against float64 (then it
+is a precision finding of that side, named by ``closer``). Allow-listed (documented semantic)
+differences are never compared."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +17,7 @@ from gate.ops import xfw
 from gate.ops.catalog import load_builtin
 from gate.plan import Variant, variants_for
 
-from oracle_support import task
+from tests.oracle_support import task
 
 TABLE = xfw.load_table()
 SPECS = {s.name: s for s in load_builtin(("torch", "tensorflow"))}
@@ -49,15 +52,16 @@ def test_pair_agrees_on_random_inputs(runners, name):
     runner = runners[name]
     threshold = SPECS[name].threshold("float32").ulp
     rng = np.random.default_rng(7)
-    compared = 0
     for _ in range(4):
         q, ev = runner.evaluate(draw(runner.search_spec, rng))
         assert ev.status == "ok", (name, ev.status, ev.error)
-        compared += 1
-        assert ev.extra["float64_rel_divergence"] <= 1e-6, (name, q.summary(), ev.extra)
-        assert ev.metrics.nonfinite == 0 and ev.metrics.ulp <= 2 * threshold, (name, q.summary(), ev.metrics)
-        assert ev.extra["closer"] in ("torch", "tensorflow", "tie")
-    assert compared == 4
+        x = ev.extra
+        assert x["float64_mismatch"] <= 0.05, (name, q.summary(), x)  # the same function
+        assert ev.metrics.nonfinite == 0, (name, q.summary(), ev.metrics)
+        errs = {"torch": x["torch_ulp_vs_float64"], "tensorflow": x["tensorflow_ulp_vs_float64"]}
+        if ev.metrics.ulp > 2 * threshold:  # only when a side is itself out of tolerance
+            assert max(errs.values()) > threshold, (name, q.summary(), ev.metrics, x)
+            assert x["closer"] == min(errs, key=errs.get), x
 
 
 def test_allow_listed_values_are_not_searched_nor_compared(runners):
@@ -87,9 +91,10 @@ def test_a_wrong_translation_is_a_divergence(monkeypatch):
     assert wrong != text
     monkeypatch.setattr(xfw, "_TABLE", xfw.parse_table(wrong))
     runner = XfwRunner(SPECS["torch.gelu"], Variant("float32", "cpu", "input", "default", "xfw"))
-    f = fuzz_task(task(SPECS["torch.gelu"], "xfw", evals=20), runner=runner)
-    assert f.metrics.ulp > 100, f.metrics  # agreeing twins stay within 2 x 8 ulp (activation, float32)
-    assert f.extra["float64_rel_divergence"] > 1e-6  # a semantic difference, not a precision one
+    rng = np.random.default_rng(0)
+    evs = [runner.evaluate(draw(runner.search_spec, rng))[1] for _ in range(4)]
+    assert max(ev.metrics.ulp for ev in evs) > 100  # agreeing twins stay within 2 x 8 ulp
+    assert max(ev.extra["float64_mismatch"] for ev in evs) > 0.2  # a semantic difference, not precision
 
 
 def test_untranslatable_value_is_skipped():

@@ -31,6 +31,9 @@ class Backend(ABC):
     name: str = ""
     #: exception messages that mean "this dtype/device/op combination is not implemented"
     unsupported_patterns: Sequence[str] = ()
+    #: the framework flushes subnormal results to zero (FTZ): a zero where the reference is
+    #: subnormal in the dtype is the framework's documented behaviour, not an operator error
+    flush_subnormals: bool = False
 
     # -- environment --------------------------------------------------------------------
     @abstractmethod

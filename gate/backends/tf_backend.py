@@ -48,8 +48,15 @@ class TFBackend(Backend):
     def seed(self, seed: int) -> None:
         tf.random.set_seed(seed)
 
+    # TensorFlow runs its CPU kernels with flush-to-zero / denormals-are-zero: a subnormal float32
+    # (and bfloat16, computed in float32) input is read as 0, and subnormal results become 0.
+    flush_subnormals = True
+
     def quantize(self, arr: np.ndarray, dtype: str) -> np.ndarray:
-        return numpy_quantize(arr, dtype)
+        q = numpy_quantize(arr, dtype)
+        if dtype in ("float32", "bfloat16"):
+            q[np.abs(q) < np.finfo(np.float32).tiny] = 0.0  # the value the kernel will see
+        return q
 
     def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any:
         arr = np.ascontiguousarray(arr)

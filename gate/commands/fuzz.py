@@ -6,12 +6,11 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import List
 
 from ..backends import get_backend
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES, MODES
-from ..plan import ORACLES, Budget, plan
+from ..plan import FUZZ_ORACLES, Budget, plan
 from .common import add_config_arg, add_variant_args, load, progress_enabled, split_list
 
 
@@ -25,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP), random or spread (max - min)")
     p.add_argument("--oracle", action="append", metavar="ORACLE",
                    help=f"oracle(s) to run (repeatable or comma-separated; 'all' for every one that applies): "
-                        f"{', '.join(ORACLES)} (default: the config's gate.oracles, else precision)")
+                        f"{', '.join(FUZZ_ORACLES)} (default: the config's gate.oracles, else precision)")
     p.add_argument("--isolate", action="store_true", default=None,
                    help="evaluate in a worker process: a segfault, abort or hang becomes a crash finding "
                         "(default: the config's gate.isolate)")
@@ -33,6 +32,10 @@ def register(sub) -> None:
                    help="with --isolate: seconds one evaluation may take before it counts as a hang "
                         "(default: the config's gate.eval_timeout, else 10)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
+    p.add_argument("--scheduler", default="uct", choices=["uct", "uniform"],
+                   help="mutation scheduler: uct (bandit, default) or uniform (control)")
+    p.add_argument("--no-seeds", action="store_true",
+                   help="ignore stored seeds (<baselines>/seeds from `dl-gate harvest`, OpInfo samples)")
     p.add_argument("--json", metavar="FILE", help="write findings (with worst inputs) as JSON")
     p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
                    help="directory for worst inputs as .npz (default dl-gate-out/inputs)")
@@ -55,10 +58,10 @@ def oracle_list(names) -> List[str]:
     if not names:
         return ["precision"]
     if "all" in names:
-        return list(ORACLES)
+        return list(FUZZ_ORACLES)
     for n in names:
-        if n not in ORACLES:
-            raise GateError(f"unknown oracle {n!r} (use {', '.join(ORACLES)} or all)")
+        if n not in FUZZ_ORACLES:
+            raise GateError(f"unknown oracle {n!r} (use {', '.join(FUZZ_ORACLES)} or all)")
     return list(names)
 
 
@@ -104,9 +107,6 @@ def run(args) -> int:
         per_op = Budget(seconds=10.0)
     if per_op.seconds is None and args.budget is None and not args.evals:
         per_op = Budget(seconds=10.0)
-    print(f"dl-gate fuzz: seed {seed}, strategy {args.strategy}, budget per operator: "
-          + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
-          + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
     tasks = []
     for spec in specs:
         backend = get_backend(spec.framework)
@@ -114,16 +114,28 @@ def run(args) -> int:
                           devices=devices, modes=modes, available_devices=backend.devices(), oracles=oracles))
     if not tasks:
         raise GateError("no variant to fuzz on this machine (check --dtype/--device/--mode)")
+    for spec in specs:  # fail fast, before any work, on an un-importable callable
+        get_backend(spec.framework).resolve(spec.callable)
+        if spec.reference:
+            get_backend(spec.framework).resolve(spec.reference)
+    print(f"dl-gate fuzz: seed {seed}, strategy {args.strategy}, budget per operator: "
+          + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
+          + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
     findings = []
     bar = None
     if progress_enabled():
         from tqdm import tqdm
 
         bar = tqdm(total=len(tasks), unit="variant", file=sys.stderr, leave=False)
+    store = None
+    if not args.no_seeds:
+        from ..fuzz.seeds import SeedStore
+
+        store = SeedStore(cfg.baselines_dir / "seeds")
     for task in tasks:
         if bar:
             bar.set_description(task.id)
-        findings.append(fuzz_task(task, isolate=isolate))
+        findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler, isolate=isolate))
         if bar:
             bar.update(1)
     if bar:

@@ -10,9 +10,9 @@ from ..plan import Task
 from .engine import GUIDANCES, search
 from .finding import Crash, Finding
 from .inputs import Candidate, draw
-from .mutate import MUTATORS, PREDOO_MUTATORS
+from .mutate import MUTATORS, PREDOO_MUTATORS, bind
 from .registry import RUNNERS, build_runner
-from .runner import VariantRunner
+from .runner import OK, CRASH, VariantRunner
 
 
 def fuzz_task(
@@ -23,50 +23,121 @@ def fuzz_task(
     runner: Optional[VariantRunner] = None,
     mutators: Optional[Sequence[str]] = None,
     scheduler=None,
+    seed_store=None,
+    coverage: bool = True,
+    batch: Optional[int] = None,
+    max_seeds: int = 16,
+    on_best: Optional[Callable] = None,
     isolate=None,
 ) -> Finding:
     """Search ``task``'s variant for the input with the largest error of its oracle
-    (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`).
+    (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
+    oracle's runner may impose the candidate spec, the guidance and extra mutators).
     ``isolate`` (True or :class:`gate.fuzz.isolate.IsolateOptions`) runs every evaluation in a
-    worker process that may crash or hang without taking the gate down."""
+    worker process that may crash or hang without taking the gate down.
+
+    ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)
+    or an object with ``choose``/``update``. ``seeds`` run first, all of them, in order; then
+    the seeds of ``seed_store`` (a :class:`gate.fuzz.seeds.SeedStore`: calls harvested from the
+    project's tests, PyTorch OpInfo samples), most novel value classes first, at most
+    ``max_seeds``. ``coverage``: draw fresh inputs aimed at uncovered
+    value classes and pairs, reward the scheduler for new coverage, report it in
+    ``Finding.coverage['classes']``. ``batch``: children evaluated per call for batch-separable
+    specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
+    batching off).
+    ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks)."""
     own_runner = runner is None
     runner = runner or build_runner(task.op, task.variant, isolate=isolate)
     try:
-        return _fuzz(task, runner, seeds=seeds, progress=progress, mutators=mutators, scheduler=scheduler)
+        return _fuzz(task, runner, seeds=seeds, progress=progress, mutators=mutators, scheduler=scheduler,
+                     seed_store=seed_store, coverage=coverage, batch=batch, max_seeds=max_seeds, on_best=on_best)
     finally:
         if own_runner and hasattr(runner, "close"):
             runner.close()
 
 
-def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler) -> Finding:
+def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_store, coverage, batch, max_seeds,
+          on_best) -> Finding:
+    from .batch import BatchEvaluator
+    from .coverage import CoverageMap
+    from .schedule import make_scheduler
+
     # the oracle's hooks: the space candidates come from, an imposed guidance, extra mutators
     spec = getattr(runner, "search_spec", None) or task.op
     guidance = getattr(runner, "guidance", None) or task.strategy
+    extra_mutators = dict(getattr(runner, "extra_mutators", None) or {})
     runner.backend.seed(task.seed)
     rng = np.random.default_rng(task.rng_seed())
-    names = list(mutators or MUTATORS)
-    bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(MUTATORS[n]) for n in names}
-    for n, m in (getattr(runner, "extra_mutators", None) or {}).items():
-        bound[n] = (lambda m: (lambda c, r: m(c, spec, r)))(m)
-        names.append(n)
-    if scheduler is not None and hasattr(scheduler, "bind"):
+    dtype = task.variant.dtype
+    names = list(mutators or MUTATORS) + [n for n in extra_mutators if not mutators or n not in mutators]
+    table = {**MUTATORS, **extra_mutators}
+    if scheduler is None:
+        scheduler = "uniform" if guidance == "random" else "uct"
+    if isinstance(scheduler, str):
+        scheduler = make_scheduler(scheduler, names)
+    elif hasattr(scheduler, "bind"):
         scheduler = scheduler.bind(names)
-    res = search(
-        runner.evaluate,
-        lambda r: draw(spec, r),
-        bound,
-        rng,
-        seconds=task.budget.seconds,
-        evals=task.budget.evals,
-        guidance=guidance,
-        seeds=seeds,
-        scheduler=scheduler,
-        progress=progress,
-    )
+    if hasattr(scheduler, "sub"):
+        choose = scheduler.sub
+    else:
+        def choose(name, options, r):
+            return options[int(r.integers(len(options)))] if options else None
+    bound = {n: bind(table[n], spec, dtype=dtype, choose=choose, name=n) for n in names}
+
+    cov = CoverageMap(spec, dtype) if coverage else None
+
+    def novelty(q: Candidate, ev) -> float:
+        if cov is None or ev.status not in (OK, CRASH):
+            return 0.0
+        singles, pairs = cov.observe(q)
+        return min(1.0, 0.5 * singles + 0.05 * pairs)
+
+    if cov is not None and guidance != "random":
+        fresh = lambda r: cov.draw(r)  # noqa: E731
+    else:
+        fresh = lambda r: draw(spec, r)  # noqa: E731
+
+    seed_list = list(seeds)  # given seeds run first, all of them, in their order
+    seed_info = {"given": len(seed_list)}
+    if seed_store is not None:
+        from .seeds import prioritise
+
+        stored = seed_store.load(spec)
+        seed_info.update(seed_store.last_sources)
+        seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
+    seed_info["used"] = len(seed_list)
+
+    # batching concatenates candidates into one precision call: only for the precision runner
+    batchable = type(runner) is VariantRunner
+    evaluator = BatchEvaluator(runner) if batchable else None
+    width = 1 if not batchable else (batch if batch is not None else (8 if evaluator.pays else 1))
+    with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
+        res = search(
+            runner.evaluate,
+            fresh,
+            bound,
+            rng,
+            seconds=task.budget.seconds,
+            evals=task.budget.evals,
+            guidance=guidance,
+            seeds=seed_list,
+            scheduler=scheduler,
+            progress=progress,
+            evaluate_many=evaluator.evaluate_many if evaluator is not None and evaluator.enabled and width > 1 else None,
+            batch=width,
+            novelty=novelty if cov is not None else None,
+            on_best=on_best,
+        )
+        best_eval = res.best_eval
+        if best_eval is not None and width > 1 and evaluator is not None and evaluator.enabled:
+            # report the figures of the best input run alone, as the judge will replay it
+            _, alone = runner.evaluate(res.best, quantized=True)
+            if alone.status == OK:
+                best_eval = alone
     status, message = "ok", None
-    if res.unsupported and res.best_eval is None:
+    if res.unsupported and best_eval is None:
         status, message = "unsupported", res.unsupported
-    elif res.best_eval is None and not res.crashes:
+    elif best_eval is None and not res.crashes:
         status, message = "no-valid-input", res.invalid_example
     finding = Finding(
         op=task.op.name,
@@ -77,16 +148,24 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler) -> Findin
         evals=res.evals,
         seconds=res.seconds,
         status=status,
-        metrics=res.best_eval.metrics if res.best_eval else None,
+        metrics=best_eval.metrics if best_eval else None,
         best=res.best,
         crashes=[Crash(c.signature, c.message, c.count, c.candidate) for c in res.crashes.values()],
         invalid=res.invalid,
         message=message,
         trajectory=[[e, f] for e, f in res.trajectory],
         env=runner.backend.environment(task.variant.device),
-        extra=dict(res.best_eval.extra) if res.best_eval is not None else {},
+        extra=dict(best_eval.extra) if best_eval is not None else {},
     )
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
+    if cov is not None:
+        finding.coverage["classes"] = cov.report()
+    if hasattr(scheduler, "stats"):
+        finding.coverage["schedule"] = scheduler.stats()
+    finding.coverage["seeds"] = seed_info
+    if evaluator is not None:
+        finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls,
+                                     "default": 8 if evaluator.pays else 1}
     return finding
 
 

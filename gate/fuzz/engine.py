@@ -20,7 +20,7 @@ import numpy as np
 
 from ..oracles.precision import fitness
 from .inputs import Candidate
-from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation
+from .runner import CRASH, INVALID, UNSUPPORTED, Evaluation
 
 GUIDANCES = ("linf", "l1", "random", "spread")  # spread: NaN/Inf search (gate.fuzz.nansearch)
 
@@ -79,7 +79,18 @@ def search(
     scheduler=None,
     progress: Optional[Callable[[int, float], None]] = None,
     stop_on_inf: bool = True,
+    evaluate_many: Optional[Callable[[List[Candidate]], List[Tuple[Candidate, Evaluation]]]] = None,
+    batch: int = 1,
+    novelty: Optional[Callable[[Candidate, Evaluation], float]] = None,
+    on_best: Optional[Callable[[Candidate, Evaluation, float], None]] = None,
 ) -> SearchResult:
+    """Search for the candidate with the largest fitness.
+
+    ``evaluate_many`` + ``batch`` > 1: a mutation step makes ``batch`` children of the same
+    parent and evaluates them in one call (see :mod:`gate.fuzz.batch`); they are then taken in
+    order exactly as if they had been evaluated one by one. ``novelty(q, ev)`` returns a bonus
+    in [0, 1] (new coverage) added to the scheduler's reward. ``on_best(q, ev, fitness)`` is
+    called on every new best."""
     if guidance not in GUIDANCES:
         raise ValueError(f"unknown guidance {guidance!r} (use {', '.join(GUIDANCES)})")
     if seconds is None and evals is None:
@@ -98,28 +109,51 @@ def search(
             return True
         return False
 
+    prefetched: List[tuple] = []  # (mut_name, parent_fit, q, ev) evaluated in a batch, not yet taken
+
     while not spent():
         parent_fit = -math.inf
         mut_name = None
-        if queue:
-            cand = queue.pop(0)
-        elif n_fresh_seeds > 0 or guidance == "random" or not res.corpus or rng.random() < explore:
-            n_fresh_seeds = max(0, n_fresh_seeds - 1)
-            cand = fresh(rng)
+        if prefetched:
+            mut_name, parent_fit, q, ev = prefetched.pop(0)
         else:
-            parent_fit, parent = _pick(res.corpus, rng)
-            mut_name = scheduler.choose(rng)
-            cand = mutators[mut_name](parent, rng)
-            if cand is None:
-                scheduler.update(mut_name, 0.0)
+            parent = None
+            if queue:
+                cand = queue.pop(0)
+            elif n_fresh_seeds > 0 or guidance == "random" or not res.corpus or rng.random() < explore:
+                n_fresh_seeds = max(0, n_fresh_seeds - 1)
                 cand = fresh(rng)
-                mut_name = None
-        q, ev = evaluate(cand)
+            else:
+                parent_fit, parent = _pick(res.corpus, rng)
+                mut_name = scheduler.choose(rng)
+                cand = mutators[mut_name](parent, rng)
+                if cand is None:
+                    scheduler.update(mut_name, 0.0)
+                    cand = fresh(rng)
+                    mut_name = None
+            width = min(batch, (evals - res.evals) if evals is not None else batch)
+            if evaluate_many is not None and mut_name is not None and width > 1:
+                items = [(mut_name, cand)]
+                for _ in range(width - 1):
+                    name = scheduler.choose(rng)
+                    child = mutators[name](parent, rng)
+                    if child is None:
+                        scheduler.update(name, 0.0)
+                    else:
+                        items.append((name, child))
+                results = evaluate_many([c for _, c in items])
+                prefetched = [(n, parent_fit, rq, rev) for (n, _), (rq, rev) in zip(items, results)]
+                mut_name, parent_fit, q, ev = prefetched.pop(0)
+            else:
+                q, ev = evaluate(cand)
         res.evals += 1
+        bonus = novelty(q, ev) if novelty is not None else 0.0
         if mut_name is not None:
             st = res.mutator_stats.setdefault(mut_name, [0, 0])
             st[0] += 1
         if ev.status == UNSUPPORTED:
+            if mut_name is not None:
+                scheduler.update(mut_name, 0.0)
             consecutive_unsupported += 1
             if consecutive_unsupported >= 3 and res.best_eval is None:
                 res.unsupported = ev.error
@@ -141,6 +175,8 @@ def search(
                     signature=ev.signature or "", message=ev.error or "", first_eval=res.evals, candidate=q)
                 if mut_name is not None:
                     scheduler.update(mut_name, 1.0)
+            elif mut_name is not None:
+                scheduler.update(mut_name, min(1.0, bonus))
             rec.count += 1
             continue
         fit = fitness(ev.metrics, guidance) if guidance != "random" else fitness(ev.metrics, "linf")
@@ -150,7 +186,7 @@ def search(
             if fit > parent_fit:
                 gain = 1.0 if math.isinf(fit) else min(1.0, (fit - max(parent_fit, 0.0)) / (abs(fit) + 1e-12))
                 res.mutator_stats[mut_name][1] += 1
-            scheduler.update(mut_name, gain)
+            scheduler.update(mut_name, min(1.0, gain + bonus))
         if guidance != "random" and (fit > parent_fit or not res.corpus):
             res.corpus.append((fit, q))
             res.corpus.sort(key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
@@ -158,6 +194,8 @@ def search(
         if improved:
             res.best, res.best_eval, res.best_fitness = q, ev, fit
             res.trajectory.append((res.evals, fit))
+            if on_best is not None:
+                on_best(q, ev, fit)
             if progress:
                 progress(res.evals, fit)
             if stop_on_inf and math.isinf(fit):

@@ -50,7 +50,9 @@ class Finding:
     trajectory: List[List[float]] = field(default_factory=list)
     env: Dict[str, Any] = field(default_factory=dict)
     coverage: Dict[str, Any] = field(default_factory=dict)
-    extra: Dict[str, Any] = field(default_factory=dict)  # the oracle's facts about the worst input
+    #: oracle-specific facts (graph: first diverging node, amplification; export: converter
+    #: function, stage); JSON-safe via :func:`json_safe`
+    extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -82,7 +84,7 @@ class Finding:
             "trajectory": [[int(e), _num(f)] for e, f in self.trajectory],
             "env": self.env,
             "coverage": self.coverage,
-            "extra": _json_extra(self.extra),
+            "extra": json_safe(self.extra),
         }
         if with_inputs and self.best is not None:
             d["best_input"] = base64.b64encode(self.best.to_bytes()).decode()
@@ -108,39 +110,41 @@ class Finding:
             trajectory=[[e, (math.inf if f == "inf" else f)] for e, f in raw.get("trajectory", [])],
             env=raw.get("env", {}),
             coverage=raw.get("coverage", {}),
-            extra=_unjson_extra(raw.get("extra") or {}),
+            extra=from_json_safe(raw.get("extra", {})),
         )
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict
+    JSON), tuples as lists."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return v
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def from_json_safe(v: Any) -> Any:
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    if v == "nan":
+        return math.nan
+    if isinstance(v, dict):
+        return {k: from_json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [from_json_safe(x) for x in v]
+    return v
 
 
 def _num(f: float):
     if isinstance(f, float) and math.isinf(f):
         return "inf"
     return float(f)
-
-
-def _json_extra(v: Any) -> Any:
-    """``extra`` as plain JSON: non-finite floats as strings, NumPy scalars as Python numbers."""
-    if isinstance(v, dict):
-        return {str(k): _json_extra(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_extra(x) for x in v]
-    if hasattr(v, "item") and callable(v.item) and not isinstance(v, (str, bytes)):
-        try:
-            v = v.item()
-        except (TypeError, ValueError):
-            return str(v)
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return str(v)
-
-
-def _unjson_extra(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _unjson_extra(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_unjson_extra(x) for x in v]
-    if v in ("inf", "-inf", "nan"):
-        return float(v)
-    return v

@@ -2,10 +2,11 @@
 float64 arrays). Generation follows the spec's value spaces; nothing here knows a framework."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -249,3 +250,205 @@ def draw(spec: OpSpec, rng: np.random.Generator, *, fixed_params: Optional[Mappi
         arrays = build_arrays(spec, dims, params, rng, like)
         return Candidate(dims=dims, params=params, arrays=arrays, origin=origin)
     raise ConfigError(f"operator {spec.name}: its parameter and dim ranges admit no valid shape")
+
+
+# ---------------------------------------------------------------------------------------
+# edge values and value regimes (FIELD_GUIDE §3): where operator bugs hide
+# ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def float_facts(dtype: str) -> Dict[str, float]:
+    """Landmarks of a float format: ``eps`` (spacing above 1), ``below_one`` (the largest
+    value below 1), ``min_normal``, ``min_subnormal``, ``max`` and ``log_max`` (where exp
+    overflows)."""
+    from ..backends.base import FLOAT_FORMATS
+
+    p, emin, emax = FLOAT_FORMATS[dtype]
+    big = math.ldexp(2.0 - math.ldexp(1.0, -(p - 1)), emax)
+    return {
+        "p": p,
+        "eps": math.ldexp(1.0, -(p - 1)),
+        "below_one": 1.0 - math.ldexp(1.0, -p),
+        "min_normal": math.ldexp(1.0, emin),
+        "min_subnormal": math.ldexp(1.0, emin - (p - 1)),
+        "max": big,
+        "log_max": math.log(big),
+        "sqrt_max": math.sqrt(big),
+    }
+
+
+def inside(vals: np.ndarray, domain: Domain) -> np.ndarray:
+    """The values strictly inside the open domain."""
+    vals = np.asarray(vals, dtype=np.float64)
+    keep = np.isfinite(vals)
+    if domain.lo is not None:
+        keep &= vals > domain.lo
+    if domain.hi is not None:
+        keep &= vals < domain.hi
+    return vals[keep]
+
+
+def edge_values(domain: Domain, dtype: str = "float32") -> np.ndarray:
+    """Scalar edge values of ``dtype`` inside ``domain``: tiny magnitudes, subnormals, values
+    next to ±1 and the largest float below 1, exp/square overflow edges, near-overflow
+    magnitudes, and (for bounded domains) values next to the bounds."""
+    f = float_facts(dtype)
+    eps = f["eps"]
+    mags = [
+        1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3,
+        f["min_subnormal"], f["min_normal"] - f["min_subnormal"], f["min_normal"],
+        0.5, 1.0, f["below_one"], 1.0 - eps, 1.0 + eps, 1.0 + 4 * eps, 2.0, 10.0,
+        f["log_max"] - 0.5, f["log_max"], f["log_max"] + 0.5,
+        f["sqrt_max"] / 2, f["sqrt_max"], 1e4, f["max"] / 16, f["max"] / 2, f["max"],
+    ]
+    mags = [m for m in mags if 0 < m <= f["max"]]
+    vals = [0.0] + mags + [-m for m in mags]
+    lo, hi = domain.lo, domain.hi
+    if lo is not None and hi is not None:
+        w = hi - lo
+        vals += [lo + w * 1e-6, hi - w * 1e-6, (lo + hi) / 2, hi - w * eps, lo + w * eps]
+    if lo is not None:
+        vals += [lo + max(abs(lo), 1.0) * eps, lo + max(abs(lo), 1.0) * 4 * eps, lo + 1e-3]
+    if hi is not None:
+        vals += [hi - max(abs(hi), 1.0) * eps, hi - max(abs(hi), 1.0) * 4 * eps, hi - 1e-3]
+    return np.unique(inside(np.array(vals), domain))
+
+
+#: whole-tensor value regimes a generator can aim at (see :func:`regime_values`); the same
+#: names are the value classes of :mod:`gate.fuzz.coverage`
+REGIMES = ("bulk", "zero", "subnormal", "tiny", "all_tiny", "near_one", "large", "near_max",
+           "constant", "shifted", "negative")
+
+
+def _signed(mags: np.ndarray, domain: Domain, rng: np.random.Generator) -> np.ndarray:
+    """Give magnitudes random signs where the domain allows both, else the allowed sign."""
+    pos_ok = domain.hi is None or domain.hi > 0
+    neg_ok = domain.lo is None or domain.lo < 0
+    if pos_ok and neg_ok:
+        return mags * rng.choice([-1.0, 1.0], size=mags.shape)
+    return mags if pos_ok else -mags
+
+
+@functools.lru_cache(maxsize=None)
+def element_bands(dtype: str) -> Dict[str, tuple]:
+    """Magnitude bands ``a <= |x| < b`` of the element value classes (shared with
+    :mod:`gate.fuzz.coverage`, so that a generated value lands in the class it aims at)."""
+    f = float_facts(dtype)
+    return {
+        "subnormal": (f["min_subnormal"], f["min_normal"]),
+        "tiny": (f["min_normal"], 1e-3),
+        "bulk": (1e-3, 1e4),
+        "near_one": (1.0 - 4 * f["eps"], 1.0 + 4 * f["eps"]),
+        "large": (1e4, f["max"] / 2),
+        "near_max": (f["max"] / 2, f["max"] * (1 + f["eps"] / 4)),
+    }
+
+
+def band_intervals(a: float, b: float, domain: Domain) -> list:
+    """Signed intervals ``(l, h)`` of the values with ``a <= |x| < b`` inside ``domain``."""
+    lo = -math.inf if domain.lo is None else domain.lo
+    hi = math.inf if domain.hi is None else domain.hi
+    out = []
+    pl, ph = max(a, lo), min(b, hi)
+    if pl < ph:
+        out.append((pl, ph))
+    nl, nh = max(-b, lo), min(-a, hi)
+    if nl < nh:
+        out.append((nl, nh))
+    return out
+
+
+def sample_band(a: float, b: float, domain: Domain, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` values log-uniform in magnitude with ``a <= |x| < b``, strictly inside ``domain``
+    and away from the band's ends (so rounding to the dtype keeps them in the band)."""
+    ivs = band_intervals(a, b, domain)
+    if not ivs or n <= 0:
+        return np.zeros(0)
+    which = rng.integers(len(ivs), size=n)
+    out = np.empty(n)
+    for k, (l, h) in enumerate(ivs):
+        m = which == k
+        if not np.any(m):
+            continue
+        ml, mh = sorted((abs(l), abs(h)))
+        ml = max(ml, np.finfo(np.float64).tiny)
+        t = rng.uniform(0.05, 0.95, int(m.sum()))
+        mag = np.exp(math.log(ml) + t * (math.log(mh) - math.log(ml)))
+        out[m] = mag if l >= 0 else -mag
+    return out
+
+
+def _feature_scalars(feature: str, domain: Domain, dtype: str, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` values of one element class inside ``domain`` (empty when the class and the
+    domain do not meet)."""
+    if feature == "zero":
+        return inside(np.zeros(n), domain)
+    bands = element_bands(dtype)
+    if feature == "near_one":
+        f = float_facts(dtype)
+        vals = 1.0 + rng.integers(-4, 5, n) * f["eps"] / 2
+        vals[rng.random(n) < 0.3] = f["below_one"]
+        vals = inside(_signed(vals, domain, rng), domain)
+        if vals.size:
+            return vals[rng.integers(vals.size, size=n)]
+    a, b = bands["tiny" if feature == "all_tiny" else feature]
+    return sample_band(a, b, domain, rng, n)
+
+
+def regime_values(regime: str, domain: Domain, shape: tuple, rng: np.random.Generator,
+                  dtype: str = "float32", base: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """An array of ``shape`` in one value regime, inside ``domain``; ``None`` when the regime
+    does not intersect the domain. Element regimes (zero, subnormal, tiny, near_one, large,
+    near_max) replace a random share of ``base`` (default: a bulk draw); whole-tensor regimes
+    (all_tiny, constant, shifted, negative) replace everything."""
+    size = int(np.prod(shape)) if shape else 1
+    arr = (np.array(base, dtype=np.float64, copy=True) if base is not None and base.shape == tuple(shape)
+           else draw_values(domain, shape, rng))
+    if regime == "bulk" or size == 0:
+        return arr
+    flat = arr.reshape(-1)
+    if regime in ("zero", "subnormal", "tiny", "near_one", "large", "near_max"):
+        share = float(rng.choice([0.0, 0.1, 0.5, 1.0]))
+        k = min(size, max(1, int(round(size * share))))
+        vals = _feature_scalars(regime, domain, dtype, rng, k)
+        if vals.size == 0:
+            return None
+        idx = rng.choice(size, size=vals.size, replace=False)
+        flat[idx] = vals
+    elif regime == "all_tiny":
+        vals = _feature_scalars("tiny", domain, dtype, rng, size)
+        if vals.size < size:
+            return None
+        flat[:] = vals
+    elif regime == "constant":
+        pool = np.concatenate([inside(flat, domain), edge_values(domain, dtype)])
+        if pool.size == 0:
+            return None
+        flat[:] = pool[int(rng.integers(pool.size))]
+    elif regime == "shifted":
+        f = float_facts(dtype)
+        lo, hi = domain.lo, domain.hi
+        if lo is None and hi is None:
+            c = float(rng.choice([-1.0, 1.0]) * 10.0 ** rng.uniform(1, 4))
+        elif lo is not None and hi is not None:
+            c = float(lo + (hi - lo) * rng.uniform(0.2, 0.8))
+        elif lo is not None:
+            c = float(lo + 10.0 ** rng.uniform(1, 4))
+        else:
+            c = float(hi - 10.0 ** rng.uniform(1, 4))
+        step = float(ulp(np.asarray(c), dtype))
+        s = max(abs(c) * 10.0 ** rng.uniform(-5, -2.5), 2 * step)
+        if lo is not None and hi is not None:
+            s = min(s, (hi - lo) * 0.05)
+        flat[:] = c + s * rng.standard_normal(size)
+        flat[:] = project(flat, domain)
+    elif regime == "negative":
+        if domain.lo is not None and domain.lo >= 0:
+            return None
+        hi = 0.0 if domain.hi is None else min(domain.hi, 0.0)
+        if domain.lo is not None:
+            flat[:] = domain.lo + (hi - domain.lo) * rng.uniform(0.02, 0.98, size)
+        else:
+            flat[:] = hi - np.abs(rng.standard_normal(size)) * domain.scale - 1e-3 * domain.scale
+    else:
+        raise ValueError(f"unknown value regime {regime!r} (known: {', '.join(REGIMES)})")
+    return flat.reshape(arr.shape)

@@ -1,14 +1,23 @@
 """Mutation operators. Each takes (candidate, spec, rng) and returns a new candidate or
 ``None`` when it does not apply. Predoo's constant perturbation is here alongside wider value,
-scale, edge, parameter and shape mutations. The table :data:`MUTATORS` is the extension point."""
+scale, edge, regime, parameter and shape mutations. The table :data:`MUTATORS` is the extension
+point.
+
+A mutator may also declare keyword-only parameters, which :func:`bind` fills in:
+``dtype`` (the dtype under test: edge values and value regimes depend on it) and ``choose``
+(``choose(options) -> option``: which class to aim at, decided by the scheduler's second level,
+see :mod:`gate.fuzz.schedule`; uniform when the scheduler has none)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+import inspect
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..ops.spec import OpSpec
-from .inputs import Candidate, build_arrays, derived_params, draw, draw_dims, draw_params, project
+from .coverage import dim_envelope, feasible_values, param_universe, realise_param, realise_size, size_classes_between
+from .inputs import (Candidate, build_arrays, derived_params, draw, draw_dims, draw_params, edge_values, project,
+                     regime_values)
 
 Mutator = Callable[[Candidate, OpSpec, np.random.Generator], Optional[Candidate]]
 
@@ -70,20 +79,23 @@ def noise(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     return new
 
 
-def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
-    """Set a few elements (or all) of one input to edge values inside its domain."""
+def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: Optional[str] = None) -> Optional[Candidate]:
+    """Set a few elements (or all) of one input to edge values of the dtype inside its domain."""
     name = _pick_tensor(spec, cand, rng)
     if name is None:
         return None
     dom = _domain(spec, name)
-    vals = EDGE_VALUES
-    if dom.lo is not None:
-        vals = vals[vals > dom.lo]
-    if dom.hi is not None:
-        vals = vals[vals < dom.hi]
-    if dom.lo is not None and dom.hi is not None:
-        w = dom.hi - dom.lo
-        vals = np.concatenate([vals, [dom.lo + w * 1e-6, dom.hi - w * 1e-6, dom.hi - w * 2.0**-11]])
+    if dtype is None:
+        vals = EDGE_VALUES
+        if dom.lo is not None:
+            vals = vals[vals > dom.lo]
+        if dom.hi is not None:
+            vals = vals[vals < dom.hi]
+        if dom.lo is not None and dom.hi is not None:
+            w = dom.hi - dom.lo
+            vals = np.concatenate([vals, [dom.lo + w * 1e-6, dom.hi - w * 1e-6, dom.hi - w * 2.0**-11]])
+    else:
+        vals = edge_values(dom, dtype)
     if vals.size == 0:
         return None
     new = cand.copy(origin="edge")
@@ -93,6 +105,32 @@ def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Ca
     idx = rng.choice(flat.size, size=min(k, flat.size), replace=False)
     flat[idx] = rng.choice(vals, size=idx.size)
     new.arrays[name] = flat.reshape(a.shape)
+    return new
+
+
+def regime(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: str = "float32",
+           choose: Optional[Callable[[Sequence[str]], Optional[str]]] = None) -> Optional[Candidate]:
+    """Move one input into a value regime (tiny, subnormal, near ±1, large, near overflow,
+    constant, large mean with small variance, ...) feasible in its domain."""
+    names = _float_inputs(spec, cand)
+    if not names:
+        return None
+    options = []
+    for n in names:
+        size = cand.arrays[n].size
+        options += [f"{n}:{r}" for r in feasible_values(_domain(spec, n), dtype, (size, size))
+                    if r not in ("bulk", "empty")]
+    if not options:
+        return None
+    pick = choose(options) if choose else options[int(rng.integers(len(options)))]
+    if pick is None:
+        return None
+    name, which = pick.split(":", 1)
+    arr = regime_values(which, _domain(spec, name), cand.arrays[name].shape, rng, dtype, base=cand.arrays[name])
+    if arr is None:
+        return None
+    new = cand.copy(origin=f"regime:{which}")
+    new.arrays[name] = arr
     return new
 
 
@@ -108,14 +146,27 @@ def shift(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     return new
 
 
-def param(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
-    """Redraw one parameter; shapes are redrawn only if the old ones became invalid."""
-    free = [p.name for p in spec.params if p.kind != "expr"]
+def param(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *,
+          choose: Optional[Callable[[Sequence[str]], Optional[str]]] = None) -> Optional[Candidate]:
+    """Redraw one parameter (aimed at one value class when ``choose`` is given); shapes are
+    redrawn only if the old ones became invalid."""
+    free = [p for p in spec.params if p.kind != "expr"]
     if not free:
         return None
-    which = free[int(rng.integers(len(free)))]
-    fixed = {k: v for k, v in cand.params.items() if k != which}
+    fixed = None
+    if choose is not None:
+        options = [f"{p.name}={c}" for p in free for c in param_universe(p)]
+        pick = choose(options) if options else None
+        if pick is not None:
+            pname, cls = pick.split("=", 1)
+            value = realise_param(next(p for p in free if p.name == pname), cls, rng)
+            if value is not None:
+                fixed = {**{k: v for k, v in cand.params.items() if k != pname}, pname: value}
+    if fixed is None:
+        which = free[int(rng.integers(len(free)))].name
+        fixed = {k: v for k, v in cand.params.items() if k != which}
     params = draw_params(spec, rng, fixed)
+    params.update({k: v for k, v in cand.params.items() if k not in params and k not in {p.name for p in spec.params}})
     dims = draw_dims(spec, params, rng, fixed=cand.dims)
     if dims is None:
         return None
@@ -128,13 +179,47 @@ def param(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     return new
 
 
-def reshape(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
-    """New dims, values resampled from the parent (length-dependent code paths)."""
+def reshape(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *,
+            choose: Optional[Callable[[Sequence[str]], Optional[str]]] = None) -> Optional[Candidate]:
+    """New dims, values resampled from the parent (length-dependent code paths); with
+    ``choose``, one dim is aimed at a size class (1, 7, 8, 9, >= 4096, ...)."""
     if not spec.dims:
         return None
     base = {k: v for k, v in cand.params.items() if k in {p.name for p in spec.params if p.kind != "expr"}}
-    new = draw(spec, rng, fixed_params=base, like=cand.arrays, origin="reshape")
-    return new
+    fixed_dims = None
+    if choose is not None:
+        env = dim_envelope(spec)
+        options = [f"{d}={c}" for d, (lo, hi) in env.items() for c in size_classes_between(lo, hi)]
+        pick = choose(options) if options else None
+        if pick is not None:
+            d, cls = pick.split("=", 1)
+            v = realise_size(cls, *env[d], rng)
+            if v is not None:
+                keep = {k: n for k, n in cand.dims.items() if k != d and rng.random() < 0.5}
+                fixed_dims = {**keep, d: v}
+    return draw(spec, rng, fixed_params=base, fixed_dims=fixed_dims, like=cand.arrays, origin="reshape")
+
+
+def bind(mutator: Mutator, spec: OpSpec, *, dtype: str = "float32",
+         choose: Optional[Callable[[str, Sequence[str], np.random.Generator], Optional[str]]] = None,
+         name: str = "") -> Callable[[Candidate, np.random.Generator], Optional[Candidate]]:
+    """``mutator`` as ``(candidate, rng) -> candidate`` for the engine, with its declared
+    keyword-only parameters (``dtype``, ``choose``) filled in."""
+    try:
+        wants = set(inspect.signature(mutator).parameters)
+    except (TypeError, ValueError):
+        wants = set()
+
+    def run(cand: Candidate, rng: np.random.Generator) -> Optional[Candidate]:
+        kw = {}
+        if "dtype" in wants:
+            kw["dtype"] = dtype
+        if "choose" in wants:
+            if choose is not None:
+                kw["choose"] = lambda options: choose(name, options, rng)
+        return mutator(cand, spec, rng, **kw)
+
+    return run
 
 
 MUTATORS: Dict[str, Mutator] = {
@@ -144,6 +229,7 @@ MUTATORS: Dict[str, Mutator] = {
     "scale": scale,
     "noise": noise,
     "edge": edge,
+    "regime": regime,
     "shift": shift,
     "param": param,
     "reshape": reshape,

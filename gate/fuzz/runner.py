@@ -118,7 +118,7 @@ class VariantRunner:
             sig, short = exception_signature(exc)
             status = UNSUPPORTED if self.backend.is_unsupported(exc) else CRASH
             return q, Evaluation(status, error=short, signature=sig, seconds=time.perf_counter() - t0)
-        metrics = compare(out, ref, self.variant.dtype, self.spec.ulp_floor)
+        metrics = compare(out, ref, self.variant.dtype, self.spec.ulp_floor, ftz=self.backend.flush_subnormals)
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
         if keep_outputs:
             ev.outputs, ev.reference = out, ref

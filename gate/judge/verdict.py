@@ -122,6 +122,9 @@ class GateReport:
     seconds: float = 0.0
     env: Dict[str, Any] = field(default_factory=dict)
     artifacts: Dict[str, str] = field(default_factory=dict)  # name -> path (report.json, junit.xml, plots)
+    # variant outcomes that fail the gate in this run: the judge adds BEHAVIOUR_CHANGE when the
+    # config says ``gate.behaviour_change: fail``; the report marks these as failures.
+    fail_outcomes: List[str] = field(default_factory=lambda: [REGRESSION])
 
     @property
     def exit_code(self) -> int:

@@ -37,13 +37,21 @@ def load_builtin(frameworks: Sequence[str] = ("torch", "tensorflow")) -> List[Op
     return out
 
 
+_DEFAULTS_CACHE: Dict[str, dict] = {}
+
+
 def builtin_defaults(framework: str) -> dict:
-    text = resources.files("gate.ops").joinpath("catalog", BUILTIN_FILES[framework]).read_text()
-    doc = yaml.safe_load(text) or {}
-    d = dict(doc.get("defaults") or {})
-    d["framework"] = framework
-    d["thresholds_by_kind"] = doc.get("thresholds_by_kind") or {}
-    return d
+    """Defaults (dtypes, modes, thresholds by kind) of a framework's built-in table."""
+    if framework not in _DEFAULTS_CACHE:
+        text = resources.files("gate.ops").joinpath("catalog", BUILTIN_FILES[framework]).read_text()
+        doc = yaml.safe_load(text) or {}
+        d = dict(doc.get("defaults") or {})
+        d["framework"] = framework
+        d["thresholds_by_kind"] = doc.get("thresholds_by_kind") or {}
+        _DEFAULTS_CACHE[framework] = d
+    import copy
+
+    return copy.deepcopy(_DEFAULTS_CACHE[framework])
 
 
 class Catalog:

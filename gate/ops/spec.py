@@ -200,6 +200,7 @@ class OpSpec:
     sources: tuple = ()
     native: tuple = ()  # native op names (ATen / TF op registrations)
     twin: Optional[str] = None  # cross-framework twin op name
+    opinfo: Optional[str] = None  # PyTorch OpInfo entry whose sample inputs seed the search
     batch_dim: Optional[int] = None  # inputs are batch-separable along this dim
     grad: bool = False
     oracles: Optional[tuple] = None  # explicit oracle list; None: the rules table decides
@@ -255,6 +256,7 @@ class OpSpec:
             "sources": list(self.sources),
             "native": list(self.native),
             "twin": self.twin,
+            "opinfo": self.opinfo,
             "batch_dim": self.batch_dim,
             "grad": self.grad,
             "oracles": list(self.oracles) if self.oracles is not None else None,
@@ -304,6 +306,7 @@ class OpSpec:
                 sources=tuple(merged.get("sources", ())),
                 native=tuple(merged.get("native", ())),
                 twin=merged.get("twin"),
+                opinfo=merged.get("opinfo"),
                 batch_dim=merged.get("batch_dim"),
                 grad=bool(merged.get("grad", False)),
                 oracles=tuple(merged["oracles"]) if merged.get("oracles") is not None else None,

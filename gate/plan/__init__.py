@@ -6,7 +6,7 @@ A :class:`Variant` is one way of computing an operator that the gate judges on i
 from __future__ import annotations
 
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Iterable, List, Optional, Sequence
 
 from ..errors import UnsupportedVariant
@@ -47,10 +47,14 @@ class Variant:
         return asdict(self)
 
 
-#: Oracle names, in the order of the rules table ``gate/ops/catalog/oracles.yaml`` (which says
-#: which oracle applies to which operator); each has a runner in ``gate.fuzz.registry``.
-ORACLES = ("precision", "nan", "xfw", "compiled", "compiled_xla", "dtype_eq", "layout_eq", "contig_eq",
-           "length_eq", "batch_eq", "inplace_eq", "grad", "gradcheck")
+#: Oracles planned per operator by :func:`variants_for`, in the order of the rules table
+#: ``gate/ops/catalog/oracles.yaml`` (which says which oracle applies to which operator); each
+#: has a runner in ``gate.fuzz.registry``.
+FUZZ_ORACLES = ("precision", "nan", "xfw", "compiled", "compiled_xla", "dtype_eq", "layout_eq", "contig_eq",
+                "length_eq", "batch_eq", "inplace_eq", "grad", "gradcheck")
+#: Oracles whose findings come from their own campaigns (gate.fuzz.export, gate.graphs).
+CAMPAIGN_ORACLES = ("export", "graph")
+ORACLES = FUZZ_ORACLES + CAMPAIGN_ORACLES
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,9 @@ def variants_for(
     """Every variant of ``spec`` the filters and this machine allow, for each oracle in
     ``oracles`` (default: precision only) that applies to ``spec`` (see ``oracles.yaml``)."""
     want_oracles = list(oracles) if oracles else ["precision"]
-    bad_oracles = [o for o in want_oracles if o not in ORACLES]
+    bad_oracles = [o for o in want_oracles if o not in FUZZ_ORACLES]
     if bad_oracles:
-        raise UnsupportedVariant(f"unknown oracle {', '.join(bad_oracles)} (use {', '.join(ORACLES)})")
+        raise UnsupportedVariant(f"unknown oracle {', '.join(bad_oracles)} (use {', '.join(FUZZ_ORACLES)})")
     want_dtypes = list(dtypes) if dtypes else list(spec.dtypes)
     bad = [d for d in want_dtypes if d not in spec.dtypes]
     if dtypes and bad:
@@ -127,7 +131,7 @@ def variants_for(
                 if layouts:
                     for lay in spec.layouts:
                         out.append(Variant(dtype=dtype, device=device, mode="input", layout=lay.name))
-    others = [o for o in ORACLES if o in want_oracles and o != "precision"]
+    others = [o for o in FUZZ_ORACLES if o in want_oracles and o != "precision"]
     if not others:
         return out
     from ..ops.rules import load_rules
@@ -171,4 +175,4 @@ def plan(
     return tasks
 
 
-__all__ = ["Variant", "Budget", "Task", "plan", "variants_for", "ORACLES"]
+__all__ = ["Variant", "Budget", "Task", "plan", "variants_for", "ORACLES", "FUZZ_ORACLES", "CAMPAIGN_ORACLES"]

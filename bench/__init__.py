@@ -1,0 +1,1 @@
+"""Benchmarks: programs that print ratios measured side by side in one run."""

@@ -1,0 +1,139 @@
+"""``dl-gate baseline refresh`` and ``dl-gate merge``: (re)measure baselines, shard and merge.
+
+A refresh fuzzes each operator variant within the budget and writes one row per
+operator x variant x environment (errors found, the worst inputs as a replay corpus, budget
+spent, date), atomically, never deleting rows it did not re-measure, and prints what changed.
+``--shard i/N`` measures every N-th operator (a CI matrix); ``dl-gate merge`` joins the shards.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from ..errors import GateError
+from .common import add_config_arg, add_variant_args, load, split_list
+
+
+def register(sub) -> None:
+    p = sub.add_parser("baseline", help="manage baselines (refresh)")
+    bsub = p.add_subparsers(dest="baseline_command", metavar="ACTION")
+    r = bsub.add_parser("refresh", help="re-measure baselines and write them under baselines/")
+    add_config_arg(r)
+    r.add_argument("--ops", action="append", metavar="OP", help="only these operators (default: the config's operators)")
+    r.add_argument("--budget", type=float, metavar="SECONDS", help="seconds per operator (default: config budget.per_op, else 10)")
+    r.add_argument("--evals", type=int, metavar="N", help="evaluations per variant instead of seconds")
+    r.add_argument("--seed", type=int, help="random seed (default: the config's)")
+    r.add_argument("--shard", metavar="I/N", help="measure only shard I of N (1-based) of the operators")
+    r.add_argument("--out", metavar="DIR", help="write here instead of the config's baselines dir (for shards)")
+    r.add_argument("--nightly", action="store_true",
+                   help="also run the scheduled multi-operator graph and deployment-path (export) campaigns")
+    r.add_argument("--nightly-budget", type=float, metavar="SECONDS", default=300.0,
+                   help="total budget of the nightly campaigns (default 300)")
+    add_variant_args(r)
+    r.set_defaults(func=run_refresh)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    m = sub.add_parser("merge", help="merge baseline shards (from `baseline refresh --shard`) into baselines/")
+    add_config_arg(m)
+    m.add_argument("shards", nargs="+", metavar="DIR")
+    m.add_argument("--into", metavar="DIR", help="target baselines dir (default: the config's)")
+    m.set_defaults(func=run_merge)
+
+
+def parse_shard(text: Optional[str]):
+    if not text:
+        return None
+    mt = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not mt or not (1 <= int(mt.group(1)) <= int(mt.group(2))):
+        raise GateError(f"--shard must look like I/N with 1 <= I <= N, not {text!r}")
+    return int(mt.group(1)), int(mt.group(2))
+
+
+def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float], evals: Optional[int], seed: int,
+                      out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
+    from ..backends import get_backend
+    from ..fuzz import fuzz_task
+    from ..fuzz.seeds import SeedStore
+    from ..judge.baselines import write_rows
+    from ..ops.catalog import load_catalog
+    from ..plan import Budget, Task, plan
+
+    catalog = load_catalog(cfg.ops, builtin=("torch", "tensorflow"))
+    names = [catalog.get(n).name for n in ops] if ops else [s.name for s in cfg.ops]
+    if not names:
+        raise GateError("nothing to refresh: the config declares no operators (name some with --ops)")
+    names = sorted(names)
+    if shard:
+        i, n = shard
+        names = names[i - 1::n]
+    gate_cfg = cfg.gate
+    dtypes = dtypes or gate_cfg.get("dtypes")
+    findings = []
+    frameworks = {}
+    seed_store = SeedStore(cfg.baselines_dir / "seeds")  # the same seeds the gate's runs start from
+    for name in names:
+        spec = catalog.get(name)
+        frameworks[name] = spec.framework
+        backend = get_backend(spec.framework)
+        budget = Budget(seconds=None if evals else (per_op or cfg.budget.get("per_op") or 10.0))
+        want = [d for d in dtypes if d in spec.dtypes] if dtypes else None
+        tasks = plan([spec], budget, per_op=budget, seed=seed, dtypes=want, devices=devices,
+                     modes=modes or gate_cfg.get("modes"), available_devices=backend.devices())
+        for t in tasks:
+            if evals:
+                t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
+            say(f"measuring {t.id}")
+            findings.append(fuzz_task(t, seed_store=seed_store))
+    changes = write_rows(out, findings, frameworks)
+    return changes
+
+
+def refresh_nightly(cfg, *, budget: float, seed: int, out: Path, say: Callable[[str], None]):
+    """Graph and export campaigns (gate.graphs.nightly): their findings become baseline rows like
+    any other (op = the graph signature or operator, variant .../graph or .../export)."""
+    from ..graphs.nightly import run_nightly
+    from ..judge.baselines import write_rows
+    from ..ops.catalog import load_catalog
+
+    catalog = load_catalog(cfg.ops, builtin=cfg.builtin or ("torch",))
+    frameworks = sorted({s.framework for s in catalog})
+    say(f"nightly campaigns: graphs + export, {budget:g}s over {', '.join(frameworks)}")
+    findings = run_nightly(list(catalog), budget_seconds=budget, seed=seed, frameworks=tuple(frameworks))
+    return write_rows(out, findings, {f.op: f.framework for f in findings})
+
+
+def run_refresh(args) -> int:
+    cfg, _ = load(args)
+    shard = parse_shard(args.shard)
+    out = Path(args.out) if args.out else cfg.baselines_dir
+    seed = args.seed if args.seed is not None else cfg.seed
+    say = lambda s: print(f"dl-gate: {s}", file=sys.stderr)  # noqa: E731
+    changes = []
+    if cfg.ops or args.ops or not args.nightly:
+        changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.budget, evals=args.evals, seed=seed,
+                                    out=out, say=say, shard=shard, dtypes=split_list(args.dtype),
+                                    devices=split_list(args.device), modes=split_list(args.mode))
+    if args.nightly:
+        changes += refresh_nightly(cfg, budget=args.nightly_budget, seed=seed, out=out, say=say)
+    for c in changes:
+        print(c.line())
+    n = {k: sum(c.kind == k for c in changes) for k in ("added", "changed", "unchanged")}
+    print(f"\n{out}: {n['added']} added, {n['changed']} changed, {n['unchanged']} unchanged row(s)")
+    return 0
+
+
+def run_merge(args) -> int:
+    from ..judge.baselines import merge_dirs
+
+    cfg, _ = load(args)
+    target = Path(args.into) if args.into else cfg.baselines_dir
+    for s in args.shards:
+        if not Path(s).is_dir():
+            raise GateError(f"shard directory {s} does not exist")
+    changes = merge_dirs(target, [Path(s) for s in args.shards])
+    for c in changes:
+        print(c.line())
+    print(f"\nmerged {len(args.shards)} shard(s) into {target}: {len(changes)} row(s)")
+    return 0

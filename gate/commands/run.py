@@ -1,0 +1,93 @@
+"""``dl-gate run``: the gate's main job on a pull request (or ``--example``: on the bundled one)."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+from ..errors import GateError
+from .common import add_config_arg, add_variant_args, split_list
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report")
+    p.add_argument("--base", metavar="REF", help="the PR's base (default: origin/$GITHUB_BASE_REF in Actions)")
+    p.add_argument("--head", metavar="REF", default="HEAD", help="the PR's head (default HEAD)")
+    p.add_argument("--repo", metavar="DIR", default=".", help="repository root (default .)")
+    add_config_arg(p)
+    p.add_argument("--out", metavar="DIR", default="dl-gate-out", help="report directory (default dl-gate-out)")
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="total fuzzing budget (config budget.total, else 120)")
+    p.add_argument("--per-op", type=float, metavar="SECONDS", help="budget per operator (config budget.per_op)")
+    p.add_argument("--evals", type=int, metavar="N", help="evaluations per variant instead of seconds (deterministic)")
+    p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0)")
+    p.add_argument("--ops", action="append", metavar="OP", help="gate these operators instead of selecting from the diff")
+    p.add_argument("--strategy", help="guidance: linf, l1 or random")
+    add_variant_args(p)
+    p.add_argument("--example", nargs="?", const="improve", choices=["improve", "regression"],
+                   help="run on the bundled example library and one of its PRs (default: improve)")
+    p.set_defaults(func=run)
+
+
+def _default_base() -> str | None:
+    ref = os.environ.get("GITHUB_BASE_REF")
+    return f"origin/{ref}" if ref else None
+
+
+def run(args) -> int:
+    from ..pipeline import RunOptions, run_gate
+
+    if args.budget is not None and args.budget <= 0:
+        raise GateError("--budget must be a positive number of seconds")
+    say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else None
+    opts = RunOptions(
+        repo=Path(args.repo), base=args.base or _default_base(), head=args.head,
+        config=Path(args.config) if args.config else None, out=Path(args.out),
+        budget_total=args.budget, budget_per_op=args.per_op, evals=args.evals, seed=args.seed,
+        ops=split_list(args.ops), dtypes=split_list(args.dtype), devices=split_list(args.device),
+        modes=split_list(args.mode), strategy=args.strategy, progress=say,
+    )
+    if args.example:
+        from ..example import prepare_example
+
+        opts = prepare_example(args.example, opts, say or (lambda s: None))
+    report = run_gate(opts)
+    paths = write_outputs(report, Path(args.out))
+    print_report(report)
+    print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+    return report.exit_code
+
+
+def write_outputs(report, out: Path) -> dict:
+    """report.json always; JUnit/Markdown/plots through the report stage."""
+    from ..report import write_all  # the report stage
+
+    out.mkdir(parents=True, exist_ok=True)
+    return {k: str(v) for k, v in write_all(report, out).items()}
+
+
+def _f(x):
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"
+
+
+def print_report(report) -> None:
+    print(f"dl-gate: {report.outcome.upper()}: {report.reason}")
+    if report.base_sha:
+        print(f"base {report.base_ref} ({report.base_sha[:10]}) -> head {report.head_sha[:10]}, seed {report.seed}, {report.seconds:.1f}s")
+    for s in report.selected:
+        why = "; ".join(f"{r.get('file')}:{r.get('line')} {r.get('symbol')}" for r in (s.get("reasons") or [])[:2])
+        print(f"  selected {s['op']}: {why}")
+    if not report.verdicts:
+        return
+    rows = [("operator[variant]", "outcome", "base", "head", "threshold", "reason")]
+    for v in report.verdicts:
+        rows.append((v.id, v.outcome, _f(v.base_error), _f(v.head_error), _f(v.threshold), v.reason[:110]))
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(x) for c, x in zip(r[:5], w)) + "  " + r[5])
+    if report.not_covered:
+        print(f"  not covered (budget): {', '.join(report.not_covered)}")

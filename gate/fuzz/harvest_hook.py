@@ -1,0 +1,233 @@
+"""The recorder that ``dl-gate harvest`` loads into the test process (through a generated
+``sitecustomize``). Standalone on purpose: it imports nothing from ``gate`` (the process under
+test may not have it importable) and no framework (tensors are recognised by duck typing).
+
+It wraps the configured operators' callables as soon as their module is imported (an import
+hook), so that ``from lib.ops import op`` in a test, and the library's own internal calls
+through the module, reach the wrapper. Each call is recorded once per distinct content
+(operator, argument values, tensor shapes, dtypes and, up to a size limit, tensor values) with
+the test that made it (``PYTEST_CURRENT_TEST``); at exit the records are written to
+``<out>/raw-<pid>.json`` + ``.npz``.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import hashlib
+import importlib.abc
+import json
+import os
+import sys
+import threading
+
+ENV = "DL_GATE_HARVEST"
+
+_state = {"records": [], "arrays": {}, "seen": set(), "counts": {}, "cfg": None, "busy": threading.local()}
+
+
+def _split(path):
+    """Candidate (module, attribute path) splits of an import path."""
+    if ":" in path:
+        mod, attr = path.split(":", 1)
+        return [(mod, attr)]
+    parts = path.split(".")
+    return [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _is_tensor(v):
+    mod = type(v).__module__ or ""
+    if mod == "numpy":
+        return type(v).__name__ == "ndarray"
+    return (mod.startswith("torch") and hasattr(v, "detach")) or (mod.startswith("tensorflow") and hasattr(v, "numpy"))
+
+
+def _to_numpy(v, max_elems):
+    import numpy as np
+
+    mod = type(v).__module__ or ""
+    if mod.startswith("torch"):
+        t = v.detach()
+        shape, dtype = tuple(t.shape), str(t.dtype).replace("torch.", "")
+        if t.numel() > max_elems or t.is_complex():
+            return shape, dtype, None
+        t = t.to("cpu")
+        arr = t.double().numpy() if t.is_floating_point() else t.long().numpy()
+        return shape, dtype, np.array(arr, copy=True)
+    if mod.startswith("tensorflow"):
+        shape, dtype = tuple(int(s) for s in v.shape), v.dtype.name
+        if int(np.prod(shape)) > max_elems:
+            return shape, dtype, None
+        arr = v.numpy()
+    else:
+        arr = v
+        shape, dtype = tuple(arr.shape), str(arr.dtype)
+        if arr.size > max_elems:
+            return shape, dtype, None
+    arr = np.asarray(arr)
+    arr = arr.astype(np.float64) if arr.dtype.kind == "f" else arr.astype(np.int64) if arr.dtype.kind in "iub" else None
+    return shape, dtype, arr
+
+
+def _encode(v, arrays, max_elems, depth=0):
+    if v is None or isinstance(v, (bool, int, str)):
+        return {"t": "value", "v": v}
+    if isinstance(v, float):
+        return {"t": "value", "v": v} if v == v and v not in (float("inf"), float("-inf")) else {"t": "float", "v": repr(v)}
+    if _is_tensor(v):
+        shape, dtype, arr = _to_numpy(v, max_elems)
+        key = None
+        if arr is not None:
+            key = f"a{len(arrays)}"
+            arrays[key] = arr
+        return {"t": "tensor", "shape": list(shape), "dtype": dtype, "key": key}
+    if isinstance(v, (tuple, list)) and depth < 3:
+        return {"t": type(v).__name__, "items": [_encode(x, arrays, max_elems, depth + 1) for x in v]}
+    if type(v).__name__ == "Size":  # torch.Size
+        return {"t": "tuple", "items": [{"t": "value", "v": int(x)} for x in v]}
+    if hasattr(v, "item") and getattr(v, "shape", None) == ():  # numpy scalar
+        return _encode(v.item(), arrays, max_elems, depth)
+    return {"t": "opaque", "repr": type(v).__name__}
+
+
+def _digest(enc, arrays):
+    h = hashlib.sha1(json.dumps(enc, sort_keys=True, default=str).encode())
+    for k in sorted(arrays):
+        h.update(arrays[k].tobytes())
+    return h.hexdigest()
+
+
+def _record(op, args, kwargs):
+    cfg = _state["cfg"]
+    busy = _state["busy"]
+    if getattr(busy, "on", False):
+        return
+    counts = _state["counts"]
+    if counts.get(op, 0) >= cfg.get("max_calls", 256):
+        return
+    busy.on = True
+    try:
+        arrays = {}
+        enc = {"args": [_encode(a, arrays, cfg.get("max_elems", 65536)) for a in args],
+               "kwargs": {k: _encode(v, arrays, cfg.get("max_elems", 65536)) for k, v in kwargs.items()}}
+        key = (op, _digest(enc, arrays))
+        if key in _state["seen"]:
+            return
+        _state["seen"].add(key)
+        counts[op] = counts.get(op, 0) + 1
+        prefix = f"r{len(_state['records'])}_"
+        for k, arr in arrays.items():
+            _state["arrays"][prefix + k] = arr
+        _rename(enc, prefix)
+        source = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        _state["records"].append({"op": op, "source": source, **enc})
+    except Exception as exc:  # recording must never break the test run
+        _state["records"].append({"op": op, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        busy.on = False
+
+
+def _rename(enc, prefix):
+    if isinstance(enc, dict):
+        if enc.get("t") == "tensor" and enc.get("key"):
+            enc["key"] = prefix + enc["key"]
+        for v in enc.values():
+            _rename(v, prefix)
+    elif isinstance(enc, list):
+        for v in enc:
+            _rename(v, prefix)
+
+
+def _wrap(op, fn):
+    if getattr(fn, "__dl_gate_harvest__", None):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _record(op, args, kwargs)
+        return fn(*args, **kwargs)
+
+    wrapper.__dl_gate_harvest__ = op
+    return wrapper
+
+
+def _patch(module, attr, op):
+    obj = module
+    parts = attr.split(".")
+    for p in parts[:-1]:
+        obj = getattr(obj, p, None)
+        if obj is None:
+            return False
+    fn = getattr(obj, parts[-1], None)
+    if fn is None or not callable(fn):
+        return False
+    setattr(obj, parts[-1], _wrap(op, fn))
+    return True
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the target attributes right after their module has executed."""
+
+    def __init__(self, targets):
+        self.targets = targets  # module -> [(attr, op)]
+        self.done = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.targets:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                loader = spec.loader
+                original = loader.exec_module
+                hook = self
+
+                def exec_module(module, _orig=original):
+                    _orig(module)
+                    hook.apply(module.__name__, module)
+
+                try:
+                    loader.exec_module = exec_module
+                except (AttributeError, TypeError):
+                    return spec
+                return spec
+        return None
+
+    def apply(self, name, module):
+        for attr, op in self.targets.get(name, ()):
+            if op not in self.done and _patch(module, attr, op):
+                self.done.add(op)
+
+
+def _flush():
+    cfg = _state["cfg"]
+    if not _state["records"]:
+        return
+    import numpy as np
+
+    out = cfg["out"]
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, f"raw-{os.getpid()}")
+    np.savez_compressed(base + ".npz", **_state["arrays"])
+    with open(base + ".json", "w") as fh:
+        json.dump({"records": _state["records"]}, fh)
+
+
+def install():
+    path = os.environ.get(ENV)
+    if not path or _state["cfg"] is not None:
+        return
+    with open(path) as fh:
+        cfg = json.load(fh)
+    _state["cfg"] = cfg
+    targets = {}
+    for op in cfg["ops"]:
+        for mod, attr in _split(op["callable"]):
+            targets.setdefault(mod, []).append((attr, op["name"]))
+    finder = _Finder(targets)
+    sys.meta_path.insert(0, finder)
+    for mod in list(targets):
+        if mod in sys.modules:
+            finder.apply(mod, sys.modules[mod])
+    atexit.register(_flush)

@@ -1,0 +1,484 @@
+"""Seeds from existing tests (Opera): operator calls that human-written tests make, turned into
+candidates of the operator's spec and run before anything is generated.
+
+Two sources:
+
+* **harvested** calls of a project's own test suite (``dl-gate harvest -- pytest ...``, see
+  :mod:`gate.fuzz.harvest`), stored beside the baselines::
+
+      <baselines>/seeds/index.json            {"version": 1, "ops": {op: [{"file", "source",
+                                                "shapes", "dtypes", "params"}]}}
+      <baselines>/seeds/<op>/<digest>.npz     one candidate (Candidate.save: arrays + dims/params)
+
+* **OpInfo** sample inputs of PyTorch's own test database
+  (``torch.testing._internal.common_methods_invocations.op_db``) for catalogue rows that name
+  their entry with an ``opinfo:`` key. The database is slow to import and needs ``expecttest``:
+  converted seeds are cached on disk per torch version and spec
+  (``$DL_GATE_CACHE`` or ``~/.cache/dl-gate``/opinfo/...).
+
+A recorded call becomes a candidate by binding its arguments to names (the callable's signature,
+else the ``name(args) -> ...`` first line of its docstring, as torch builtins have), mapping
+positional tensors to the spec's positional inputs and everything else by name, solving the
+spec's dims from the tensor shapes, and checking derived parameters. Calls the spec cannot
+express (another rank, a tensor where a value is expected, an unserialisable argument) are
+skipped with a reason. Values are replayed as recorded; tensors recorded without values (too
+large) are regenerated from the spec's value domain.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import HARNESS_VERSION
+from ..ops import expr
+from ..ops.spec import OpSpec
+from .coverage import classify, dim_envelope
+from .inputs import Candidate, derived_params, draw_values, tensor_shape
+
+INDEX = "index.json"
+
+
+@dataclass
+class TensorArg:
+    """A tensor argument as recorded: shape, dtype and (when small enough) its values."""
+
+    shape: Tuple[int, ...]
+    dtype: str
+    values: Optional[np.ndarray] = None
+
+
+class Opaque:
+    """An argument that cannot be replayed (a dtype object, a module, a callable...)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<{self.text}>"
+
+
+@dataclass
+class CallRecord:
+    """One recorded call of an operator."""
+
+    op: str
+    args: List[Any]
+    kwargs: Dict[str, Any]
+    source: str = ""  # the test that made it, or "opinfo:<name>"
+    fn: Optional[Callable] = field(default=None, repr=False)  # the callable actually called
+
+
+# ---------------------------------------------------------------------------------------
+# binding a call to the spec
+# ---------------------------------------------------------------------------------------
+_DOC_START = re.compile(r"\s*[\w.]+\(")
+
+
+def parameter_names(fn: Optional[Callable]) -> Optional[List[str]]:
+    """Names of ``fn``'s parameters in order (``None`` if neither its signature nor its
+    docstring's first line tells)."""
+    if fn is None:
+        return None
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            return [p.name for p in params]
+    except (TypeError, ValueError):
+        pass
+    inner = _doc_arguments(getattr(fn, "__doc__", None) or "")
+    if inner is None:
+        return _aten_names(fn)
+    names, depth, cur = [], 0, ""
+    for ch in inner + ",":
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            part = cur.split("=")[0].split(":")[0].strip()
+            if part and part not in ("*", "/") and not part.startswith("*"):
+                names.append(part)
+            cur = ""
+        else:
+            cur += ch
+    return names
+
+
+def _doc_arguments(doc: str) -> Optional[str]:
+    """The argument list of a ``name(args) -> T`` first paragraph of a docstring (torch
+    builtins document their signature that way), or ``None``."""
+    para = " ".join(doc.strip().split("\n\n")[0].split())
+    m = _DOC_START.match(para)
+    if not m:
+        return None
+    depth, i = 1, m.end()
+    while i < len(para) and depth:
+        depth += {"(": 1, ")": -1}.get(para[i], 0)
+        i += 1
+    if depth:
+        return None
+    rest = para[i:].lstrip()
+    if rest and not rest.startswith(("->", ":")):
+        return None
+    return para[m.end():i - 1]
+
+
+def _aten_names(fn: Callable) -> Optional[List[str]]:
+    """Argument names from the ATen schema of a torch builtin (only if torch is loaded)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    name = getattr(fn, "__name__", None)
+    if torch is None or not name or getattr(fn, "__module__", None) not in (None, "torch", "torch._C._VariableFunctions"):
+        return None
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+    except Exception:
+        return None
+    if not schemas:
+        return None
+    return [a.name for a in schemas[0].arguments]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.Generator] = None
+                        ) -> Tuple[Optional[Candidate], str]:
+    """The candidate of ``spec`` that replays ``rec``, or ``(None, reason)``."""
+    rng = rng or np.random.default_rng(0)
+    positional = [t for t in spec.inputs if not t.keyword]
+    keyword = [t for t in spec.inputs if t.keyword]
+    names = parameter_names(rec.fn)
+    bound: Dict[str, Any] = {}
+    tensors: Dict[str, TensorArg] = {}
+    args = list(rec.args)
+    if names is not None:
+        if len(args) > len(names):
+            return None, f"{len(args)} positional arguments for {len(names)} parameters"
+        for i, t in enumerate(positional):
+            if i >= len(names):
+                return None, f"no parameter for input {t.name}"
+            val = args[i] if i < len(args) else rec.kwargs.get(names[i])
+            if not isinstance(val, TensorArg):
+                return None, f"input {t.name} is not a tensor in this call"
+            tensors[t.name] = val
+        for i in range(len(positional), len(args)):
+            bound[names[i]] = args[i]
+        for k, v in rec.kwargs.items():
+            if k in names[: len(positional)]:
+                continue
+            bound[k] = v
+    else:
+        if len(args) != len(positional) or not all(isinstance(a, TensorArg) for a in args):
+            return None, "positional arguments other than the spec's inputs and no signature to name them"
+        tensors.update({t.name: a for t, a in zip(positional, args)})
+        bound.update(rec.kwargs)
+    for t in keyword:
+        val = bound.pop(t.name, None)
+        if not isinstance(val, TensorArg):
+            return None, f"input {t.name} missing or not a tensor"
+        tensors[t.name] = val
+    params: Dict[str, Any] = {}
+    for k, v in bound.items():
+        if isinstance(v, TensorArg):
+            return None, f"tensor argument {k} is not an input of the spec"
+        if isinstance(v, Opaque):
+            return None, f"argument {k}={v!r} cannot be replayed"
+        params[k] = tuple(v) if isinstance(v, list) else v
+    # dims from shapes
+    dims: Dict[str, int] = {}
+    pending: List[Tuple[Any, int, str]] = []
+    dim_names = {n for n, _ in spec.dims}
+    for t in spec.inputs:
+        shape = tuple(tensors[t.name].shape)
+        if len(shape) != len(t.shape):
+            return None, f"input {t.name} has rank {len(shape)}, the spec {len(t.shape)}"
+        for e, n in zip(t.shape, shape):
+            if isinstance(e, int):
+                if e != n:
+                    return None, f"input {t.name}: size {n} where the spec fixes {e}"
+            elif isinstance(e, str) and e in dim_names:
+                if dims.setdefault(e, int(n)) != int(n):
+                    return None, f"dim {e} is both {dims[e]} and {n}"
+            else:
+                pending.append((e, int(n), t.name))
+    exprs = {p.name: p.expr for p in spec.params if p.kind == "expr"}
+    for pname, e in exprs.items():
+        if isinstance(e, str) and e in dim_names and e not in dims and isinstance(params.get(pname), int):
+            dims[e] = int(params[pname])
+    env_dims = dim_envelope(spec)
+    for e, n, tname in pending:
+        unknown = [x for x in expr.names(e) if x in dim_names and x not in dims]
+        if len(unknown) == 1:
+            lo, hi = env_dims[unknown[0]]
+            top = int(min(hi if math.isfinite(hi) else n, max(n, lo))) + 1
+            for v in range(int(lo), max(top, int(lo) + 1)):
+                try:
+                    if int(expr.evaluate(e, {**params, **dims, unknown[0]: v})) == n:
+                        dims[unknown[0]] = v
+                        break
+                except Exception:
+                    break
+    for name, (lo_e, _) in spec.dims:
+        if name not in dims:
+            try:
+                dims[name] = int(expr.evaluate(lo_e, {**params, **dims}))
+            except Exception:
+                return None, f"cannot tell dim {name} from the call"
+    recorded_derived = {k: params.pop(k) for k in list(params) if k in exprs}
+    try:
+        full = derived_params(spec, params, dims)
+    except Exception as exc:
+        return None, f"derived parameters: {exc}"
+    for k, v in recorded_derived.items():
+        if not _same(full.get(k), v):
+            return None, f"{k}={v!r} is not what the spec derives ({full.get(k)!r})"
+    env = {**full, **dims}
+    arrays: Dict[str, np.ndarray] = {}
+    for t in spec.inputs:
+        ta = tensors[t.name]
+        try:
+            want = tensor_shape(t, env)
+        except Exception as exc:
+            return None, f"input {t.name}: {exc}"
+        if want != tuple(ta.shape):
+            return None, f"input {t.name}: shape {tuple(ta.shape)} does not fit the spec's {want}"
+        if ta.values is not None:
+            arr = np.asarray(ta.values)
+            arrays[t.name] = arr.astype(np.int64) if t.kind in ("index", "bool") else arr.astype(np.float64)
+        elif t.kind == "index":
+            hi = int(expr.evaluate(t.index_hi, env)) if t.index_hi is not None else 2
+            arrays[t.name] = rng.integers(0, max(hi, 1), size=want).astype(np.int64)
+        elif t.kind == "bool":
+            arrays[t.name] = (rng.random(want) < 0.5).astype(np.int64)
+        else:
+            arrays[t.name] = draw_values(t.domain, want, rng)
+    return Candidate(dims=dims, params=full, arrays=arrays, origin=f"seed:{rec.source}" if rec.source else "seed"), ""
+
+
+# ---------------------------------------------------------------------------------------
+# prioritising seeds (Opera: novelty of value classes first)
+# ---------------------------------------------------------------------------------------
+def prioritise(spec: OpSpec, seeds: Sequence[Candidate], dtype: str = "float32", limit: Optional[int] = None
+               ) -> List[Candidate]:
+    """Greedy order by additional coverage: each next seed adds the most uncovered single
+    classes (then pairs); duplicates of covered classes go last. Stable for ties."""
+    sets = []
+    for c in seeds:
+        classes, _ = classify(spec, c, dtype)
+        singles = {(k, v) for k, vs in classes.items() for v in vs}
+        items = sorted(singles)
+        pairs = {(a, b) for i, a in enumerate(items) for b in items[i + 1:] if a[0] != b[0]}
+        sets.append((singles, pairs))
+    left = list(range(len(seeds)))
+    seen_s: set = set()
+    seen_p: set = set()
+    order: List[int] = []
+    while left:
+        best = max(left, key=lambda i: (len(sets[i][0] - seen_s), len(sets[i][1] - seen_p), -i))
+        order.append(best)
+        left.remove(best)
+        seen_s |= sets[best][0]
+        seen_p |= sets[best][1]
+    out = [seeds[i] for i in order]
+    return out[:limit] if limit is not None else out
+
+
+# ---------------------------------------------------------------------------------------
+# OpInfo
+# ---------------------------------------------------------------------------------------
+def cache_root() -> Path:
+    return Path(os.environ.get("DL_GATE_CACHE") or Path.home() / ".cache" / "dl-gate")
+
+
+def spec_digest(spec: OpSpec) -> str:
+    return hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _torch_value(v: Any, max_elems: int) -> Any:
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        t = v.detach()
+        values = None
+        if t.numel() <= max_elems and not t.is_complex():
+            values = t.to("cpu", torch.float64 if t.is_floating_point() else torch.int64).numpy().copy()
+        return TensorArg(tuple(t.shape), str(t.dtype).replace("torch.", ""), values)
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        inner = [_torch_value(x, max_elems) for x in v]
+        if any(isinstance(x, (TensorArg, Opaque)) for x in inner):
+            return Opaque(f"sequence with tensors: {type(v).__name__}")
+        return tuple(inner)
+    if isinstance(v, torch.Size):
+        return tuple(int(x) for x in v)
+    return Opaque(type(v).__name__)
+
+
+def opinfo_records(name: str, max_elems: int = 1 << 16) -> Tuple[List[CallRecord], str]:
+    """Sample calls of OpInfo entry ``name`` (``"nn.functional.conv2d"``, or with a variant test
+    name ``"softmax[with_dtype]"``), or a reason."""
+    try:
+        import torch
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception as exc:  # expecttest missing, internals moved...
+        return [], f"OpInfo database not importable: {type(exc).__name__}: {exc}"
+    m = re.fullmatch(r"(.+?)(?:\[(.*)\])?", name)
+    base, variant = m.group(1), m.group(2) or ""
+    entries = [o for o in op_db if o.name == base and o.variant_test_name == variant]
+    if not entries:
+        return [], f"no OpInfo entry {name!r}"
+    out: List[CallRecord] = []
+    for op in entries[:1]:
+        dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.float64
+        try:
+            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+        except Exception as exc:
+            return [], f"OpInfo {name}: sample_inputs failed: {exc}"
+        for s in samples:
+            args = [_torch_value(s.input, max_elems)] + [_torch_value(a, max_elems) for a in s.args]
+            kwargs = {k: _torch_value(v, max_elems) for k, v in s.kwargs.items()}
+            out.append(CallRecord(op=name, args=args, kwargs=kwargs, source=f"opinfo:{name}", fn=op.op))
+    return out, ""
+
+
+def opinfo_seeds(spec: OpSpec, cache_dir: Optional[Path] = None) -> Tuple[List[Candidate], str]:
+    """Seeds of ``spec`` from its OpInfo samples (cached on disk), and a note on what happened."""
+    if spec.framework != "torch" or not getattr(spec, "opinfo", None):
+        return [], "no opinfo key"
+    try:
+        import torch
+        version = torch.__version__
+    except Exception as exc:  # pragma: no cover - torch ops without torch
+        return [], f"torch not importable: {exc}"
+    root = (cache_dir or cache_root()) / "opinfo" / f"torch-{version}-h{HARNESS_VERSION}" / f"{_safe(spec.name)}-{spec_digest(spec)}"
+    index = root / INDEX
+    if index.exists():
+        meta = json.loads(index.read_text())
+        return [Candidate.load(root / f) for f in meta.get("files", [])], meta.get("note", "cached")
+    records, why = opinfo_records(spec.opinfo)
+    cands: List[Candidate] = []
+    skipped: Dict[str, int] = {}
+    for r in records:
+        cand, reason = candidate_from_call(spec, r)
+        if cand is None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+        else:
+            cands.append(cand)
+    note = why or f"{len(cands)} of {len(records)} samples fit the spec"
+    if why and not records:
+        return [], note  # not cached: the database may become importable later
+    root.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, c in enumerate(cands):
+        f = f"sample{i:03d}.npz"
+        c.save(root / f)
+        files.append(f)
+    index.write_text(json.dumps({"op": spec.name, "opinfo": spec.opinfo, "files": files, "note": note,
+                                 "skipped": skipped}, indent=1))
+    return cands, note
+
+
+# ---------------------------------------------------------------------------------------
+# the store
+# ---------------------------------------------------------------------------------------
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+class SeedStore:
+    """Seeds for each operator: harvested ones under ``root`` (``<baselines>/seeds``) and, for
+    torch rows with an ``opinfo`` key, OpInfo samples."""
+
+    def __init__(self, root: Optional[os.PathLike] = None, *, opinfo: bool = True, cache_dir: Optional[Path] = None):
+        self.root = Path(root) if root is not None else None
+        self.opinfo = opinfo
+        self.cache_dir = cache_dir
+        self.last_sources: Dict[str, Any] = {}
+
+    # -- reading ------------------------------------------------------------------------
+    def harvested(self, spec: OpSpec) -> List[Candidate]:
+        if self.root is None:
+            return []
+        d = self.root / _safe(spec.name)
+        if not d.is_dir():
+            return []
+        out = []
+        for f in sorted(d.glob("*.npz")):
+            try:
+                out.append(Candidate.load(f))
+            except Exception:
+                continue  # a damaged file is not a reason to stop fuzzing
+        return out
+
+    def load(self, spec: OpSpec) -> List[Candidate]:
+        harvested = self.harvested(spec)
+        info: Dict[str, Any] = {"harvested": len(harvested)}
+        opinfo: List[Candidate] = []
+        if self.opinfo and spec.framework == "torch" and getattr(spec, "opinfo", None):
+            opinfo, note = opinfo_seeds(spec, self.cache_dir)
+            info["opinfo"] = len(opinfo)
+            info["opinfo_note"] = note
+        self.last_sources = info
+        return harvested + opinfo
+
+    # -- writing ------------------------------------------------------------------------
+    def index(self) -> dict:
+        if self.root is None or not (self.root / INDEX).exists():
+            return {"version": 1, "ops": {}}
+        return json.loads((self.root / INDEX).read_text())
+
+    def add(self, op: str, cand: Candidate, source: str = "") -> Optional[str]:
+        """Store ``cand`` for ``op`` (content-addressed: a call seen twice is stored once);
+        returns the file name, ``None`` if it was already there."""
+        if self.root is None:
+            raise ValueError("seed store has no directory")
+        data = cand.to_bytes()
+        digest = hashlib.sha1(_content_key(cand)).hexdigest()[:16]
+        d = self.root / _safe(op)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{digest}.npz"
+        if path.exists():
+            return None
+        path.write_bytes(data)
+        idx = self.index()
+        idx.setdefault("ops", {}).setdefault(op, []).append({
+            "file": f"{_safe(op)}/{path.name}",
+            "source": source,
+            "shapes": {k: list(v.shape) for k, v in cand.arrays.items()},
+            "params": {k: repr(v) for k, v in cand.params.items()},
+        })
+        (self.root / INDEX).write_text(json.dumps(idx, indent=1, sort_keys=True))
+        return path.name
+
+
+def _content_key(cand: Candidate) -> bytes:
+    h = hashlib.sha1()
+    h.update(json.dumps({"dims": cand.dims, "params": repr(sorted(cand.params.items()))}, sort_keys=True).encode())
+    for k in sorted(cand.arrays):
+        a = np.ascontiguousarray(cand.arrays[k])
+        h.update(k.encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
+__all__ = ["SeedStore", "CallRecord", "TensorArg", "Opaque", "candidate_from_call", "prioritise", "opinfo_seeds",
+           "opinfo_records", "parameter_names"]

@@ -1,0 +1,349 @@
+"""Baselines: what the gate compares against, stored as human-diffable files in ``baselines/``.
+
+Layout (one JSON file per operator, a replay corpus of small ``.npz`` inputs beside it)::
+
+    baselines/
+      <op>.json                       {"op", "framework", "rows": [BaselineRow, ...]}
+      corpus/<op>/<variant>-<env>-<i>.npz
+
+A row is keyed by operator, variant (dtype/device/mode[/layout][/oracle]) and environment
+(framework + version, device and CPU/GPU capability, harness version): a row from another
+environment is *not comparable*, never a failure. The gate reads baselines from the PR's base
+ref through git (:class:`GitBaselineSource`), never from the PR's own tree; a refresh writes the
+working tree atomically and never deletes rows it did not re-measure.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .. import HARNESS_VERSION
+from ..errors import GateError
+from ..fuzz.finding import Finding
+from ..fuzz.inputs import Candidate
+
+ENV_KEYS = ("framework", "version", "device", "capability", "harness")
+
+
+class BaselineError(GateError):
+    pass
+
+
+def env_key(env: Dict[str, str]) -> str:
+    return "|".join(f"{k}={env.get(k, '')}" for k in ENV_KEYS)
+
+
+def env_hash(env: Dict[str, str]) -> str:
+    return hashlib.sha1(env_key(env).encode()).hexdigest()[:8]
+
+
+def finding_env(finding: Finding) -> Dict[str, str]:
+    env = {k: str(v) for k, v in finding.env.items() if k in ENV_KEYS}
+    env["harness"] = HARNESS_VERSION
+    return env
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe form of ``text``; long names (graph signatures) keep a readable prefix
+    and a hash, within every file system's 255-byte limit."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", text)
+    if len(name) > 120:
+        name = f"{name[:100]}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    return name
+
+
+def _num(v):
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    return v
+
+
+def _unnum(v):
+    return math.inf if v == "inf" else v
+
+
+@dataclass
+class BaselineRow:
+    op: str
+    variant: str
+    env: Dict[str, str]
+    ulp: float = 0.0
+    abs: float = 0.0
+    rel: float = 0.0
+    l1: float = 0.0
+    nonfinite: int = 0
+    int_mismatch: int = 0
+    crash: Optional[str] = None
+    status: str = "ok"  # ok | unsupported | no-valid-input
+    evals: int = 0
+    seconds: float = 0.0
+    seed: int = 0
+    strategy: str = "linf"
+    date: str = ""
+    corpus: List[str] = field(default_factory=list)  # paths relative to the baselines dir
+
+    @property
+    def key(self) -> Tuple[str, str]:
+        return self.variant, env_key(self.env)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {k: _num(v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "BaselineRow":
+        fields = cls.__dataclass_fields__
+        unknown = set(raw) - set(fields)
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        return cls(**{k: _unnum(v) for k, v in raw.items()})
+
+    @classmethod
+    def from_finding(cls, f: Finding, corpus: List[str]) -> "BaselineRow":
+        m = f.metrics
+        return cls(
+            op=f.op,
+            variant=f.variant.key,
+            env=finding_env(f),
+            ulp=float(m.ulp) if m else 0.0,
+            abs=float(m.abs) if m else 0.0,
+            rel=float(m.rel) if m else 0.0,
+            l1=float(m.l1) if m else 0.0,
+            nonfinite=int(m.nonfinite) if m else 0,
+            int_mismatch=int(m.int_mismatch) if m else 0,
+            crash=f.crashes[0].signature if f.crashes else None,
+            status=f.status,
+            evals=f.evals,
+            seconds=round(f.seconds, 3),
+            seed=f.seed,
+            strategy=f.strategy,
+            date=_dt.date.today().isoformat(),
+            corpus=corpus,
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# sources: where baselines are read from
+# ---------------------------------------------------------------------------------------
+class DirBaselineSource:
+    """Baselines in a directory of the working tree (what a refresh writes)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def list(self) -> List[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*") if p.is_file())
+
+    def read(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def describe(self, rel: str) -> str:
+        return str(self.root / rel)
+
+
+class GitBaselineSource:
+    """Baselines as they are at a git ref (the PR's base): the PR cannot loosen its own gate."""
+
+    def __init__(self, repo: Path, ref: str, subdir: str = "baselines"):
+        self.repo, self.ref, self.subdir = Path(repo), ref, subdir.strip("/")
+
+    def _git(self, *args: str) -> bytes:
+        res = subprocess.run(["git", "-C", str(self.repo), *args], capture_output=True)
+        if res.returncode != 0:
+            raise BaselineError(f"git {' '.join(args[:2])} failed: {res.stderr.decode().strip().splitlines()[-1:]}")
+        return res.stdout
+
+    def list(self) -> List[str]:
+        res = subprocess.run(["git", "-C", str(self.repo), "ls-tree", "-r", "--name-only", self.ref, "--", self.subdir + "/"],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BaselineError(f"cannot list baselines at {self.ref}: {res.stderr.strip()}")
+        n = len(self.subdir) + 1
+        return sorted(line[n:] for line in res.stdout.splitlines() if line.strip())
+
+    def read(self, rel: str) -> bytes:
+        return self._git("show", f"{self.ref}:{self.subdir}/{rel}")
+
+    def describe(self, rel: str) -> str:
+        return f"{self.subdir}/{rel}@{self.ref}"
+
+
+# ---------------------------------------------------------------------------------------
+# the store
+# ---------------------------------------------------------------------------------------
+class BaselineStore:
+    def __init__(self, source):
+        self.source = source
+        self.rows: Dict[str, List[BaselineRow]] = {}
+        self.frameworks: Dict[str, str] = {}
+        self._loaded = False
+
+    def load(self) -> "BaselineStore":
+        """Parse every ``<op>.json``; a corrupt file is a one-line :class:`BaselineError`."""
+        for rel in self.source.list():
+            if not rel.endswith(".json") or "/" in rel:
+                continue
+            where = self.source.describe(rel)
+            try:
+                doc = json.loads(self.source.read(rel).decode())
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                line = getattr(exc, "lineno", None)
+                raise BaselineError(f"corrupt baseline file {where}" + (f":{line}" if line else "") + f": {exc.args[0] if exc.args else exc}") from None
+            try:
+                if not isinstance(doc, dict) or "op" not in doc or not isinstance(doc.get("rows"), list):
+                    raise ValueError("expected an object with 'op' and a list 'rows'")
+                rows = [BaselineRow.from_dict(r) for r in doc["rows"]]
+            except (TypeError, ValueError) as exc:
+                raise BaselineError(f"corrupt baseline file {where}: {exc}") from None
+            self.rows[doc["op"]] = rows
+            self.frameworks[doc["op"]] = doc.get("framework", "")
+        self._loaded = True
+        return self
+
+    def lookup(self, op: str, variant: str, env: Dict[str, str]) -> Tuple[Optional[BaselineRow], str]:
+        """(row, status): status is ``ok``, ``missing`` (no row for op x variant) or
+        ``not-comparable`` (rows only from other environments)."""
+        rows = [r for r in self.rows.get(op, []) if r.variant == variant]
+        if not rows:
+            return None, "missing"
+        want = env_key({**env, "harness": HARNESS_VERSION})
+        for r in rows:
+            if env_key(r.env) == want:
+                return r, "ok"
+        return rows[0], "not-comparable"
+
+    def corpus(self, row: BaselineRow) -> List[Candidate]:
+        out = []
+        for rel in row.corpus:
+            try:
+                out.append(Candidate.load(self.source.read(rel)))
+            except Exception as exc:  # a damaged corpus file only loses that replay input
+                raise BaselineError(f"corrupt baseline corpus file {self.source.describe(rel)}: {exc}") from None
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# writing (refresh / merge)
+# ---------------------------------------------------------------------------------------
+@dataclass
+class RowChange:
+    op: str
+    variant: str
+    old: Optional[float]
+    new: float
+    kind: str  # added | changed | unchanged
+
+    def line(self) -> str:
+        if self.kind == "added":
+            return f"+ {self.op}[{self.variant}]: {self.new:.4g} ulp (new row)"
+        if self.kind == "unchanged":
+            return f"= {self.op}[{self.variant}]: {self.new:.4g} ulp"
+        ratio = (self.new / self.old) if self.old else math.inf
+        return f"~ {self.op}[{self.variant}]: {self.old:.4g} -> {self.new:.4g} ulp (x{ratio:.3g})"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def corpus_for(finding: Finding, top: Iterable[Candidate] = ()) -> List[Candidate]:
+    cands = [c for c in [finding.best, *[c.candidate for c in finding.crashes], *top] if c is not None]
+    return cands[:4]
+
+
+def write_rows(root: Path, findings: Iterable[Finding], frameworks: Dict[str, str],
+               extra_corpus: Optional[Dict[str, List[Candidate]]] = None) -> List[RowChange]:
+    """Merge rows for ``findings`` into ``root`` (atomic per file); rows of other variants and
+    environments are kept untouched. Returns what changed."""
+    root = Path(root)
+    by_op: Dict[str, List[Finding]] = {}
+    for f in findings:
+        by_op.setdefault(f.op, []).append(f)
+    changes: List[RowChange] = []
+    for op, fs in sorted(by_op.items()):
+        path = root / f"{safe_name(op)}.json"
+        existing: List[BaselineRow] = []
+        if path.exists():
+            try:
+                doc = json.loads(path.read_text())
+                existing = [BaselineRow.from_dict(r) for r in doc.get("rows", [])]
+            except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
+        index = {r.key: r for r in existing}
+        for f in fs:
+            env = finding_env(f)
+            stem = f"corpus/{safe_name(op)}/{safe_name(f.variant.key)}-{env_hash(env)}"
+            files = []
+            for i, cand in enumerate(corpus_for(f, (extra_corpus or {}).get(f.id, []))):
+                rel = f"{stem}-{i}.npz"
+                _atomic_write(root / rel, cand.to_bytes())
+                files.append(rel)
+            row = BaselineRow.from_finding(f, files)
+            old = index.get(row.key)
+            if old is None:
+                changes.append(RowChange(op, row.variant, None, row.ulp, "added"))
+            else:
+                kind = "unchanged" if old.ulp == row.ulp and old.nonfinite == row.nonfinite else "changed"
+                changes.append(RowChange(op, row.variant, old.ulp, row.ulp, kind))
+                for stale in set(old.corpus) - set(files):
+                    if (root / stale).exists():
+                        (root / stale).unlink()
+            index[row.key] = row
+        rows = sorted(index.values(), key=lambda r: (r.variant, env_key(r.env)))
+        doc = {"op": op, "framework": frameworks.get(op, ""), "rows": [r.to_dict() for r in rows]}
+        _atomic_write(path, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
+    return changes
+
+
+def merge_dirs(target: Path, sources: Iterable[Path]) -> List[RowChange]:
+    """Merge shard outputs (each a baselines dir written by ``refresh --shard``) into ``target``."""
+    changes: List[RowChange] = []
+    target = Path(target)
+    for src in sources:
+        src = Path(src)
+        store = BaselineStore(DirBaselineSource(src)).load()
+        for op, rows in sorted(store.rows.items()):
+            path = target / f"{safe_name(op)}.json"
+            existing = []
+            if path.exists():
+                try:
+                    existing = [BaselineRow.from_dict(r) for r in json.loads(path.read_text()).get("rows", [])]
+                except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                    raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
+            index = {r.key: r for r in existing}
+            for r in rows:
+                old = index.get(r.key)
+                for rel in r.corpus:
+                    _atomic_write(target / rel, (src / rel).read_bytes())
+                if old is None:
+                    changes.append(RowChange(op, r.variant, None, r.ulp, "added"))
+                else:
+                    kind = "unchanged" if old.ulp == r.ulp and old.nonfinite == r.nonfinite else "changed"
+                    changes.append(RowChange(op, r.variant, old.ulp, r.ulp, kind))
+                index[r.key] = r
+            rows_out = sorted(index.values(), key=lambda r: (r.variant, env_key(r.env)))
+            doc = {"op": op, "framework": store.frameworks.get(op, ""), "rows": [x.to_dict() for x in rows_out]}
+            _atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return changes

@@ -1,0 +1,271 @@
+"""The verdict for one operator x variant.
+
+Rules (FIELD_GUIDE §2, after PyTorch's own compile-vs-eager rule):
+
+* **regression** if, on an identical input, head's error vs float64 exceeds
+  ``max(floor, m x base error)`` (``m`` per dtype: 3 for float16/bfloat16, 2 for float32), or
+  head returns NaN/Inf where base did not, or head raises where base returns;
+  without a base replay (framework built-ins), head's max error is held against the stored
+  baseline row the same way;
+* **behaviour-change** if head's float64 output differs from base's on identical inputs (the
+  function itself changed) while precision did not worsen; fails or warns per configuration;
+* **improvement** if base's error exceeds ``m x head error`` (reported, never failed);
+* **needs-baseline** / **not-comparable** when there is no stored row for this environment;
+* otherwise **pass**.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+from ..backends.base import Output
+from ..fuzz.finding import Finding
+from ..fuzz.runner import CRASH, INVALID, OK
+from ..ops.spec import OpSpec
+from ..oracles.precision import compare
+from ..plan import Variant
+from . import verdict as V
+from .baselines import BaselineRow
+from .replay import UNAVAILABLE, ReplayResult
+
+DEFAULT_MULTIPLIERS = {"float16": 3.0, "bfloat16": 3.0, "float32": 2.0, "float64": 2.0}
+DEFAULT_FLOORS = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0, "float64": 8.0}
+BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
+
+
+@dataclass
+class GateSettings:
+    multipliers: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
+    floor_ulp: Dict[str, float] = field(default_factory=dict)  # overrides the spec's thresholds
+    behaviour_change: str = "fail"  # fail | warn
+
+    @classmethod
+    def from_config(cls, gate_cfg: Optional[dict]) -> "GateSettings":
+        g = dict(gate_cfg or {})
+        return cls(
+            multipliers={**DEFAULT_MULTIPLIERS, **dict(g.get("multipliers") or {})},
+            floor_ulp=dict(g.get("floor_ulp") or {}),
+            behaviour_change=g.get("behaviour_change", "fail"),
+        )
+
+    def m(self, dtype: str) -> float:
+        return float(self.multipliers.get(dtype, 2.0))
+
+    def floor(self, spec: OpSpec, dtype: str) -> float:
+        if dtype in self.floor_ulp:
+            return float(self.floor_ulp[dtype])
+        thr = spec.threshold(dtype).ulp
+        return float(thr) if math.isfinite(thr) else DEFAULT_FLOORS.get(dtype, 4.0)
+
+
+def _failed(r: ReplayResult) -> bool:
+    return r.status in (CRASH, INVALID)
+
+
+def _ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
+    """ULPs (of ``dtype``) between head's and base's float64 outputs on the same input."""
+    if h.reference is None or b.reference is None:
+        return None
+    m = compare([Output(a, "float64") for a in h.reference], [Output(a, "float64") for a in b.reference], dtype, ulp_floor)
+    if m.shape_mismatch or m.int_mismatch:
+        return math.inf
+    return m.ulp
+
+
+def decide(
+    spec: OpSpec,
+    variant: Variant,
+    head: Sequence[ReplayResult],
+    base: Optional[Sequence[ReplayResult]],
+    row: Optional[BaselineRow],
+    row_status: str,
+    finding: Optional[Finding],
+    settings: GateSettings,
+    inputs: Sequence[str] = (),
+    controls: Sequence[bool] = (),
+) -> V.VariantVerdict:
+    dtype = variant.dtype
+    m, floor = settings.m(dtype), settings.floor(spec, dtype)
+    vv = V.VariantVerdict(
+        op=spec.name, framework=spec.framework, variant=variant.to_dict(), outcome=V.PASS, reason="",
+        seed=finding.seed if finding else None, evals=finding.evals if finding else 0,
+        seconds=finding.seconds if finding else 0.0,
+    )
+    vv.details["floor_ulp"] = floor
+    vv.details["multiplier"] = m
+    vv.details["baseline"] = row_status
+    if finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head):
+        vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
+        return vv
+
+    ok_head = [r for r in head if r.status == OK]
+    head_max = max((r.metrics.ulp for r in ok_head), default=None)
+    head_nonfinite = sum(r.metrics.nonfinite for r in ok_head)
+    head_crash = next((r for r in head if r.status == CRASH), None)
+    vv.head_error, vv.head_nonfinite = head_max, head_nonfinite
+    vv.head_crash = head_crash.error if head_crash else None
+
+    base_usable = base is not None and any(r.status != UNAVAILABLE for r in base)
+    if base_usable:
+        return _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls)
+
+    # ---- no base replay: hold head against the stored baseline row ----------------------
+    if base is not None:
+        vv.details["base"] = base[0].error if base else "unavailable"
+    if row_status == "missing" or row is None:
+        if head_crash or head_nonfinite:
+            vv.outcome = V.NEEDS_BASELINE
+            vv.reason = ("no baseline and no base version to compare with; head "
+                         + ("raises " + (head_crash.error or "") if head_crash else f"returns NaN/Inf on {head_nonfinite} elements"))
+        else:
+            vv.outcome, vv.reason = V.NEEDS_BASELINE, f"no baseline for {vv.key}; head max error {_f(head_max)} ulp"
+        return vv
+    if row_status == "not-comparable":
+        vv.outcome = V.NOT_COMPARABLE
+        vv.reason = f"baseline recorded in another environment ({row.env.get('version')}, {row.env.get('capability')})"
+        vv.base_error = row.ulp
+        return vv
+    vv.base_error, vv.base_nonfinite, vv.base_crash = row.ulp, row.nonfinite, row.crash
+    thr = max(floor, m * row.ulp)
+    vv.threshold = thr
+    if head_crash and not row.crash:
+        vv.outcome, vv.reason = V.REGRESSION, f"new crash: {head_crash.error}"
+    elif head_nonfinite and not row.nonfinite:
+        vv.outcome, vv.reason = V.REGRESSION, f"new NaN/Inf: {head_nonfinite} non-finite outputs where float64 is finite (baseline had none)"
+    elif head_max is not None and head_max > thr:
+        vv.outcome = V.REGRESSION
+        vv.reason = f"{dtype} error {_f(head_max)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x baseline {_f(row.ulp)}))"
+    elif head_max is not None and row.ulp > max(floor, m * head_max):
+        vv.outcome, vv.reason = V.IMPROVEMENT, f"error {_f(row.ulp)} -> {_f(head_max)} ulp"
+    else:
+        vv.outcome, vv.reason = V.PASS, f"error {_f(head_max)} ulp within {_f(thr)} (baseline {_f(row.ulp)})"
+    return vv
+
+
+def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls) -> V.VariantVerdict:
+    dtype = variant.dtype
+    m, floor = settings.m(dtype), settings.floor(spec, dtype)
+    worst: Tuple[float, int, str] = (-1.0, -1, "")
+    behaviour: Tuple[float, int] = (-1.0, -1)
+    base_max = head_max_same = 0.0
+    fixed = 0
+    pairs = 0
+    for i, (h, b) in enumerate(zip(head, base)):
+        if b.status == UNAVAILABLE:
+            continue
+        if _failed(h) and b.status == OK:
+            sev = (math.inf, i, f"new crash: head raises {h.error} where base returns")
+            worst = max(worst, sev, key=lambda x: x[0])
+            continue
+        if h.status == OK and _failed(b):
+            fixed += 1
+            continue
+        if h.status != OK or b.status != OK:
+            continue
+        pairs += 1
+        hm, bm = h.metrics, b.metrics
+        base_max = max(base_max, bm.ulp)
+        head_max_same = max(head_max_same, hm.ulp)
+        if hm.nonfinite and not bm.nonfinite:
+            worst = max(worst, (math.inf, i, f"new NaN/Inf: {hm.nonfinite} non-finite outputs where float64 is finite and base had none"),
+                        key=lambda x: x[0])
+            continue
+        if hm.int_mismatch and not bm.int_mismatch:
+            worst = max(worst, (math.inf, i, f"integer outputs differ from the reference on {hm.int_mismatch} elements (base: none)"),
+                        key=lambda x: x[0])
+            continue
+        thr = max(floor, m * bm.ulp)
+        if hm.ulp > thr:
+            sev = hm.ulp / thr
+            if sev > worst[0]:
+                worst = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x base {_f(bm.ulp)})) on the same input")
+        if bm.nonfinite and not hm.nonfinite:
+            fixed += 1
+        # behaviour change is judged on control inputs from the bulk of the value domain: at
+        # adversarial edges (subnormal or overflowing intermediates) a float64 reference can
+        # itself be inexact, and a changed formula there shows up as a precision difference
+        is_control = controls[i] if i < len(controls) else True
+        d = _ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
+        if d is not None and d > BEHAVIOUR_TOLERANCE_ULP and d > behaviour[0]:
+            behaviour = (d, i)
+    vv.details["pairs"] = pairs
+    if worst[1] >= 0:
+        i = worst[1]
+        h, b = head[i], base[i]
+        vv.outcome, vv.reason = V.REGRESSION, worst[2]
+        vv.head_error = h.metrics.ulp if h.metrics else None
+        vv.base_error = b.metrics.ulp if b.metrics else None
+        vv.head_nonfinite = h.metrics.nonfinite if h.metrics else 0
+        vv.base_nonfinite = b.metrics.nonfinite if b.metrics else 0
+        vv.threshold = max(floor, m * (vv.base_error or 0.0))
+        vv.head_crash = h.error if _failed(h) else None
+        vv.details["input_index"] = i
+        if i < len(inputs):
+            vv.input_summary = inputs[i]
+        return vv
+    vv.base_error, vv.head_error = base_max, head_max_same
+    vv.threshold = max(floor, m * base_max)
+    if behaviour[1] >= 0:
+        i = behaviour[1]
+        vv.outcome = V.BEHAVIOUR_CHANGE
+        vv.reason = (f"head's float64 output differs from base's by {_f(behaviour[0])} {dtype} ulp on the same input "
+                     f"(the function changed; precision did not worsen)")
+        vv.details["input_index"] = i
+        vv.details["behaviour_change"] = settings.behaviour_change
+        if i < len(inputs):
+            vv.input_summary = inputs[i]
+        return vv
+    if row_status == "missing":
+        vv.outcome = V.NEEDS_BASELINE
+        vv.reason = f"no baseline for {vv.key}; head matches base on {pairs} identical inputs (max {_f(head_max_same)} ulp)"
+        return vv
+    if fixed or base_max > max(floor, m * head_max_same):
+        vv.outcome = V.IMPROVEMENT
+        if fixed:
+            vv.reason = (f"head fixes NaN/Inf or a crash on {fixed} input(s) where base failed "
+                         f"(elsewhere {_f(base_max)} -> {_f(head_max_same)} ulp)")
+        else:
+            vv.reason = f"error {_f(base_max)} -> {_f(head_max_same)} ulp on identical inputs"
+        return vv
+    if row_status == "not-comparable":
+        vv.details["baseline_env"] = row.env if row else None
+    vv.outcome = V.PASS
+    vv.reason = f"head {_f(head_max_same)} ulp vs base {_f(base_max)} ulp on {pairs} identical inputs (threshold {_f(vv.threshold)})"
+    return vv
+
+
+def _f(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"
+
+
+def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], settings: GateSettings) -> Tuple[str, str]:
+    """Run outcome and its one-line reason."""
+    from ..errors import Outcome
+
+    regs = [v for v in verdicts if v.outcome == V.REGRESSION]
+    beh = [v for v in verdicts if v.outcome == V.BEHAVIOUR_CHANGE]
+    if settings.behaviour_change == "fail":
+        regs += beh
+    if regs:
+        first = regs[0]
+        more = f" (+{len(regs) - 1} more)" if len(regs) > 1 else ""
+        return Outcome.REGRESSION.value, f"{first.id}: {first.reason}{more}"
+    if errors:
+        return Outcome.ERROR.value, errors[0]
+    if any(v.outcome == V.ERROR for v in verdicts):
+        e = next(v for v in verdicts if v.outcome == V.ERROR)
+        return Outcome.ERROR.value, f"{e.id}: {e.reason}"
+    nb = [v for v in verdicts if v.outcome == V.NEEDS_BASELINE]
+    if nb:
+        return Outcome.NEEDS_BASELINE.value, f"{len(nb)} variant(s) have no baseline yet, e.g. {nb[0].id}; run `dl-gate baseline refresh`"
+    nc = sum(v.outcome == V.NOT_COVERED for v in verdicts)
+    n = len(verdicts) - nc
+    imp = sum(v.outcome == V.IMPROVEMENT for v in verdicts)
+    warn = f", {len(beh)} behaviour change(s) (warn)" if beh else ""
+    return Outcome.PASS.value, (f"{n} variant(s) checked, no regression" + (f", {imp} improved" if imp else "") + warn
+                                + (f"; {nc} not covered by the budget" if nc else ""))

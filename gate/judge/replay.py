@@ -1,0 +1,132 @@
+"""Replay identical inputs on head and on base.
+
+Head runs in this process. Base runs in a separate process inside a git worktree of the
+merge-base, so a Python operator library is imported *as it was* before the PR; the same
+quantised inputs go to both, and both outputs and float64 references come back for comparison.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import GateError
+from ..fuzz.inputs import Candidate
+from ..fuzz.runner import VariantRunner
+from ..ops.spec import OpSpec
+from ..oracles.precision import Metrics
+from ..plan import Variant
+
+UNAVAILABLE = "unavailable"  # the operator cannot be imported on that side (new op, moved, broken)
+
+
+@dataclass
+class ReplayResult:
+    status: str
+    metrics: Optional[Metrics] = None
+    error: Optional[str] = None
+    signature: Optional[str] = None
+    outputs: Optional[List[np.ndarray]] = None
+    reference: Optional[List[np.ndarray]] = None
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "metrics": self.metrics.to_dict() if self.metrics else None,
+                "error": self.error, "signature": self.signature}
+
+
+def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
+           runner: Optional[VariantRunner] = None) -> List[ReplayResult]:
+    """Evaluate ``candidates`` for ``spec``/``variant`` in this process."""
+    try:
+        runner = runner or VariantRunner(spec, variant)
+    except GateError as exc:
+        return [ReplayResult(UNAVAILABLE, error=str(exc)) for _ in candidates]
+    out = []
+    for cand in candidates:
+        _, ev = runner.evaluate(cand, keep_outputs=True)
+        out.append(ReplayResult(
+            status=ev.status, metrics=ev.metrics, error=ev.error, signature=ev.signature,
+            outputs=[o.array for o in ev.outputs] if ev.outputs is not None else None,
+            reference=[o.array for o in ev.reference] if ev.reference is not None else None,
+        ))
+    return out
+
+
+@dataclass
+class ReplayJob:
+    key: str
+    spec: OpSpec
+    variant: Variant
+    candidates: List[Candidate]
+
+
+@contextlib.contextmanager
+def worktree(repo: Path, rev: str) -> Iterator[Path]:
+    """A detached git worktree of ``rev``, removed afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix="dl-gate-base-"))
+    path = tmp / "tree"
+    res = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), rev],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise GateError(f"cannot check out base {rev}: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else 'git worktree failed'}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob],
+                   timeout: float = 600.0) -> Dict[str, List[ReplayResult]]:
+    """Run ``jobs`` in a fresh interpreter whose operator library is imported from ``tree``."""
+    if not jobs:
+        return {}
+    work = Path(tempfile.mkdtemp(prefix="dl-gate-replay-"))
+    try:
+        req = {"root": str(tree), "python_path": list(python_path), "jobs": []}
+        for j, job in enumerate(jobs):
+            files = []
+            for i, c in enumerate(job.candidates):
+                name = f"in-{j}-{i}.npz"
+                c.save(work / name)
+                files.append(name)
+            req["jobs"].append({"key": job.key, "spec": job.spec.to_dict(), "variant": job.variant.to_dict(), "inputs": files})
+        (work / "request.json").write_text(json.dumps(req))
+        gate_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = gate_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            res = subprocess.run([sys.executable, "-m", "gate.judge.replay_worker", str(work)], cwd=str(tree),
+                                 capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise GateError(f"base replay timed out after {timeout:.0f}s") from None
+        if res.returncode != 0 or not (work / "response.json").exists():
+            tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            raise GateError(f"base replay failed (exit {res.returncode}): {tail}")
+        resp = json.loads((work / "response.json").read_text())
+        out: Dict[str, List[ReplayResult]] = {}
+        for job in resp["jobs"]:
+            results = []
+            for i, r in enumerate(job["results"]):
+                rr = ReplayResult(status=r["status"], metrics=Metrics.from_dict(r["metrics"]) if r.get("metrics") else None,
+                                  error=r.get("error"), signature=r.get("signature"))
+                npz = work / f"out-{job['index']}-{i}.npz"
+                if npz.exists():
+                    with np.load(npz) as z:
+                        rr.outputs = [z[k] for k in sorted((k for k in z.files if k.startswith("o")), key=lambda k: int(k[1:]))]
+                        rr.reference = [z[k] for k in sorted((k for k in z.files if k.startswith("r")), key=lambda k: int(k[1:]))]
+                results.append(rr)
+            out[job["key"]] = results
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,297 @@
+"""Standalone repro: ``repro/<op>_<variant>.py`` + ``.npz`` that need only NumPy, the framework
+and the operator library (no dl-gate).
+
+The script loads the (minimal) input, runs the operator at the variant's dtype (same layout,
+memory format and computation mode as the gate) and at float64 on the same values, and prints
+the max error in ULPs of the dtype (with the gate's floor), the worst element, NaN/Inf counts,
+or the exception. For a behaviour change it compares the float64 output with base's, stored in
+the ``.npz``. Exit status 1 when the finding reproduces, 0 when it does not.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..backends.base import FLOAT_FORMATS
+from ..fuzz.inputs import Candidate
+from ..ops.spec import OpSpec
+from ..plan import Variant
+
+_COMMON = r'''
+FORMATS = {FORMATS}
+
+
+def ulp(x, dtype):
+    """Unit in the last place of |x| in ``dtype`` (subnormal spacing near zero)."""
+    p, emin, emax = FORMATS[dtype]
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(np.where(np.isfinite(x), x, 0.0))
+    e = np.where(x == 0, emin, np.where(np.isfinite(x), e - 1, emax))
+    return np.ldexp(1.0, (np.clip(e, emin, emax) - (p - 1)).astype(np.int32))
+
+
+def overflow_bound(dtype):
+    p, _, emax = FORMATS[dtype]
+    return float(np.ldexp(2.0 - np.ldexp(1.0, -p), emax))
+
+
+def errors(out, ref, dtype, floor_kind, ftz=False):
+    """(ulp error per element, NaN/Inf count) as the gate's precision oracle computes them."""
+    a, b = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    ovf = overflow_bound(dtype)
+    ref_ok = np.isfinite(b) & (np.abs(b) < ovf)
+    exact = (np.isfinite(b) & ~ref_ok & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~np.isfinite(b) & (a == b))
+    if ftz:
+        exact |= (a == 0) & (np.abs(b) < np.ldexp(1.0, FORMATS[dtype][1]))
+    judged = np.isfinite(b) & np.isfinite(a) & ~exact
+    mag = float(np.max(np.abs(b[ref_ok]))) if np.any(ref_ok) else 0.0
+    floor = float(ulp(mag, dtype)) if floor_kind == "output" else float(ulp(0.0, dtype))
+    with np.errstate(all="ignore"):
+        err = np.where(judged, np.abs(a - b) / np.maximum(ulp(np.where(np.isfinite(b), b, 0.0), dtype), floor), 0.0)
+    return err, int(np.count_nonzero(ref_ok & ~np.isfinite(a)))
+
+
+def resolve(path):
+    if ":" in path:
+        mod, attr = path.split(":", 1)
+        obj = importlib.import_module(mod)
+    else:
+        parts = path.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            attr = ".".join(parts[i:])
+            break
+        else:
+            raise ImportError(path)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build(dtype, low):
+    args, kwargs = [], dict(PARAMS)
+    if low:
+        kwargs.update(LAYOUT_PARAMS)
+    for name, keyword in INPUTS:
+        arr = DATA["in_" + name]
+        if low and name in PERMUTE:
+            arr = np.ascontiguousarray(np.transpose(arr, PERMUTE[name]))
+        t = to_native(arr, dtype, MEMORY_FORMAT if low else None)
+        if keyword:
+            kwargs[name] = t
+        else:
+            args.append(t)
+    return args, kwargs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--repo", default=os.environ.get("DL_GATE_REPO", DEFAULT_REPO),
+                    help="checkout of the operator library (default: the one the gate ran on)")
+    args = ap.parse_args(argv)
+    for p in reversed(PYTHON_PATH):
+        sys.path.insert(0, os.path.join(args.repo, p))
+    fn = resolve(CALLABLE)
+    ref_fn = resolve(REFERENCE) if REFERENCE else fn
+    print(f"{OP} [{VARIANT}] on {SUMMARY}")
+    try:
+        low = outputs(call(fn, *build(INPUT_DTYPE, True), mode=MODE, dtype=DTYPE), True)
+    except Exception as exc:
+        msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        print(f"{DTYPE}: raises {msg}")
+        return 1 if KIND == "crash" else 2
+    ref = outputs(call(ref_fn, *build("float64", False), mode="input", dtype="float64"), False)
+    if KIND == "behaviour":
+        worst = 0.0
+        for k, r in enumerate(ref):
+            b = DATA.get(f"base_ref_{k}")
+            if b is None or b.shape != r.shape:
+                continue
+            err, _ = errors(r, b, DTYPE, ULP_FLOOR)
+            if err.size:
+                i = int(np.argmax(err))
+                if err.flat[i] > worst:
+                    worst = float(err.flat[i])
+                    where = (k, np.unravel_index(i, err.shape), float(r.flat[i]), float(b.flat[i]))
+        print(f"float64 output differs from base's by {worst:.4g} {DTYPE} ulp (tolerance {THRESHOLD_ULP:g})")
+        if worst > 0:
+            k, idx, hv, bv = where
+            print(f"  output[{k}][{', '.join(map(str, idx))}]: this checkout {hv!r}, base {bv!r}")
+        return 1 if worst > THRESHOLD_ULP else 0
+    worst, nonfinite, where = 0.0, 0, None
+    for k, (o, r) in enumerate(zip(low, ref)):
+        if o.shape != r.shape:
+            print(f"output {k}: shape {o.shape} vs float64 {r.shape}")
+            return 1
+        err, nf = errors(o, r, DTYPE, ULP_FLOOR, FTZ)
+        nonfinite += nf
+        if err.size:
+            i = int(np.argmax(err))
+            if err.flat[i] >= worst:
+                worst = float(err.flat[i])
+                where = (k, np.unravel_index(i, err.shape), float(o.flat[i]), float(r.flat[i]))
+    print(f"{DTYPE} max error {worst:.4g} ulp (threshold {THRESHOLD_ULP:.4g}: {THRESHOLD_WHY}); NaN/Inf outputs: {nonfinite}")
+    if where is not None:
+        k, idx, o, r = where
+        print(f"  worst element output[{k}][{', '.join(map(str, idx))}]: {DTYPE} {o!r}, float64 {r!r}")
+    if KIND == "crash":
+        return 0
+    if KIND == "nonfinite":
+        return 1 if nonfinite else 0
+    return 1 if worst > THRESHOLD_ULP or nonfinite else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+_TORCH = r'''
+import torch
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+
+
+def to_native(arr, dtype, memory_format):
+    if arr.dtype.kind in "iub":
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(DEVICE)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).to(device=DEVICE, dtype=DTYPES[dtype])
+    if memory_format == "channels_last" and t.dim() == 4:
+        t = t.contiguous(memory_format=torch.channels_last)
+    elif memory_format == "channels_last_3d" and t.dim() == 5:
+        t = t.contiguous(memory_format=torch.channels_last_3d)
+    elif memory_format == "transposed" and t.dim() >= 2:
+        t = t.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, non-contiguous strides
+    return t
+
+
+def call(fn, args, kwargs, mode, dtype):
+    ctx = torch.autocast(device_type=DEVICE, dtype=DTYPES[dtype]) if mode == "operator" and dtype in ("float16", "bfloat16") else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        return fn(*args, **kwargs)
+
+
+def outputs(result, low):
+    flat = []
+
+    def walk(r):
+        if isinstance(r, (list, tuple)):
+            for x in r:
+                walk(x)
+        elif isinstance(r, torch.Tensor):
+            flat.append(r.detach().to("cpu", torch.float64).numpy() if r.is_floating_point() else r.cpu().numpy())
+        elif isinstance(r, (int, float, bool)):
+            flat.append(np.asarray(r, dtype=np.float64))
+
+    walk(result)
+    if low and OUT_PERMUTE is not None and flat:
+        flat[0] = np.transpose(flat[0], np.argsort(OUT_PERMUTE))
+    return flat
+'''
+
+_TF = r'''
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+
+DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
+DEV = "/GPU:0" if DEVICE == "cuda" else "/CPU:0"
+
+
+def to_native(arr, dtype, memory_format):
+    with tf.device(DEV):
+        if arr.dtype.kind in "iub":
+            return tf.constant(np.ascontiguousarray(arr))
+        return tf.cast(tf.constant(np.ascontiguousarray(arr, dtype=np.float64)), DTYPES[dtype])
+
+
+def call(fn, args, kwargs, mode, dtype):
+    with tf.device(DEV):
+        if mode == "operator" and dtype != "float64":
+            cast = lambda a: tf.cast(a, DTYPES[dtype]) if isinstance(a, tf.Tensor) and a.dtype.is_floating else a
+            return [tf.cast(o, tf.float32) if isinstance(o, tf.Tensor) and o.dtype.is_floating else o
+                    for o in tf.nest.flatten(fn(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()}))]
+        return fn(*args, **kwargs)
+
+
+def outputs(result, low):
+    flat = []
+    for r in tf.nest.flatten(result):
+        if hasattr(r, "dtype") and hasattr(r, "numpy"):
+            flat.append(tf.cast(r, tf.float64).numpy() if r.dtype.is_floating else np.asarray(r.numpy()))
+        elif isinstance(r, (int, float, bool, np.ndarray, np.generic)):
+            flat.append(np.asarray(r, dtype=np.float64))
+    if low and OUT_PERMUTE is not None and flat:
+        flat[0] = np.transpose(flat[0], np.argsort(OUT_PERMUTE))
+    return flat
+'''
+
+
+def _py(v) -> str:
+    """A Python literal for ``v`` (parameters are plain JSON-ish values and tuples)."""
+    if isinstance(v, float) and not np.isfinite(v):
+        return f"float({repr(str(v))})"
+    if isinstance(v, (np.integer,)):
+        return repr(int(v))
+    if isinstance(v, (np.floating,)):
+        return _py(float(v))
+    if isinstance(v, tuple):
+        return "(" + "".join(_py(x) + ", " for x in v) + ")"
+    if isinstance(v, list):
+        return "[" + ", ".join(_py(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_py(k)}: {_py(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
+def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: Candidate, *, kind: str,
+                threshold: float, threshold_why: str, repo: Path, python_path, reason: str,
+                base_reference=None, ftz: bool = False, summary: Optional[str] = None) -> dict:
+    """Write ``<stem>.py`` and ``<stem>.npz`` into ``folder``; returns their paths and the command."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script, data = folder / f"{stem}.py", folder / f"{stem}.npz"
+    arrays = {f"in_{k}": np.asarray(v) for k, v in cand.arrays.items()}
+    for k, a in enumerate(base_reference or []):
+        arrays[f"base_ref_{k}"] = np.asarray(a, dtype=np.float64)
+    np.savez_compressed(data, **arrays)
+    lay = spec.layout(variant.layout)
+    header = {
+        "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "REFERENCE": spec.reference,
+        "INPUTS": [(t.name, t.keyword) for t in spec.inputs if t.name in cand.arrays],
+        "PARAMS": dict(cand.params), "DTYPE": variant.dtype,
+        "INPUT_DTYPE": "float32" if variant.mode == "operator" else variant.dtype,
+        "MODE": variant.mode, "DEVICE": variant.device,
+        "MEMORY_FORMAT": lay.memory_format if lay else None,
+        "PERMUTE": {k: tuple(v) for k, v in (lay.permute.items() if lay else [])},
+        "OUT_PERMUTE": tuple(lay.out_permute) if lay and lay.out_permute else None,
+        "LAYOUT_PARAMS": dict(lay.params) if lay else {},
+        "KIND": kind, "THRESHOLD_ULP": float(threshold), "THRESHOLD_WHY": threshold_why,
+        "ULP_FLOOR": spec.ulp_floor, "FTZ": bool(ftz), "SUMMARY": summary or cand.summary(),
+        "PYTHON_PATH": list(python_path), "DEFAULT_REPO": str(Path(repo).resolve()),
+    }
+    doc = (f'"""Reproduce {spec.name}[{variant.key}]: {reason}\n\n'
+           f"Generated by dl-gate (localise). Needs only numpy and {spec.framework}, and the operator library:\n"
+           f"imported from {header['DEFAULT_REPO']} by default; --repo DIR (or DL_GATE_REPO) picks another\n"
+           f"checkout, e.g. the base branch, to compare. Data: {data.name} beside this file.\n"
+           f'Exit status: 1 when the finding reproduces, 0 when it does not."""\n')
+    lines = [
+        "#!/usr/bin/env python3",
+        doc,
+        "import argparse", "import contextlib", "import importlib", "import os", "import sys", "", "import numpy as np", "",
+    ]
+    for k, v in header.items():
+        lines.append(f"{k} = {_py(v)}")
+    lines.append('DATA = dict(np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), '
+                 f'{data.name!r})))')
+    body = (_TORCH if spec.framework == "torch" else _TF) + _COMMON.replace(
+        "{FORMATS}", json.dumps({k: list(v) for k, v in FLOAT_FORMATS.items()}))
+    script.write_text("\n".join(lines) + "\n" + body)
+    os.chmod(script, 0o755)
+    return {"script": str(script), "data": str(data), "command": f"python {script}"}

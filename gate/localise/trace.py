@@ -1,0 +1,569 @@
+"""Sub-operations of a composite operator, and the first one where the error jumps.
+
+Recording (PyTorch): a :class:`torch.overrides.TorchFunctionMode` sees every torch function and
+tensor method the operator's Python code calls, with the caller's file:line (the innermost
+frame outside torch, the standard library and dl-gate) and the call stack of library frames.
+
+Error per call (shadow execution): while the operator runs at the variant's dtype, every call
+is run a second time on float64 *shadows* of its tensor inputs (the shadow of a call's output
+feeds later calls; the operator's own inputs are their exact float64 values; casts pass the
+shadow through). The shadow follows the very code path the low-precision run takes, so a branch
+taken only for one dtype is measured like any other code. ``δ`` of a call is the error of its
+output against its shadow in ULPs of the variant's dtype, with the precision oracle's floor
+(:func:`gate.oracles.precision.compare`).
+
+Analysis (NumPy only), after Audee's change rate:
+
+* ``δ_inputs`` is the largest δ among the calls that produced a call's tensor inputs (0 for the
+  operator's own inputs, which are exact);
+* ``R = (δ − δ_inputs) / (δ_inputs + ε)``; a call *jumps* when ``δ`` exceeds the gate's floor
+  and ``R > m − 1`` (its error is more than ``m`` times what it was given: the judge's rule);
+* head vs base: both are traced, their calls aligned by name (``difflib``), and the culprit is
+  the first head call that jumps where base's counterpart does not (or that base does not make:
+  new code). Without base, the first jump on head;
+* a behaviour change compares head's float64 intermediates with base's (a float64 run of each);
+* a crash names the call that raised (or the library line the exception left).
+
+TensorFlow operators are not traced (eager TF has no cheap equivalent of a function mode): the
+diagnosis says so.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import sys
+import sysconfig
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..backends.base import Output
+from ..oracles.precision import compare
+
+EPS = 1e-7
+MAX_RECORDED_ELEMENTS = 4_000_000  # per run; beyond it outputs are not kept (δ unknown)
+
+
+@dataclass
+class Call:
+    index: int
+    name: str
+    file: Optional[str] = None
+    line: Optional[int] = None
+    function: Optional[str] = None
+    stack: List[str] = field(default_factory=list)  # library frames, outermost first: "file:line function"
+    inputs: List[int] = field(default_factory=list)  # producing call per tensor input (-1: not traced)
+    shapes: List[List[int]] = field(default_factory=list)
+    delta: Optional[float] = None  # error vs the float64 shadow, ULPs of the dtype (low run only)
+    overflow: int = 0  # elements that are ±inf where the shadow is finite (beyond the dtype's range)
+    error: Optional[str] = None
+    outputs: Optional[List[np.ndarray]] = field(default=None, repr=False)  # float64 run only
+
+    @property
+    def site(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else "?"
+
+    def meta(self) -> dict:
+        d = asdict(self)
+        d.pop("outputs")
+        if isinstance(d.get("delta"), float) and math.isinf(d["delta"]):
+            d["delta"] = "inf"
+        return d
+
+
+@dataclass
+class Trace:
+    calls: List[Call] = field(default_factory=list)
+    error: Optional[str] = None  # exception that escaped the operator
+    error_site: Optional[dict] = None  # {file, line, function, stack} of the innermost library frame
+    truncated: bool = False
+
+
+@dataclass
+class OpTrace:
+    """One operator on one input: at the variant's dtype with shadows (``low``) and, for
+    behaviour changes, at float64 with outputs kept (``f64``)."""
+
+    dtype: str
+    low: Optional[Trace] = None
+    f64: Optional[Trace] = None
+    note: Optional[str] = None
+
+    # -- (de)serialisation across the worker boundary ---------------------------------------
+    def save(self, npz: Path, name: str) -> dict:
+        arrays: Dict[str, np.ndarray] = {}
+        meta: Dict[str, Any] = {"dtype": self.dtype, "note": self.note, "arrays": name}
+        for side in ("low", "f64"):
+            tr: Optional[Trace] = getattr(self, side)
+            if tr is None:
+                meta[side] = None
+                continue
+            meta[side] = {"error": tr.error, "error_site": tr.error_site, "truncated": tr.truncated,
+                          "calls": [c.meta() for c in tr.calls]}
+            for c in tr.calls:
+                if c.outputs is None:
+                    continue
+                for k, a in enumerate(c.outputs):
+                    arrays[f"{side}_{c.index}_{k}"] = a
+                meta[side]["calls"][c.index]["n_out"] = len(c.outputs)
+        np.savez(npz, **arrays)
+        return meta
+
+    @classmethod
+    def load(cls, meta: dict, folder: Path) -> "OpTrace":
+        out = cls(dtype=meta["dtype"], note=meta.get("note"))
+        path = Path(folder) / meta["arrays"]
+        z = np.load(path) if path.exists() else None
+        try:
+            for side in ("low", "f64"):
+                m = meta.get(side)
+                if m is None:
+                    continue
+                calls = []
+                for c in m["calls"]:
+                    c = dict(c)
+                    n = c.pop("n_out", None)
+                    if c.get("delta") == "inf":
+                        c["delta"] = math.inf
+                    call = Call(**c)
+                    if n is not None and z is not None:
+                        call.outputs = [z[f"{side}_{call.index}_{k}"] for k in range(n)]
+                    calls.append(call)
+                setattr(out, side, Trace(calls=calls, error=m.get("error"), error_site=m.get("error_site"),
+                                         truncated=bool(m.get("truncated"))))
+        finally:
+            if z is not None:
+                z.close()
+                path.unlink(missing_ok=True)
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# recording (torch)
+# ---------------------------------------------------------------------------------------
+def _dir_of(module_name: str) -> Optional[str]:
+    mod = sys.modules.get(module_name)
+    f = getattr(mod, "__file__", None)
+    return os.path.dirname(os.path.abspath(f)) + os.sep if f else None
+
+
+class _Frames:
+    """Which frames belong to the operator's own code (the *library*)."""
+
+    def __init__(self, root: Optional[str]):
+        self.root = os.path.abspath(root) + os.sep if root else None
+        self.gate = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        self.skip = [d for d in (_dir_of("torch"), _dir_of("numpy")) if d]
+        self.stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+    def is_framework(self, filename: str) -> bool:
+        f = os.path.abspath(filename)
+        if any(f.startswith(d) for d in self.skip) or filename.startswith("<"):
+            return True
+        return f.startswith(self.stdlib) and "site-packages" not in f and "dist-packages" not in f
+
+    def is_gate(self, filename: str) -> bool:
+        return os.path.abspath(filename).startswith(self.gate)
+
+    def rel(self, filename: str) -> str:
+        f = os.path.abspath(filename)
+        if self.root and f.startswith(self.root):
+            return os.path.relpath(f, self.root).replace(os.sep, "/")
+        return f
+
+    def library_stack(self, frame) -> Optional[List[Tuple[str, int, str]]]:
+        """Library frames from ``frame`` outwards (innermost first), or None when the call comes
+        from dl-gate itself (the operator is a framework built-in called directly)."""
+        out: List[Tuple[str, int, str]] = []
+        f = frame
+        while f is not None:
+            fn = f.f_code.co_filename
+            if self.is_gate(fn):
+                break
+            if not self.is_framework(fn):
+                out.append((self.rel(fn), f.f_lineno, f.f_code.co_name))
+            f = f.f_back
+        return out or None
+
+    def site(self, stack: List[Tuple[str, int, str]]) -> Tuple[str, int, str]:
+        """The innermost frame, preferring the repository's own files."""
+        if self.root:
+            for fr in stack:
+                if not os.path.isabs(fr[0]):
+                    return fr
+        return stack[0]
+
+
+def _func_name(func) -> str:
+    try:
+        from torch.overrides import resolve_name
+
+        n = resolve_name(func)
+        if n:
+            return n
+    except Exception:
+        pass
+    mod = getattr(func, "__module__", None) or ""
+    return f"{mod}.{getattr(func, '__qualname__', getattr(func, '__name__', repr(func)))}".lstrip(".")
+
+
+def _tensors(obj, out: list) -> list:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _tensors(o, out)
+    return out
+
+
+CASTS = {"torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double",
+         "torch.Tensor.type", "torch.Tensor.type_as"}
+
+
+def _make_recorder(frames: _Frames):
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def is_float(t):
+        return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+    def as_f64(t):
+        return t.detach().to(torch.complex128 if t.is_complex() else torch.float64)
+
+    def to_numpy(t):
+        t = t.detach()
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        return t.to("cpu", torch.float64).numpy().copy()
+
+    def remap(obj, fn):
+        if isinstance(obj, torch.Tensor):
+            return fn(obj)
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(remap(o, fn) for o in obj)
+        if isinstance(obj, list):
+            return [remap(o, fn) for o in obj]
+        if isinstance(obj, dict):
+            return {k: remap(v, fn) for k, v in obj.items()}
+        return obj
+
+    class Recorder(TorchFunctionMode):
+        """Records library calls; with ``dtype``, shadows each call at float64 and keeps its δ;
+        with ``keep``, keeps the outputs (float64 runs compared across base and head)."""
+
+        def __init__(self, dtype: Optional[str] = None, ulp_floor: str = "output", keep: bool = False):
+            super().__init__()
+            self.trace = Trace()
+            self.dtype, self.ulp_floor, self.keep_outputs = dtype, ulp_floor, keep
+            self.producer: Dict[int, int] = {}
+            self.shadow: Dict[int, Any] = {}
+            self.alive: list = []  # outputs stay alive so that ids are not reused
+            self.elements = 0
+
+        def _shadow_call(self, name, func, args, kwargs, outs):
+            """Float64 shadows of ``outs``: ``func`` on the shadows of its inputs."""
+            if name in CASTS and args and isinstance(args[0], torch.Tensor) and is_float(args[0]):
+                src = self.shadow.get(id(args[0]))
+                return [(src if src is not None else as_f64(args[0])).clone()] if len(outs) == 1 else None
+
+            def sh(t):
+                s = self.shadow.get(id(t))
+                if s is not None:
+                    return s
+                return as_f64(t) if is_float(t) else t
+
+            for attempt in (0, 1):
+                try:
+                    with torch.autocast(device_type=outs[0].device.type, enabled=False):
+                        res = func(*remap(args, sh if attempt == 0 else (lambda t: as_f64(t) if is_float(t) else t)),
+                                   **remap(kwargs, sh if attempt == 0 else (lambda t: as_f64(t) if is_float(t) else t)))
+                except Exception:
+                    continue
+                souts = [t for t in _tensors(res, []) if is_float(t)]
+                if len(souts) == len(outs) and all(tuple(a.shape) == tuple(b.shape) for a, b in zip(souts, outs)):
+                    return [as_f64(t) for t in souts]
+            return None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            stack = frames.library_stack(sys._getframe(1))
+            name = _func_name(func)
+            if stack is None or name.endswith("__get__") or name.endswith("__set__"):
+                return func(*args, **kwargs)
+            ins = [self.producer.get(id(t), -1) for t in _tensors((args, kwargs), [])]
+            site = frames.site(stack)
+            call = Call(index=len(self.trace.calls), name=name, file=site[0], line=site[1], function=site[2],
+                        stack=[f"{f}:{ln} {fn}" for f, ln, fn in reversed(stack)], inputs=ins)
+            try:
+                out = func(*args, **kwargs)
+            except Exception as exc:
+                call.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+                self.trace.calls.append(call)
+                raise
+            outs = [t for t in _tensors(out, []) if is_float(t)]
+            if not outs:
+                return out
+            call.shapes = [list(t.shape) for t in outs]
+            n = sum(t.numel() for t in outs)
+            if self.elements + n > MAX_RECORDED_ELEMENTS:
+                self.trace.truncated = True
+            else:
+                self.elements += n
+                if self.dtype is not None:
+                    shadows = self._shadow_call(name, func, args, kwargs, outs)
+                    if shadows is not None:
+                        for t, s in zip(outs, shadows):
+                            self.shadow[id(t)] = s
+                        lo, hi = [to_numpy(t) for t in outs], [to_numpy(s) for s in shadows]
+                        call.delta = _delta(lo, hi, self.dtype, self.ulp_floor)
+                        call.overflow = int(sum(np.count_nonzero(np.isinf(a) & np.isfinite(b)) for a, b in zip(lo, hi)
+                                                if a.shape == b.shape))
+                if self.keep_outputs:
+                    call.outputs = [to_numpy(t) for t in outs]
+            self.trace.calls.append(call)
+            for t in outs:
+                self.producer[id(t)] = call.index
+                self.alive.append(t)
+            return out
+
+    return Recorder
+
+
+def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool = False) -> OpTrace:
+    """Trace ``spec`` on ``cand`` at the variant's dtype (with float64 shadows) and, with
+    ``float64_run``, once more at float64 keeping every intermediate output."""
+    from ..backends import get_backend
+    from ..fuzz.runner import VariantRunner
+
+    result = OpTrace(dtype=variant.dtype)
+    if spec.framework != "torch":
+        result.note = f"sub-operations are traced for PyTorch operators only ({spec.framework} operator)"
+        return result
+    get_backend("torch")
+    runner = VariantRunner(spec, variant)
+    frames = _Frames(root)
+    Recorder = _make_recorder(frames)
+    q = runner.quantize(cand)
+    runs = [("low", runner.input_dtype, variant.mode, variant.dtype, Recorder(variant.dtype, spec.ulp_floor))]
+    if float64_run:
+        runs.append(("f64", "float64", "input", "float64", Recorder(keep=True)))
+    for side, in_dtype, mode, dtype, rec in runs:
+        try:
+            args, kwargs = runner.build_call(q, in_dtype, low=True)
+            with np.errstate(all="ignore"), rec:
+                runner.backend.call(runner.fn, args, kwargs, mode=mode, dtype=dtype, device=variant.device)
+        except Exception as exc:
+            rec.trace.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            rec.trace.error_site = _error_site(exc, frames)
+        setattr(result, side, rec.trace)
+    if not result.low.calls and not result.low.error:
+        result.note = "no sub-operations: the operator is a framework built-in (or calls no torch function)"
+    return result
+
+
+def _error_site(exc: BaseException, frames: _Frames) -> Optional[dict]:
+    lib = [(frames.rel(fs.filename), fs.lineno, fs.name) for fs in traceback.extract_tb(exc.__traceback__)
+           if not frames.is_gate(fs.filename) and not frames.is_framework(fs.filename)]
+    if not lib:
+        return None
+    f, ln, fn = frames.site(list(reversed(lib)))
+    return {"file": f, "line": ln, "function": fn, "stack": [f"{a}:{b} {c}" for a, b, c in lib]}
+
+
+# ---------------------------------------------------------------------------------------
+# analysis (NumPy only)
+# ---------------------------------------------------------------------------------------
+def align(a: Sequence[Any], b: Sequence[Any]) -> Dict[int, int]:
+    """Index map a -> b of the longest matching subsequences of keys."""
+    sm = difflib.SequenceMatcher(None, list(a), list(b), autojunk=False)
+    out: Dict[int, int] = {}
+    for blk in sm.get_matching_blocks():
+        for k in range(blk.size):
+            out[blk.a + k] = blk.b + k
+    return out
+
+
+def _short(name: str) -> str:
+    for p in ("torch.Tensor.", "torch.nn.functional.", "torch."):
+        if name.startswith(p):
+            return name[len(p):]
+    return name
+
+
+def _delta(a: Optional[List[np.ndarray]], b: Optional[List[np.ndarray]], dtype: str, ulp_floor: str) -> Optional[float]:
+    if a is None or b is None or len(a) != len(b):
+        return None
+    m = compare([Output(x, "float64") for x in a], [Output(y, "float64") for y in b], dtype, ulp_floor)
+    if m.shape_mismatch:
+        return None
+    if m.nonfinite:
+        return math.inf
+    return m.ulp
+
+
+def rates(trace: Trace, deltas: List[Optional[float]]) -> Tuple[List[float], List[Optional[float]]]:
+    """(δ_inputs, R) per call."""
+    d_in: List[float] = []
+    r: List[Optional[float]] = []
+    for c, d in zip(trace.calls, deltas):
+        di = max([deltas[p] for p in c.inputs if 0 <= p < len(deltas) and deltas[p] is not None] or [0.0])
+        d_in.append(di)
+        if d is None:
+            r.append(None)
+        elif math.isinf(d):
+            r.append(0.0 if math.isinf(di) else math.inf)
+        else:
+            r.append((d - di) / (di + EPS))
+    return d_in, r
+
+
+def _pick(c: Call, **extra) -> dict:
+    d = {"call": _short(c.name), "file": c.file, "line": c.line, "function": c.function, "stack": c.stack}
+    d.update({k: v for k, v in extra.items() if v is not None})
+    return d
+
+
+def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: float, ulp_floor: str,
+            behaviour_tol: float = 1.0) -> Tuple[Optional[dict], List[dict]]:
+    """The first sub-operation where head's error jumps (and base's does not), plus the table
+    of every head call (for the details file)."""
+    table: List[dict] = []
+    thr_r = max(m - 1.0, 1.0)
+    if head.low is None:
+        return None, table
+    # ---- a crash: the call that raised, or the library line the exception left -------------
+    if kind == "crash":
+        failing = [c for c in head.low.calls if c.error]
+        for c in head.low.calls:
+            table.append({"index": c.index, "call": _short(c.name), "site": c.site, "error": c.error})
+        if failing:
+            c = failing[-1]
+            return _pick(c, delta=f"raises {c.error.split(':')[0]}", error=c.error, how="the call that raised on head"), table
+        if head.low.error_site:
+            es = head.low.error_site
+            return {"call": "raise", "file": es["file"], "line": es["line"], "function": es["function"],
+                    "stack": es["stack"], "delta": f"raises {head.low.error.split(':')[0]}", "error": head.low.error,
+                    "how": "the library line the exception left"}, table
+        return None, table
+
+    # ---- behaviour: head's float64 intermediates against base's -----------------------------
+    if kind == "behaviour":
+        if base is None or base.f64 is None or head.f64 is None:
+            return None, table
+        hm = align([c.name for c in head.f64.calls], [c.name for c in base.f64.calls])
+        dl = [(_delta(c.outputs, base.f64.calls[hm[i]].outputs, head.dtype, ulp_floor) if i in hm else None)
+              for i, c in enumerate(head.f64.calls)]
+        d_in, rr = rates(head.f64, [0.0 if d is None else d for d in dl])
+        rr = [None if d is None else r for d, r in zip(dl, rr)]
+        found = None
+        for i, c in enumerate(head.f64.calls):
+            row = {"index": i, "call": _short(c.name), "site": c.site, "divergence": dl[i], "divergence_inputs": d_in[i],
+                   "rate": rr[i], "base": _short(base.f64.calls[hm[i]].name) if i in hm else None}
+            table.append(row)
+            if found is None and dl[i] is not None and dl[i] > behaviour_tol and (rr[i] is None or rr[i] > thr_r):
+                new = [p for p in c.inputs if 0 <= p < i and p not in hm]
+                src = head.f64.calls[max(new)] if new else c
+                found = _pick(src, delta=dl[i], rate=rr[i],
+                              how=("new code feeding the first call whose float64 output departs from base's"
+                                   if new else "first call whose float64 output departs from base's"))
+        if found is None:
+            new_calls = [c for i, c in enumerate(head.f64.calls) if i not in hm]
+            if new_calls:
+                found = _pick(new_calls[0], how="first call that base does not make (no intermediate diverged)")
+        return found, table
+
+    # ---- precision / NaN: change rate of head's error, base's as the control ----------------
+    dh = [c.delta for c in head.low.calls]
+    din_h, r_h = rates(head.low, dh)
+    db: List[Optional[float]] = []
+    r_b: List[Optional[float]] = []
+    hb: Dict[int, int] = {}
+    if base is not None and base.low is not None:
+        db = [c.delta for c in base.low.calls]
+        _, r_b = rates(base.low, db)
+        hb = align([c.name for c in head.low.calls], [c.name for c in base.low.calls])
+
+    def jumps(d, r):
+        return d is not None and d > floor and (r is None or r > thr_r)
+
+    first = found = None
+    for i, c in enumerate(head.low.calls):
+        j = hb.get(i)
+        row = {"index": i, "call": _short(c.name), "site": c.site, "delta": dh[i], "delta_inputs": din_h[i], "rate": r_h[i]}
+        if j is not None:
+            row.update({"base": _short(base.low.calls[j].name), "base_site": base.low.calls[j].site,
+                        "base_delta": db[j] if j < len(db) else None, "base_rate": r_b[j] if j < len(r_b) else None})
+        elif base is not None:
+            row["base"] = None
+        table.append(row)
+        if not jumps(dh[i], r_h[i]):
+            continue
+        if first is None:
+            first = (i, c)
+        if found is not None:
+            continue
+        if base is None or base.low is None:
+            continue
+        bd = db[j] if j is not None and j < len(db) else None
+        if j is None:
+            found = _pick(c, delta=dh[i], rate=r_h[i], delta_inputs=din_h[i],
+                          how="first call whose error jumps on head and that base does not make")
+        elif bd is None or not jumps(bd, r_b[j]) or dh[i] > max(floor, m * bd):
+            found = _pick(c, delta=dh[i], rate=r_h[i], delta_inputs=din_h[i],
+                          base={"call": _short(base.low.calls[j].name), "site": base.low.calls[j].site, "delta": bd,
+                                "rate": r_b[j] if j < len(r_b) else None},
+                          how="first call whose error jumps on head but not on base")
+    if found is None and first is not None:
+        i, c = first
+        found = _pick(c, delta=dh[i], rate=r_h[i], delta_inputs=din_h[i],
+                      how="first call whose error jumps on head (low precision vs its float64 shadow)"
+                      + ("; base jumps there too" if base is not None else ""))
+    if found is None:
+        cand = [(d, i) for i, d in enumerate(dh) if d is not None]
+        if cand:
+            d, i = max(cand)
+            if d > 0:
+                found = _pick(head.low.calls[i], delta=d, rate=r_h[i],
+                              how="no call's error jumps above the floor; the call with the largest error")
+    if found is not None and isinstance(found.get("delta"), float) and math.isinf(found["delta"]):
+        found = _overflow_source(head.low, found) or found  # a NaN/Inf that an overflow upstream caused
+    return found, table
+
+
+def _overflow_source(trace: Trace, found: dict) -> Optional[dict]:
+    """When the culprit's inputs descend from a call whose result overflowed the dtype (the
+    shadow is finite), the earliest such call is where it went wrong: the oracle counts an
+    overflow of an out-of-range value as exact, so the error only shows further down."""
+    idx = next((c.index for c in trace.calls if c.file == found.get("file") and c.line == found.get("line")
+                and _short(c.name) == found.get("call")), None)
+    if idx is None:
+        return None
+    seen, todo, hits = set(), list(trace.calls[idx].inputs), []
+    while todo:
+        p = todo.pop()
+        if p < 0 or p in seen or p >= len(trace.calls):
+            continue
+        seen.add(p)
+        if trace.calls[p].overflow:
+            hits.append(p)
+        todo.extend(trace.calls[p].inputs)
+    if not hits:
+        return None
+    c = trace.calls[min(hits)]
+    return _pick(c, delta=c.delta, overflow=c.overflow,
+                 how=f"overflows the dtype here ({c.overflow} element(s) become ±inf, float64 is finite); "
+                     f"the error shows at {found.get('call')} ({found.get('file')}:{found.get('line')})")
+
+
+def summary_json(table: List[dict]) -> str:  # pragma: no cover - debugging aid
+    return json.dumps(table, indent=1, default=str)

@@ -1,0 +1,288 @@
+"""One run of the gate: select -> plan -> fuzz -> replay on base -> judge -> (localise) -> report.
+
+This module wires the stages together and nothing more: each stage lives in its own package.
+A :class:`gate.errors.GateError` anywhere still produces a report (outcome ``error``) with every
+verdict computed so far, so a JUnit file and the report are always written.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import HARNESS_VERSION, __version__
+from .backends import get_backend
+from .config import Config, load_config, parse_config
+from .errors import GateError, Outcome
+from .judge import verdict as V
+from .judge.baselines import BaselineStore, GitBaselineSource
+from .judge.decide import GateSettings, decide, overall
+from .judge.replay import ReplayJob, replay, replay_in_tree, worktree
+from .ops.catalog import Catalog, load_catalog
+from .ops.spec import OpSpec
+from .plan import Budget, Task, plan
+
+
+@dataclass
+class RunOptions:
+    repo: Path = Path(".")
+    base: Optional[str] = None
+    head: str = "HEAD"
+    config: Optional[Path] = None
+    out: Path = Path("dl-gate-out")
+    budget_total: Optional[float] = None
+    budget_per_op: Optional[float] = None
+    evals: Optional[int] = None  # per variant (deterministic budget)
+    seed: Optional[int] = None
+    ops: Optional[List[str]] = None  # force these operators instead of selecting from the diff
+    dtypes: Optional[List[str]] = None
+    devices: Optional[List[str]] = None
+    modes: Optional[List[str]] = None
+    strategy: Optional[str] = None
+    progress: Optional[Callable[[str], None]] = None
+
+
+def git(repo: Path, *args: str) -> str:
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        msg = (res.stderr.strip().splitlines() or ["git failed"])[-1]
+        raise GateError(f"git {' '.join(args)}: {msg}")
+    return res.stdout.strip()
+
+
+def base_config(repo: Path, rev: str, rel: str) -> Optional[Config]:
+    res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"], capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    return parse_config(res.stdout, Path(f"{rel}@{rev[:10]}"), root=repo)
+
+
+def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
+    """File (relative to the repo when inside it) and line of the operator's definition."""
+    try:
+        fn = get_backend(spec.framework).resolve(spec.callable)
+        fn = inspect.unwrap(fn)
+        path = inspect.getsourcefile(fn)
+        line = inspect.getsourcelines(fn)[1]
+    except Exception:
+        return (spec.sources[0] if spec.sources else None), None
+    if path is None:
+        return None, None
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path(repo).resolve())), line
+    except ValueError:
+        return str(p), line
+
+
+def _selection(opts: RunOptions, cfg: Config, catalog: Catalog, base_sha: str, head_sha: str):
+    if opts.ops:
+        return [{"op": catalog.get(n).name, "reasons": [{"kind": "forced", "file": None, "line": None,
+                                                          "symbol": n, "path": [n]}]} for n in opts.ops], {}
+    from .select import select_ops
+
+    sel = select_ops(opts.repo, base_sha, head_sha, catalog, cfg)
+    d = sel.to_dict()
+    return d.get("selected", []), d
+
+
+def run_gate(opts: RunOptions) -> V.GateReport:
+    t0 = time.perf_counter()
+    say = opts.progress or (lambda s: None)
+    report = V.GateReport(outcome=Outcome.ERROR.value, reason="", seed=opts.seed)
+    report.env["gate_version"] = __version__
+    report.env["harness"] = HARNESS_VERSION
+    try:
+        _run(opts, report, say)
+    except GateError as exc:
+        report.outcome, report.reason = Outcome.ERROR.value, str(exc)
+        report.errors.append(str(exc))
+    report.seconds = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def _run(opts: RunOptions, report: V.GateReport, say) -> None:
+    repo = Path(opts.repo).resolve()
+    git(repo, "rev-parse", "--git-dir")
+    cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
+    cfg.activate()
+    _forget_user_modules(repo, cfg)
+    if not opts.base:
+        raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
+    base_sha = git(repo, "rev-parse", "--verify", f"{opts.base}^{{commit}}")
+    head_sha = git(repo, "rev-parse", "--verify", f"{opts.head}^{{commit}}")
+    merge_base = git(repo, "merge-base", base_sha, head_sha)
+    report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
+    cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"
+    bcfg = base_config(repo, base_sha, cfg_rel)
+    # the PR cannot loosen its own gate: settings (and op thresholds) come from the base
+    settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
+    base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
+    catalog = load_catalog(cfg.ops, builtin=cfg.builtin)
+    seed = opts.seed if opts.seed is not None else cfg.seed
+    report.seed = seed
+
+    selected, sel_dict = _selection(opts, cfg, catalog, merge_base, head_sha)
+    report.selected = selected
+    if sel_dict:
+        report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native") if k in sel_dict}
+    if not selected:
+        report.outcome = Outcome.PASS.value
+        report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
+        return
+    names = [s["op"] for s in selected]
+    budget_cfg = cfg.budget
+    total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
+    per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
+
+    store = BaselineStore(GitBaselineSource(repo, base_sha, cfg.raw.get("baselines", "baselines"))).load()
+    gate_cfg = cfg.gate
+    dtypes = opts.dtypes or gate_cfg.get("dtypes")
+    modes = opts.modes or gate_cfg.get("modes")
+    devices = opts.devices or gate_cfg.get("devices")
+    strategy = opts.strategy or gate_cfg.get("strategy", "linf")
+
+    from .fuzz import fuzz_task
+    from .fuzz.inputs import draw
+    from .fuzz.schedule import allocate
+    from .fuzz.seeds import SeedStore
+
+    seed_store = SeedStore(cfg.baselines_dir / "seeds")  # `dl-gate harvest` seeds, OpInfo samples
+
+    # ---- plan every variant of every selected op, then spend the total budget by priority -----
+    planned: List[dict] = []
+    for name in names:
+        spec = catalog.get(name)
+        if name in base_specs and base_specs[name].thresholds:
+            spec = spec.replace(thresholds=base_specs[name].thresholds)
+        backend = get_backend(spec.framework)
+        want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
+        budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
+        tasks = plan([spec], budget, per_op=budget, seed=seed, strategy=strategy, dtypes=want_dtypes,
+                     devices=devices, modes=modes, available_devices=backend.devices())
+        if opts.evals:
+            tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed,
+                          strategy=t.strategy) for t in tasks]
+        for task in tasks:
+            row, status = store.lookup(spec.name, task.variant.key, backend.environment(task.variant.device))
+            planned.append({"spec": spec, "task": task, "row": row, "status": status})
+    if opts.evals:
+        run_tasks, skipped = [p["task"] for p in planned], []
+    else:
+        # history: how close the base's stored error came to the gate's floor (closer = sooner)
+        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant.dtype)
+                   for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
+        alloc = allocate([p["task"] for p in planned], total, history=history)
+        report.env["allocation"] = alloc.to_dict()
+        cap = {p["task"].id: p["task"].budget.seconds for p in planned}  # per_op split over the op's variants
+        run_tasks = [Task(op=t.op, variant=t.variant, budget=Budget(seconds=min(t.budget.seconds, cap[t.id])),
+                          seed=t.seed, strategy=t.strategy) for t in alloc.tasks]
+        skipped = [n["task"] for n in alloc.not_covered]
+    by_id = {p["task"].id: p for p in planned}
+    report.not_covered = sorted(skipped)
+    say(f"selected {len(names)} operator(s), {len(planned)} variant(s); fuzzing {len(run_tasks)} within "
+        + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
+        + f", seed {seed}")
+
+    work: List[dict] = []
+    sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
+    for task in run_tasks:
+        p = by_id[task.id]
+        spec, row, status = p["spec"], p["row"], p["status"]
+        if spec.name not in sources:
+            sources[spec.name] = op_source(spec, repo)
+        corpus = store.corpus(row) if row is not None and status == "ok" else []
+        say(f"fuzzing {task.id}")
+        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store)
+        rng = np.random.default_rng(task.rng_seed() + [1])
+        cands = list(corpus)
+        cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]
+        cands += [draw(spec, rng, origin="control") for _ in range(3)]
+        head_results = replay(spec, task.variant, cands)
+        work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
+                     "cands": cands, "head": head_results, "src": sources[spec.name]})
+
+    base_results: Dict[str, list] = {}
+    jobs = [ReplayJob(key=w["task"].id, spec=w["spec"], variant=w["task"].variant, candidates=w["cands"])
+            for w in work if w["spec"].origin == "user"]
+    if jobs:
+        say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
+        py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
+        with worktree(repo, merge_base) as tree:
+            if cfg.path:
+                py_path = [str((tree / Path(cfg_rel).parent / p)) for p in py_path]
+            base_results = replay_in_tree(tree, py_path, jobs)
+
+    for w in work:
+        task, finding = w["task"], w["finding"]
+        w["base"] = base_results.get(task.id)
+        vv = decide(w["spec"], task.variant, w["head"], base_results.get(task.id), w["row"], w["status"], finding,
+                    settings, inputs=[c.summary() for c in w["cands"]],
+                    controls=[c.origin == "control" for c in w["cands"]])
+        vv.source_file, vv.source_line = w["src"]
+        vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
+        if vv.input_summary is None and finding.best is not None:
+            vv.input_summary = finding.best.summary()
+        vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
+                            f"--device {task.variant.device} --seed {task.seed} "
+                            + (f"--evals {finding.evals}" if opts.evals else f"--budget {per_op:g}"))
+        w["verdict"] = vv
+        report.verdicts.append(vv)
+        report.env.setdefault("frameworks", {})[w["spec"].framework] = finding.env.get("version")
+
+    for tid in report.not_covered:
+        p = by_id[tid]
+        report.verdicts.append(V.VariantVerdict(
+            op=p["spec"].name, framework=p["spec"].framework, variant=p["task"].variant.to_dict(),
+            outcome=V.NOT_COVERED, reason="the total budget ran out before this variant (raise budget.total)"))
+    report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
+    if settings.behaviour_change == "fail":  # the reporters mark these as failures too
+        report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
+    # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
+    # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
+    ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
+           "selected": selected, "settings": settings, "out": Path(opts.out), "say": say}
+    localise_stage(report, work, ctx)
+
+
+def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
+    """Run the localise stage when it is installed (gate.localise.localise_all)."""
+    try:
+        from .localise import localise_all
+    except ImportError:
+        return
+    localise_all(report, work, ctx)
+
+
+def _forget_user_modules(root: Path, cfg: Config) -> None:
+    """Drop already-imported modules of the user's library (by location under the repository and
+    by top-level package name in its python_path), so head's code is imported as it is on disk
+    now: a long-lived process may hold an older version, or the same package from another tree."""
+    import sys
+
+    tops = set()
+    for p in cfg.raw.get("python_path") or ["."]:
+        d = (cfg.root / p)
+        if d.is_dir():
+            for child in d.iterdir():
+                if child.suffix == ".py":
+                    tops.add(child.stem)
+                elif (child / "__init__.py").exists():
+                    tops.add(child.name)
+    root_s = str(root)
+    for name, mod in list(sys.modules.items()):
+        if name == "gate" or name.startswith("gate."):
+            continue
+        f = getattr(mod, "__file__", None)
+        if name.split(".")[0] in tops or (f and str(Path(f).resolve()).startswith(root_s)):
+            del sys.modules[name]
+
+
+def _m(f, key):
+    return getattr(f.metrics, key) if f.metrics else None

@@ -1,0 +1,45 @@
+import os
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def user_lib(tmp_path, monkeypatch):
+    """Write a throw-away operator module and return (module_name, write_config)."""
+
+    def make(source: str, config: str, name: str = "") -> Path:
+        mod = name or f"planted_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{mod}.py").write_text(textwrap.dedent(source))
+        cfg = tmp_path / ".dl-gate.yml"
+        cfg.write_text(textwrap.dedent(config).replace("MODULE", mod))
+        return cfg
+
+    yield make
+    for k in [k for k in sys.modules if k.startswith("planted_")]:
+        sys.modules.pop(k, None)
+    sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp_path))]

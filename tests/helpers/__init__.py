@@ -1,0 +1,1 @@
+"""Reusable test helpers (temp git repositories, ...)."""

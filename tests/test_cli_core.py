@@ -1,0 +1,147 @@
+"""`dl-gate ops` / `dl-gate fuzz` as a user runs them: output, exit codes, one-line errors."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gate.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def assert_one_line_error(code, err, needle):
+    assert code == 2
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dl-gate: error:") and needle in lines[0], lines[0]
+
+
+def test_ops_lists_catalogue(capsys):
+    code, out, _ = run_cli(capsys, "ops")
+    assert code == 0
+    assert "torch.conv2d" in out and "tf.conv2d" in out
+    code, out, _ = run_cli(capsys, "ops", "--json")
+    rows = json.loads(out)
+    torch_ops = [r for r in rows if r["framework"] == "torch"]
+    tf_ops = [r for r in rows if r["framework"] == "tensorflow"]
+    assert len(torch_ops) >= 40 and len(tf_ops) >= 30
+    names = {r["name"] for r in rows}
+    for fw in ("torch", "tf"):
+        for op in ("conv2d", "norm", "max_pool2d", "relu", "sigmoid", "softmax", "tanh"):
+            assert f"{fw}.{op}" in names
+
+
+def test_fuzz_prints_table_json_and_saves_inputs(capsys, tmp_path):
+    js = tmp_path / "f.json"
+    code, out, err = run_cli(capsys, "fuzz", "torch.tanh", "--dtype", "float16,float32", "--evals", "60",
+                             "--seed", "5", "--json", str(js), "--save-inputs", str(tmp_path / "inp"))
+    assert code == 0
+    assert "seed 5" in err
+    assert "torch.tanh[float16/cpu/input]" in out and "torch.tanh[float32/cpu/input]" in out
+    data = json.loads(js.read_text())
+    assert data["seed"] == 5 and len(data["findings"]) == 3  # fp16 input + operator, fp32 input
+    assert all(f["evals"] > 0 for f in data["findings"])
+    saved = list((tmp_path / "inp" / "torch.tanh").glob("*.npz"))
+    assert len(saved) == 3
+    from gate.fuzz.inputs import Candidate
+
+    cand = Candidate.load(saved[0].read_bytes())
+    assert cand.arrays["x"].ndim == 2
+
+
+def test_unknown_op(capsys):
+    code, _, err = run_cli(capsys, "fuzz", "torch.sofmax", "--evals", "5")
+    assert_one_line_error(code, err, "did you mean torch.softmax")
+
+
+def test_unsupported_dtype(capsys):
+    code, _, err = run_cli(capsys, "fuzz", "torch.relu", "--dtype", "float8", "--evals", "5")
+    assert_one_line_error(code, err, "unknown dtype 'float8'")
+    code, _, err = run_cli(capsys, "fuzz", "torch.relu", "--dtype", "float64", "--evals", "5")
+    assert_one_line_error(code, err, "does not support dtype float64")
+
+
+def test_bad_flag_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["fuzz", "torch.relu", "--evals", "many"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "invalid int value" in err[0]
+
+
+@pytest.mark.parametrize(
+    "config,needle",
+    [
+        ("version: 1\nops: [\n", "invalid YAML"),
+        ("version: 1\nops:\n  - name: a\n    callable: m:f\n    inputs: [{name: x, shape: [N]}]\n    dtypes: [float8]\n",
+         ":6: ops.0.dtypes.0"),
+        ("version: 1\nbudgett: {total: 3}\n", ":2: budgett: unknown key"),
+        ("version: 1\nops:\n  - name: a\n    inputs: [{name: x, shape: [3]}]\n", "ops.0: 'callable' is a required property"),
+    ],
+)
+def test_broken_config_names_key_and_line(capsys, tmp_path, config, needle):
+    cfg = tmp_path / ".dl-gate.yml"
+    cfg.write_text(config)
+    code, _, err = run_cli(capsys, "ops", "--config", str(cfg))
+    assert_one_line_error(code, err, needle)
+
+
+def test_unimportable_callable(capsys, tmp_path):
+    cfg = tmp_path / ".dl-gate.yml"
+    cfg.write_text(textwrap.dedent("""
+        version: 1
+        ops:
+          - name: mine.op
+            callable: no_such_module_xyz:fn
+            dims: {N: [1, 4]}
+            inputs: [{name: x, shape: [N]}]
+    """))
+    code, _, err = run_cli(capsys, "fuzz", "mine.op", "--config", str(cfg), "--evals", "5")
+    assert_one_line_error(code, err, "cannot import callable 'no_such_module_xyz:fn'")
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "ops", "--config", str(tmp_path / "nope.yml"))
+    assert_one_line_error(code, err, "does not exist")
+
+
+def test_torch_run_never_imports_tensorflow(tmp_path):
+    code = (
+        "import sys\n"
+        "from gate.cli import main\n"
+        "rc = main(['fuzz', 'torch.sigmoid', '--evals', '10', '--dtype', 'float32', '--save-inputs', ''])\n"
+        "assert rc == 0\n"
+        "print('TF-LOADED' if 'tensorflow' in sys.modules else 'TF-NOT-LOADED')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent.parent)})
+    assert res.returncode == 0, res.stderr
+    assert "TF-NOT-LOADED" in res.stdout
+
+
+def test_missing_framework_names_the_extra(tmp_path):
+    # hide tensorflow from the interpreter: the error names the extra to install
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'tensorflow' or name.startswith('tensorflow.'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "import importlib.util\n"
+        "_orig = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n == 'tensorflow' else _orig(n, *a)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from gate.cli import main\n"
+        "sys.exit(main(['fuzz', 'tf.relu', '--evals', '3']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent.parent)})
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'dl-gate[tensorflow]'" in lines[0], res.stderr

@@ -1,0 +1,94 @@
+import math
+
+import numpy as np
+import pytest
+
+from gate.backends.base import Output, numpy_quantize
+from gate.oracles.precision import compare, fitness, overflow_bound, ulp
+
+
+def out(a, dtype="float32"):
+    return Output(np.asarray(a, dtype=np.float64), dtype)
+
+
+@pytest.mark.parametrize("dtype,one_ulp", [("float16", 2.0**-10), ("bfloat16", 2.0**-7), ("float32", 2.0**-23), ("float64", 2.0**-52)])
+def test_ulp_of_one_and_subnormal_spacing(dtype, one_ulp):
+    assert ulp(np.array(1.0), dtype) == one_ulp
+    assert ulp(np.array(1.5), dtype) == one_ulp
+    assert ulp(np.array(2.0), dtype) == 2 * one_ulp
+    p = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}[dtype]
+    emin = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}[dtype]
+    assert ulp(np.array(0.0), dtype) == math.ldexp(1.0, emin - p + 1)
+
+
+def test_ulp_matches_numpy_spacing():
+    x = np.array([1e-3, 0.3, 7.0, 1234.5, 6e4])
+    np.testing.assert_array_equal(ulp(x, "float16"), np.spacing(x.astype(np.float16)).astype(np.float64))
+    np.testing.assert_array_equal(ulp(x, "float32"), np.spacing(x.astype(np.float32)).astype(np.float64))
+
+
+def test_quantize_is_exactly_representable_and_bf16_round_trips():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(1000) * 100
+    for dt in ("float16", "float32", "bfloat16"):
+        q = numpy_quantize(x, dt)
+        np.testing.assert_array_equal(numpy_quantize(q, dt), q)
+    q = numpy_quantize(x, "bfloat16")
+    bits = q.astype(np.float32).view(np.uint32)
+    assert np.all(bits & 0xFFFF == 0)
+    np.testing.assert_array_equal(numpy_quantize(x, "float16"), x.astype(np.float16).astype(np.float64))
+
+
+def test_exact_output_has_zero_error():
+    m = compare([out([1.0, 2.0, 0.0])], [out([1.0, 2.0, 0.0], "float64")], "float16")
+    assert m.ulp == 0 and m.abs == 0 and m.nonfinite == 0
+
+
+def test_one_ulp_error_in_float16():
+    m = compare([out([1.0 + 2.0**-10])], [out([1.0], "float64")], "float16", ulp_floor="dtype")
+    assert m.ulp == pytest.approx(1.0)
+    assert m.abs == pytest.approx(2.0**-10)
+    assert m.worst_index == (0,)
+
+
+def test_floor_near_zero_of_the_function():
+    # ref tiny next to large outputs: 'output' floor measures in ulps of the output's scale
+    ref = np.array([1e-10, 1.0])
+    o = np.array([4e-7, 1.0])
+    m_out = compare([out(o)], [out(ref, "float64")], "float32", ulp_floor="output")
+    m_dtype = compare([out(o)], [out(ref, "float64")], "float32", ulp_floor="dtype")
+    assert m_out.ulp < 10
+    assert m_dtype.ulp > 1e6
+
+
+def test_nonfinite_only_where_reference_is_representable():
+    ovf = overflow_bound("float16")
+    assert ovf == 65520.0
+    # reference overflows fp16: +inf is the correctly rounded answer
+    m = compare([out([np.inf, 1.0], "float16")], [out([1e5, 1.0], "float64")], "float16")
+    assert m.nonfinite == 0 and m.ulp == 0
+    # reference finite and representable: NaN/Inf is a finding
+    m = compare([out([np.nan, np.inf], "float16")], [out([1.0, 2.0], "float64")], "float16")
+    assert m.nonfinite == 2 and fitness(m, "linf") == math.inf
+    # reference NaN (input outside the function's domain): not judged
+    m = compare([out([np.nan])], [out([np.nan], "float64")], "float16")
+    assert m.nonfinite == 0
+
+
+def test_shape_and_integer_mismatch():
+    m = compare([out([1.0, 2.0])], [out([1.0], "float64")], "float32")
+    assert m.shape_mismatch
+    m = compare([Output(np.array([1, 2]), "int64")], [Output(np.array([1, 3]), "int64")], "float32")
+    assert m.int_mismatch == 1 and m.severity == math.inf
+
+
+def test_l1_and_mean():
+    m = compare([out([1.0 + 2.0**-10, 2.0 + 2.0**-9])], [out([1.0, 2.0], "float64")], "float16", ulp_floor="dtype")
+    assert m.l1 == pytest.approx(2.0**-10 + 2.0**-9)
+    assert m.mean_ulp == pytest.approx(1.0)
+    assert fitness(m, "l1") == pytest.approx(1.0)
+
+
+def test_scalar_outputs():
+    m = compare([out(np.float64(1.0 + 2.0**-10))], [out(np.float64(1.0), "float64")], "float16", ulp_floor="dtype")
+    assert m.ulp == pytest.approx(1.0) and m.worst_index == ()

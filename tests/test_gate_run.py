@@ -1,0 +1,216 @@
+"""The gate's verdict end to end: real git repositories with an operator library, a real base
+replay in a worktree process, real torch. (issue: baselines and the gate verdict)"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gate.cli import main
+from gate.judge.verdict import GateReport
+
+BASE_OPS = '''
+import torch
+
+
+def _row_shift(x, dim):
+    return x - x.amax(dim=dim, keepdim=True)
+
+
+def softmax(x, dim=-1):
+    """Stable softmax."""
+    e = torch.exp(_row_shift(x, dim))
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def log1p_op(x):
+    return torch.log1p(x)
+
+
+def smooth(x):
+    return x * torch.sigmoid(x)
+'''
+
+CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+gate: {dtypes: [float16, float32]}
+ops:
+  - name: mylib.softmax
+    callable: mylib.ops:softmax
+    kind: normalization
+    sources: [mylib/ops.py]
+    dims: {N: [1, 8], D: [1, 64]}
+    inputs: [{name: x, shape: [N, D], domain: {name: real, scale: 4}}]
+  - name: mylib.log1p
+    callable: mylib.ops:log1p_op
+    sources: [mylib/ops.py]
+    dims: {N: [1, 32]}
+    inputs: [{name: x, shape: [N], domain: gt_minus1}]
+  - name: mylib.smooth
+    callable: mylib.ops:smooth
+    kind: activation
+    sources: [mylib/ops.py]
+    dims: {N: [1, 32]}
+    inputs: [{name: x, shape: [N], domain: {name: real, scale: 3}}]
+'''
+
+PRS = {
+    "precision": ("def log1p_op(x):\n    return torch.log1p(x)", "def log1p_op(x):\n    return torch.log(1 + x)"),
+    "nan": ("    e = torch.exp(_row_shift(x, dim))", "    e = torch.exp(x)"),
+    # a different function with the same rounding (x2 is exact; an overflow matches the
+    # reference's): sigmoid(1.5 * x) would also round its argument, a real precision loss
+    # for large |x| that the search finds
+    "behaviour": ("    return x * torch.sigmoid(x)", "    return x * torch.sigmoid(x) * 2"),
+    "crash": ("def smooth(x):\n", "def smooth(x):\n    if x.shape[-1] > 3:\n        raise IndexError('index 3 is out of bounds for dimension 0')\n"),
+    "refactor": ("    return x * torch.sigmoid(x)", "    gate_value = torch.sigmoid(x)\n    return x * gate_value"),
+    "docs": ('    """Stable softmax."""', '    """Softmax, stable: subtracts the row maximum before exp()."""'),
+}
+
+
+def git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                   check=True, capture_output=True)
+
+
+def make_repo(tmp_path: Path, ops_src: str = BASE_OPS, baselines: bool = True) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "mylib").mkdir(parents=True)
+    (repo / "mylib" / "__init__.py").write_text("")
+    (repo / "mylib" / "ops.py").write_text(ops_src)
+    (repo / ".dl-gate.yml").write_text(CONFIG)
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    if baselines:
+        refresh(repo)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "baselines")
+    return repo
+
+
+def refresh(repo: Path):
+    code = ("import sys; from gate.cli import main; "
+            "sys.exit(main(['baseline', 'refresh', '--evals', '40', '--seed', '0']))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    res = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+
+
+def open_pr(repo: Path, name: str):
+    old, new = PRS[name]
+    src = (repo / "mylib" / "ops.py").read_text()
+    assert old in src
+    git(repo, "checkout", "-q", "-b", f"pr-{name}")
+    (repo / "mylib" / "ops.py").write_text(src.replace(old, new))
+    git(repo, "commit", "-q", "-am", name)
+
+
+def gate(repo: Path, tmp_path: Path, *extra, seed=0, evals=40):
+    out = tmp_path / f"out-{seed}"
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        code = main(["run", "--base", "main", "--out", str(out), "--evals", str(evals), "--seed", str(seed), *extra])
+    finally:
+        os.chdir(old)
+    report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
+    assert report.exit_code == code
+    return code, report
+
+
+@pytest.fixture(scope="module")
+def base_repo(tmp_path_factory):
+    return make_repo(tmp_path_factory.mktemp("gate"))
+
+
+def clone(base_repo: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(base_repo), str(dst)], check=True)
+    git(dst, "checkout", "-q", "main")
+    return dst
+
+
+def by_op(report, op):
+    return [v for v in report.verdicts if v.op == op]
+
+
+@pytest.mark.parametrize("pr,op,needle", [
+    ("precision", "mylib.log1p", "ulp >"),
+    ("nan", "mylib.softmax", "new NaN/Inf"),
+    ("crash", "mylib.smooth", "new crash"),
+])
+def test_real_regressions_fail(base_repo, tmp_path, pr, op, needle):
+    repo = clone(base_repo, tmp_path)
+    open_pr(repo, pr)
+    code, report = gate(repo, tmp_path)
+    assert code == 1 and report.outcome == "regression"
+    regs = [v for v in by_op(report, op) if v.outcome == "regression"]
+    assert regs, [(v.id, v.outcome, v.reason) for v in report.verdicts]
+    assert any(needle in v.reason for v in regs), [v.reason for v in regs]
+    # the call graph selects exactly the operator each PR changes (the shared `sources` glob is
+    # only a fallback for changes the analysis cannot attribute)
+    assert report.selected and {s["op"] for s in report.selected} == {op}
+
+
+def test_behaviour_change_fails_by_default_and_warns_when_configured(base_repo, tmp_path):
+    repo = clone(base_repo, tmp_path)
+    open_pr(repo, "behaviour")
+    code, report = gate(repo, tmp_path)
+    assert code == 1
+    assert any(v.outcome == "behaviour-change" for v in by_op(report, "mylib.smooth"))
+    assert not any(v.outcome == "regression" for v in report.verdicts)
+    # the setting is read from the base: a PR that relaxes it does not relax its own gate
+    cfg = repo / ".dl-gate.yml"
+    cfg.write_text(cfg.read_text().replace("gate: {dtypes: [float16, float32]}",
+                                           "gate: {dtypes: [float16, float32], behaviour_change: warn}"))
+    git(repo, "commit", "-q", "-am", "relax")
+    code, _ = gate(repo, tmp_path, seed=1)
+    assert code == 1
+
+
+def test_missing_baseline_needs_baseline(tmp_path):
+    repo = make_repo(tmp_path, baselines=False)
+    open_pr(repo, "refactor")
+    code, report = gate(repo, tmp_path)
+    assert report.outcome == "needs-baseline" and code == 3
+    assert all(v.outcome == "needs-baseline" for v in report.verdicts)
+
+
+def test_corrupt_baseline_is_an_error_and_still_writes_the_report(base_repo, tmp_path):
+    repo = clone(base_repo, tmp_path)
+    (repo / "baselines" / "mylib.softmax.json").write_text('{"op": "mylib.softmax", "rows": [\n  {"variant": ')
+    git(repo, "commit", "-q", "-am", "oops")
+    open_pr(repo, "refactor")
+    code, report = gate(repo, tmp_path)
+    assert code == 2 and report.outcome == "error"
+    assert "corrupt baseline file baselines/mylib.softmax.json" in report.reason
+    assert "\n" not in report.reason
+
+
+@pytest.mark.slow
+def test_benign_changes_pass_in_20_reruns_with_different_seeds(base_repo, tmp_path):
+    """0 false alarms: a refactor, a docs-only change and a precision improvement."""
+    improve_base = BASE_OPS.replace("def log1p_op(x):\n    return torch.log1p(x)", "def log1p_op(x):\n    return torch.log(1 + x)")
+    imp_repo = make_repo(tmp_path / "imp", ops_src=improve_base)
+    git(imp_repo, "checkout", "-q", "-b", "pr-improve")
+    (imp_repo / "mylib" / "ops.py").write_text(BASE_OPS)
+    git(imp_repo, "commit", "-q", "-am", "use log1p")
+    ref_repo = clone(base_repo, tmp_path / "ref")
+    open_pr(ref_repo, "refactor")
+    docs_repo = clone(base_repo, tmp_path / "docs")
+    open_pr(docs_repo, "docs")
+    outcomes = {"refactor": [], "docs": [], "improve": []}
+    for seed in range(20):
+        for name, repo in (("refactor", ref_repo), ("docs", docs_repo), ("improve", imp_repo)):
+            code, report = gate(repo, tmp_path / name, seed=seed, evals=25)
+            outcomes[name].append((code, report.outcome, [v.outcome for v in report.verdicts]))
+    for name, runs in outcomes.items():
+        assert all(code == 0 for code, _, _ in runs), (name, runs)
+    assert all(o == [] for _, _, o in outcomes["docs"])  # nothing selected
+    assert all("improvement" in o for _, _, o in outcomes["improve"]), outcomes["improve"]

@@ -1,0 +1,242 @@
+"""Localise stage pieces on their own: shrinking, sub-operation tracing, changed-code ranking,
+the no-base (framework built-in) path, the time budget, failure isolation, the TensorFlow repro."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gate.config import Config
+from gate.fuzz.inputs import Candidate
+from gate.judge.baselines import BaselineRow
+from gate.judge.decide import GateSettings, decide
+from gate.judge.replay import replay
+from gate.judge.verdict import GateReport
+from gate.localise import localise_all
+from gate.localise.code import Change, rank
+from gate.localise.model import Deadline
+from gate.localise.shrink import ddmin
+from gate.localise.trace import culprit, trace_op
+from gate.ops.catalog import load_builtin
+from gate.ops.spec import OpSpec
+from gate.plan import Budget, Task, Variant
+
+
+class _Chk:
+    def __init__(self, cand, holds):
+        self.cand, self.holds = cand, holds
+
+
+def test_ddmin_finds_the_indices_that_matter():
+    need = {37, 71}
+    calls = []
+
+    def check(cands):
+        calls.append(len(cands))
+        return [_Chk(c, need <= set(c)) for c in cands]
+
+    keep, chk = ddmin(100, lambda s: list(s), check, 1, Deadline(30))
+    assert sorted(keep) == [37, 71] and chk.holds
+    assert len(calls) < 40  # batched rounds, not one question per element
+    keep, _ = ddmin(100, lambda s: list(s), check, 1, Deadline(30), prefer=[[37, 71]])
+    assert sorted(keep) == [37, 71] and len(calls) < 45
+    # an expired deadline returns at once with what it has
+    keep, chk = ddmin(100, lambda s: list(s), check, 1, Deadline(0))
+    assert len(keep) == 100 and chk is None
+
+
+def _module(tmp_path, monkeypatch, source: str) -> str:
+    name = f"loclib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def _line(tmp_path, mod, needle):
+    text = (tmp_path / f"{mod}.py").read_text().splitlines()
+    return next(i + 1 for i, ln in enumerate(text) if needle in ln)
+
+
+BRANCHY = '''
+import torch
+
+
+def _shifted(x):
+    return x - x.amax(dim=-1, keepdim=True)
+
+
+def softmax(x):
+    if x.dtype == torch.float16:
+        e = torch.exp(x)  # no shift for half: "inputs are small"
+        return e / e.sum(dim=-1, keepdim=True)
+    e = torch.exp(_shifted(x))
+    return e / e.sum(dim=-1, keepdim=True)
+'''
+
+
+def test_shadow_trace_follows_the_dtype_branch_and_names_the_jump(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, BRANCHY)
+    spec = OpSpec.from_dict({"name": "t.softmax", "framework": "torch", "callable": f"{mod}:softmax",
+                             "kind": "normalization", "inputs": [{"name": "x", "shape": ["N"]}], "dims": {"N": [1, 8]}},
+                            origin="user")
+    cand = Candidate(dims={"N": 3}, params={}, arrays={"x": np.array([12.0, 1.0, -3.0])})
+    head = trace_op(spec, Variant("float16"), cand, root=str(tmp_path))
+    assert [c.name.split(".")[-1] for c in head.low.calls] == ["exp", "sum", "div"]
+    assert all(c.file == f"{mod}.py" for c in head.low.calls)
+    sub, table = culprit(head, None, "nonfinite", 2.0, 3.0, spec.ulp_floor)
+    # exp(12) overflows float16 (the oracle calls that exact: float64 is out of range too); the
+    # NaN shows at the division, and the culprit is the overflowing exp of the float16-only branch
+    assert sub["call"] == "exp" and sub["line"] == _line(tmp_path, mod, "e = torch.exp(x)"), sub
+    assert sub["overflow"] == 1 and "overflows" in sub["how"] and "div" in sub["how"]
+    assert table[0]["delta"] < 2 and table[2]["delta"] == float("inf")
+    # float32 takes the shifted path: nothing jumps above the floor
+    f32 = trace_op(spec, Variant("float32"), cand, root=str(tmp_path))
+    assert [c.name.split(".")[-1] for c in f32.low.calls][:2] == ["amax", "sub"]
+    assert all((c.delta or 0) < 4 for c in f32.low.calls)
+
+
+def test_builtin_has_no_suboperations_and_tensorflow_is_not_traced():
+    spec = next(s for s in load_builtin(("torch",)) if s.name == "torch.exp")
+    cand = Candidate(dims={"N": 2}, params={}, arrays={k: np.ones((2,)) for k in [t.name for t in spec.inputs]})
+    tr = trace_op(spec, Variant("float32"), cand)
+    assert tr.low.calls == [] and "built-in" in tr.note
+    tf_spec = OpSpec.from_dict({"name": "t.tf", "framework": "tensorflow", "callable": "x.y:z",
+                                "inputs": [{"name": "x", "shape": [2]}]}, origin="user")
+    assert "PyTorch operators only" in trace_op(tf_spec, Variant("float32"), cand).note
+
+
+def test_changed_code_ranking_follows_the_stack_and_the_selection():
+    changes = [
+        Change("lib/a.py", [30, 31], "unrelated", 28, 33),
+        Change("lib/h.py", [12], "helper", 10, 13),
+        Change("lib/f.py", [5], "f", 3, 8),
+        Change("lib/f.py", [20], "other", 18, 22),
+    ]
+    stack = ["lib/op.py:4 op", "lib/f.py:6 f", "lib/h.py:12 helper"]  # outermost first
+    rows = rank(changes, stack, [])
+    assert [(r["file"], r["line"], r["distance"]) for r in rows[:2]] == [("lib/h.py", 12, 0), ("lib/f.py", 5, 3)]
+    assert {r["symbol"] for r in rows[2:]} == {"unrelated", "other"} and all(r["distance"] > 3 for r in rows[2:])
+    # with the selection's reasons, code that does not reach the operator is left out
+    reasons = [{"file": "lib/h.py", "line": 10, "symbol": "lib.h:helper", "path": ["lib.h:helper", "lib.f:f", "lib.op:op", "op"],
+                "kind": "python"},
+               {"file": "lib/f.py", "line": 3, "symbol": "lib.f:f", "path": ["lib.f:f", "lib.op:op", "op"], "kind": "python"}]
+    rows = rank(changes, stack, reasons)
+    assert [(r["file"], r["symbol"]) for r in rows] == [("lib/h.py", "helper"), ("lib/f.py", "f")]
+    # a call site one level up the stack is closer than another line of that function
+    rows = rank([Change("lib/f.py", [6], "f", 3, 8), Change("lib/h.py", [11], "helper", 10, 13)], stack, [])
+    assert [(r["line"], r["distance"]) for r in rows] == [(11, 1), (6, 2)]
+    # a changed helper that no longer calls anything traced, called on the sub-operation's line
+    src = {("lib/h.py", 12): "    return torch.exp(shift(x))"}
+    rows = rank([Change("lib/s.py", [4], "shift", 2, 5), Change("lib/a.py", [30], "unrelated", 28, 33)], stack, [],
+                lambda f, ln: src.get((f, ln), ""))
+    assert [(r["symbol"], r["distance"]) for r in rows][0] == ("shift", 1) and "called on" in rows[0]["why"]
+
+
+NAIVE = '''
+import torch
+
+
+def _log_one_plus(u):
+    return torch.log(1 + u)
+
+
+def softplus(x):
+    return _log_one_plus(torch.exp(x))
+'''
+
+
+def _work(tmp_path, monkeypatch, dtype="float16", settings=None, base_ulp=0.5, hi=6.0):
+    """A work item as the pipeline builds it, for an operator judged without a base replay."""
+    mod = _module(tmp_path, monkeypatch, NAIVE)
+    spec = OpSpec.from_dict({"name": "t.softplus", "framework": "torch", "callable": f"{mod}:softplus",
+                             "kind": "elementwise", "inputs": [{"name": "x", "shape": ["N", "D"], "domain": {"name": "real", "scale": 4}}],
+                             "dims": {"N": [1, 8], "D": [1, 16]}, "dtypes": ["float16", "float32"]}, origin="user")
+    variant = Variant(dtype)
+    rng = np.random.default_rng(0)
+    cands = [Candidate(dims={"N": 8, "D": 16}, params={}, arrays={"x": rng.uniform(-10.0, hi, (8, 16))}) for _ in range(3)]
+    head = replay(spec, variant, cands)
+    settings = settings or GateSettings()
+    row = BaselineRow(op=spec.name, variant=variant.key, env={}, ulp=base_ulp)
+    vv = decide(spec, variant, head, None, row, "ok", None, settings)
+    task = Task(op=spec, variant=variant, budget=Budget(evals=10), seed=0)
+    w = {"spec": spec, "task": task, "finding": None, "row": row, "status": "ok", "cands": cands, "head": head,
+         "base": None, "src": (f"{mod}.py", 9), "verdict": vv}
+    return mod, w
+
+
+def _ctx(tmp_path, budget):
+    cfg = Config(path=None, root=tmp_path, raw={"budget": {"localise": budget}})
+    return {"repo": tmp_path, "merge_base": None, "head_sha": None, "config": cfg, "base_config": None, "selected": [],
+            "settings": GateSettings(), "out": tmp_path / "out", "say": None}
+
+
+def test_without_base_the_finding_is_held_against_the_baseline_row(tmp_path, monkeypatch):
+    mod, w = _work(tmp_path, monkeypatch)
+    vv = w["verdict"]
+    assert vv.outcome == "regression"
+    report = GateReport(outcome="regression", reason="", verdicts=[vv])
+    localise_all(report, [w], _ctx(tmp_path, 30))
+    d = vv.diagnosis
+    assert d and not d.get("error") and not d.get("truncated"), d
+    assert d["minimal_input_elements"] == 1 and d["found_input_elements"] == 128
+    assert (d["suboperation"]["call"], d["suboperation"]["line"]) == ("log", _line(tmp_path, mod, "torch.log(1 + u)"))
+    assert d["base_vs_head"][0] == {"name": "status", "base": "not run (no base version)", "head": "ok"}
+    assert Path(d["repro_script"]).exists() and vv.repro_command == d["repro_command"]
+    assert json.loads(json.dumps(report.to_dict()))["verdicts"][0]["diagnosis"]["kind"] == "precision"
+    # the script reproduces in a fresh process (numpy + torch + the library only)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, d["repro_script"]], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 1 and "float16 max error" in res.stdout, res.stdout + res.stderr
+
+
+def test_new_overflow_is_traced_to_the_call_that_overflows(tmp_path, monkeypatch):
+    mod, w = _work(tmp_path, monkeypatch, hi=13.0)  # exp(x) overflows float16 above ~11.1
+    vv = w["verdict"]
+    assert vv.outcome == "regression" and "NaN/Inf" in vv.reason
+    localise_all(GateReport(outcome="regression", reason="", verdicts=[vv]), [w], _ctx(tmp_path, 30))
+    d = vv.diagnosis
+    assert d["kind"] == "nonfinite" and d["minimal_input_elements"] == 1
+    assert (d["suboperation"]["call"], d["suboperation"]["line"]) == ("exp", _line(tmp_path, mod, "torch.exp(x)"))
+    assert "overflows" in d["suboperation"]["how"] and "float16" in d["parameter"]
+
+
+def test_budget_bounds_the_stage_and_failures_stay_inside(tmp_path, monkeypatch):
+    _, w = _work(tmp_path, monkeypatch)
+    vv = w["verdict"]
+    report = GateReport(outcome="regression", reason="", verdicts=[vv])
+    localise_all(report, [w], _ctx(tmp_path, 0))
+    assert vv.diagnosis["truncated"] and "off" in vv.diagnosis["notes"][0]
+    vv.diagnosis = None
+    localise_all(report, [w], _ctx(tmp_path, 1e-6))  # spent before it starts: cheap parts only
+    d = vv.diagnosis
+    assert d["truncated"] and not d.get("error") and d["minimal_input_elements"] == d["found_input_elements"]
+    assert "suboperation" not in d and Path(d["repro_script"]).exists()
+    assert vv.outcome == "regression"
+    # a broken work item becomes a note on its verdict, never an exception
+    vv.diagnosis = None
+    broken = dict(w, cands=[], head=[])
+    localise_all(report, [broken], _ctx(tmp_path, 5))
+    assert vv.diagnosis["error"].startswith("IndexError") and vv.outcome == "regression"
+
+
+@pytest.mark.tf
+def test_tensorflow_repro_script_runs_with_tensorflow_alone(tmp_path):
+    from gate.localise.repro import write_repro
+
+    mod = f"tflib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{mod}.py").write_text("import tensorflow as tf\n\n\ndef softplus(x):\n    return tf.math.log(1 + tf.exp(x))\n")
+    spec = OpSpec.from_dict({"name": "t.tf_softplus", "framework": "tensorflow", "callable": f"{mod}:softplus",
+                             "inputs": [{"name": "x", "shape": ["N"]}], "dims": {"N": [1, 4]}}, origin="user")
+    cand = Candidate(dims={"N": 2}, params={}, arrays={"x": np.array([-8.0, 0.5])})
+    paths = write_repro(tmp_path / "repro", "tf", spec, Variant("float16"), cand, kind="precision", threshold=2.0,
+                        threshold_why="test", repo=tmp_path, python_path=["."], reason="planted", ftz=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "float16 max error" in res.stdout and "worst element output[0][0]" in res.stdout
+

@@ -1,0 +1,97 @@
+"""JUnit XML: validated against a JUnit schema (tests/data/junit.xsd) and read back with junitparser."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import xmlschema
+from junitparser import Error, Failure, JUnitXml, Skipped
+
+from gate.judge.verdict import BEHAVIOUR_CHANGE, REGRESSION
+from gate.report.junit import render_junit, write_junit
+from tests.report_samples import error_report, pass_report, regression, rich_report
+
+SCHEMA = xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit.xsd"))
+
+
+def cases(path):
+    xml = JUnitXml.fromfile(str(path))
+    return {(c.classname, c.name): c for suite in xml for c in suite}
+
+
+def test_schema_rejects_malformed_junit():
+    # the schema is strict enough to fail: a testcase without a name, a non-numeric line
+    with pytest.raises(xmlschema.XMLSchemaValidationError):
+        SCHEMA.validate('<testsuites><testsuite name="s" tests="1" failures="0" errors="0">'
+                        '<testcase classname="c"/></testsuite></testsuites>')
+    with pytest.raises(xmlschema.XMLSchemaValidationError):
+        SCHEMA.validate('<testsuites><testsuite name="s" tests="1" failures="0" errors="0">'
+                        '<testcase name="n" line="ten"/></testsuite></testsuites>')
+
+
+@pytest.mark.parametrize("make", [rich_report, pass_report, error_report, lambda: pass_report(verdicts=[])])
+def test_every_outcome_gives_schema_valid_junit(tmp_path, make):
+    path = write_junit(make(), tmp_path / "junit.xml")
+    SCHEMA.validate(str(path))
+    assert cases(path)
+
+
+def test_a_testcase_per_operator_variant_with_location_and_outcome(tmp_path):
+    report = rich_report()
+    path = write_junit(report, tmp_path / "out" / "junit.xml")
+    got = cases(path)
+    assert len(got) == len(report.verdicts)
+    sp = got[("dl-gate.torch.mylib.softplus", "float16/cpu/input")]
+    assert sp._elem.get("file") == "mylib/ops.py" and sp._elem.get("line") == "10"
+    assert sp.time == pytest.approx(2.5)
+    (failure,) = [r for r in sp.result if isinstance(r, Failure)]
+    assert failure.message == report.verdicts[1].reason  # the one-line diagnosis
+    assert failure.type == REGRESSION
+    body = failure.text
+    for needle in ("head 48 ulp, base 1.5 ulp", "seed: 1234", "minimal input: x: float16[1] = [-0.0001]",
+                   "repro: python dl-gate-out/repro/mylib.softplus_float16.py", "mylib/util.py:7 (_stable_exp)"):
+        assert needle in body
+    tanh_err = got[("dl-gate.tensorflow.tf.math.tanh", "float32/cpu/operator")]
+    assert any(isinstance(r, Error) for r in tanh_err.result)
+    for key in (("dl-gate.torch.mylib.gelu", "float64/cpu/input"), ("dl-gate.torch.mylib.gelu", "float16/cuda/input")):
+        assert any(isinstance(r, Skipped) for r in got[key].result)
+    assert got[("dl-gate.torch.mylib.gelu", "bfloat16/cpu/input")].is_passed
+    assert got[("dl-gate.tensorflow.tf.math.tanh", "float16/cpu/input")].is_passed  # behaviour change: warn
+    xml = JUnitXml.fromfile(str(path))
+    assert sum(s.failures for s in xml) == 2 and sum(s.errors for s in xml) == 1 and sum(s.skipped for s in xml) == 2
+
+
+def test_behaviour_change_fails_when_configured(tmp_path):
+    report = rich_report(fail_outcomes=[REGRESSION, BEHAVIOUR_CHANGE])
+    got = cases(write_junit(report, tmp_path / "j.xml"))
+    res = got[("dl-gate.tensorflow.tf.math.tanh", "float16/cpu/input")].result
+    assert [r.type for r in res if isinstance(r, Failure)] == [BEHAVIOUR_CHANGE]
+
+
+def test_error_run_without_verdicts_still_has_a_testcase(tmp_path):
+    path = write_junit(error_report(), tmp_path / "j.xml")
+    (case,) = cases(path).values()
+    assert case.classname == "dl-gate" and case.name == "run"
+    (err,) = case.result
+    assert isinstance(err, Error) and "unknown revision" in err.message
+
+
+def test_absolute_sources_become_relative_to_the_repository(tmp_path):
+    v = regression()
+    v.source_file = str(tmp_path / "repo" / "mylib" / "ops.py")
+    report = pass_report(verdicts=[v], outcome="regression")
+    got = cases(write_junit(report, tmp_path / "j.xml", root=tmp_path / "repo"))
+    (case,) = got.values()
+    assert case._elem.get("file") == "mylib/ops.py"
+
+
+def test_control_characters_and_markup_in_messages_stay_valid_xml(tmp_path):
+    v = regression()
+    v.reason = 'crash: \x00\x1b[31m <tag attr="x"> & ]]> done'
+    v.head_crash = "Traceback\n  File \"x\", line 1\x07"
+    text = render_junit(pass_report(verdicts=[v], outcome="regression"))
+    SCHEMA.validate(text)
+    path = tmp_path / "j.xml"
+    path.write_text(text)
+    (case,) = cases(path).values()
+    assert "<tag" in case.result[0].message

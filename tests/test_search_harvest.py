@@ -1,0 +1,127 @@
+"""`dl-gate harvest -- pytest ...` on a real (tiny) project: the calls its tests make are
+recorded, bound to the operator's spec, stored beside the baselines, and used by `dl-gate fuzz`."""
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from gate.cli import main
+from gate.config import load_config
+from gate.fuzz.seeds import SeedStore
+
+CONFIG = """\
+version: 1
+framework: torch
+ops:
+  - name: mylib.scaled_tanh
+    callable: mylib.ops.scaled_tanh
+    kind: activation
+    params: {scale: {choices: [1.0, 2.0]}}
+    dims: {N: [1, 8], D: [1, 8]}
+    inputs: [{name: x, shape: [N, D]}]
+"""
+
+OPS = """\
+import torch
+
+
+def scaled_tanh(x, scale=2.0):
+    return torch.tanh(x) * scale
+
+
+def helper(x):
+    return scaled_tanh(x, scale=1.0)  # an internal call, through the module's globals
+"""
+
+TESTS = """\
+import torch
+
+import mylib.ops as ops
+from mylib import scaled_tanh
+
+
+def test_linspace():
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    assert scaled_tanh(x).shape == (3, 4)
+
+
+def test_twice_the_same_call():
+    x = torch.ones(2, 5)
+    ops.scaled_tanh(x, scale=1.0)
+    ops.scaled_tanh(x, scale=1.0)
+
+
+def test_internal_call():
+    ops.helper(torch.full((4, 4), 0.5))
+
+
+def test_other_rank():
+    assert scaled_tanh(torch.ones(2, 3, 4)).shape == (2, 3, 4)
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "mylib").mkdir()
+    (tmp_path / "mylib" / "__init__.py").write_text("from .ops import scaled_tanh\n")
+    (tmp_path / "mylib" / "ops.py").write_text(OPS)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_ops.py").write_text(TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / ".dl-gate.yml").write_text(CONFIG)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "mylib" or m.startswith("mylib.")]:
+        del sys.modules[name]
+
+
+def test_harvest_records_the_calls_of_a_real_pytest_run(project, capsys):
+    code = main(["harvest", "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    idx = json.loads((project / "baselines" / "seeds" / "index.json").read_text())
+    rows = idx["ops"]["mylib.scaled_tanh"]
+    sources = sorted(r["source"] for r in rows)
+    assert sources == ["tests/test_ops.py::test_internal_call", "tests/test_ops.py::test_linspace",
+                       "tests/test_ops.py::test_twice_the_same_call"]  # the repeat is stored once
+    assert "skipped x1: input x has rank 3, the spec 2" in out
+    seeds = SeedStore(project / "baselines" / "seeds").harvested(load_config().ops[0])
+    by_shape = {tuple(s.arrays["x"].shape): s for s in seeds}
+    lin = by_shape[(3, 4)]
+    np.testing.assert_allclose(lin.arrays["x"].ravel(), np.linspace(-1, 1, 12), rtol=1e-6)
+    assert lin.params == {} and lin.dims == {"N": 3, "D": 4}  # scale left to its default
+    assert by_shape[(2, 5)].params == {"scale": 1.0}
+    assert by_shape[(4, 4)].params == {"scale": 1.0} and np.all(by_shape[(4, 4)].arrays["x"] == 0.5)
+
+    # the gate's fuzzing runs them first
+    code = main(["fuzz", "mylib.scaled_tanh", "--dtype", "float32", "--evals", "12", "--json", "f.json",
+                 "--save-inputs", "inputs"])
+    assert code == 0
+    finding = json.loads((project / "f.json").read_text())["findings"][0]
+    assert finding["coverage"]["seeds"]["harvested"] == 3
+    # the test that left `scale` to its default exercised a class the spec's choices never draw
+    assert finding["coverage"]["classes"]["keys"]["param:scale"]["extra"] == ["default"]
+
+
+def test_harvest_works_for_any_python_command_and_reports_its_failure(project, capsys):
+    """Not only pytest: any Python process gets the recorder (numpy arrays are tensors too);
+    a failing command still leaves the seeds it produced, and fails the step."""
+    (project / "mylib" / "npops.py").write_text("import numpy as np\n\n\ndef scaled(x, scale=2.0):\n"
+                                                "    return np.tanh(x) * scale\n")
+    (project / ".dl-gate.yml").write_text(CONFIG.replace("mylib.scaled_tanh", "mylib.scaled")
+                                          .replace("mylib.ops.scaled_tanh", "mylib.npops.scaled"))
+    script = "import numpy as np, mylib.npops as m; m.scaled(np.ones((1, 2)), 2.0); raise SystemExit(1)"
+    code = main(["harvest", "--out", "seeds", "--", sys.executable, "-c", script])
+    captured = capsys.readouterr()
+    assert code == 2 and "exited with status 1" in captured.err
+    rows = SeedStore(project / "seeds").index()["ops"]["mylib.scaled"]
+    assert len(rows) == 1 and rows[0]["params"] == {"scale": "2.0"} and rows[0]["shapes"] == {"x": [1, 2]}
+
+
+def test_harvest_needs_a_command_and_operators(project, capsys):
+    assert main(["harvest"]) == 2
+    assert "give the test command after --" in capsys.readouterr().err
+    (project / ".dl-gate.yml").write_text("version: 1\n")
+    assert main(["harvest", "--", "true"]) == 2
+    assert "no operators to record" in capsys.readouterr().err

@@ -1,0 +1,150 @@
+"""Seeds: recorded calls bound to specs, OpInfo samples (cached), the seed store, Opera-style
+prioritisation, and fuzz_task running stored seeds first."""
+import json
+
+import numpy as np
+import pytest
+
+import gate.fuzz.seeds as seeds_mod
+from gate.fuzz import fuzz_task
+from gate.fuzz.inputs import Candidate
+from gate.fuzz.seeds import (CallRecord, Opaque, SeedStore, TensorArg, candidate_from_call, opinfo_seeds,
+                             parameter_names, prioritise)
+from gate.ops.catalog import Catalog, load_builtin
+from gate.plan import Budget, Task, Variant
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return Catalog(load_builtin(("torch",)))
+
+
+def T(*shape, values=None):
+    return TensorArg(tuple(shape), "float32", values)
+
+
+def test_parameter_names_from_signature_docstring_or_schema():
+    import torch
+
+    F = torch.nn.functional
+    assert parameter_names(F.layer_norm)[:3] == ["input", "normalized_shape", "weight"]
+    assert parameter_names(F.conv2d) == ["input", "weight", "bias", "stride", "padding", "dilation", "groups"]
+    assert parameter_names(F.max_pool2d)[:2] == ["input", "kernel_size"]  # a (*args, **kwargs) wrapper
+    assert parameter_names(torch.logsumexp)[:2] == ["input", "dim"]  # from the docstring's first line
+    assert parameter_names(torch.log_softmax)[:2] == ["self", "dim"]  # no docstring: the ATen schema
+    assert parameter_names(None) is None
+
+
+def test_a_conv_call_binds_to_the_spec(catalog):
+    import torch
+
+    spec = catalog.get("torch.conv2d")
+    x = np.arange(2 * 3 * 5 * 5, dtype=float).reshape(2, 3, 5, 5) / 10
+    rec = CallRecord(op=spec.name, args=[T(2, 3, 5, 5, values=x), T(4, 3, 3, 3), T(4)],
+                     kwargs={"stride": 2, "padding": 1, "groups": 1}, source="t::a", fn=torch.nn.functional.conv2d)
+    cand, why = candidate_from_call(spec, rec)
+    assert why == "" and cand is not None
+    assert cand.dims == {"N": 2, "C": 3, "O": 4, "K": 3, "H": 5, "W": 5}
+    assert cand.params == {"stride": 2, "padding": 1, "groups": 1}  # groups: replayed although not in the spec
+    np.testing.assert_array_equal(cand.arrays["input"], x)
+    assert cand.arrays["weight"].shape == (4, 3, 3, 3)  # regenerated from the domain (no values recorded)
+    assert cand.origin == "seed:t::a"
+
+
+@pytest.mark.parametrize("args,kwargs,reason", [
+    ([T(3, 5, 5), T(4, 3, 3, 3), T(4)], {}, "rank 3"),
+    ([T(2, 4, 5, 5), T(4, 2, 3, 3), T(4)], {"groups": 2}, "dim C is both"),
+    ([T(2, 3, 5, 5), T(4, 3, 3, 3), None], {}, "not a tensor"),
+    ([T(2, 3, 5, 5), T(4, 3, 3, 3), T(4)], {"padding": Opaque("Module")}, "cannot be replayed"),
+])
+def test_calls_the_spec_cannot_express_are_skipped_with_a_reason(catalog, args, kwargs, reason):
+    import torch
+
+    rec = CallRecord(op="torch.conv2d", args=args, kwargs=kwargs, fn=torch.nn.functional.conv2d)
+    cand, why = candidate_from_call(catalog.get("torch.conv2d"), rec)
+    assert cand is None and reason in why
+
+
+def test_derived_parameters_are_checked_and_unknown_dims_solved(catalog):
+    import torch
+
+    F = torch.nn.functional
+    ln = catalog.get("torch.layer_norm")
+    ok = CallRecord(op=ln.name, args=[T(3, 6), (6,), T(6), T(6)], kwargs={"eps": 1e-5}, fn=F.layer_norm)
+    cand, _ = candidate_from_call(ln, ok)
+    assert cand.dims == {"N": 3, "D": 6} and cand.params["normalized_shape"] == (6,)
+    bad = CallRecord(op=ln.name, args=[T(3, 6), (3, 6), T(3, 6), T(3, 6)], kwargs={}, fn=F.layer_norm)
+    cand, why = candidate_from_call(ln, bad)
+    assert cand is None
+    gn = catalog.get("torch.group_norm")  # input [N, G*Cg, L]: G from num_groups, Cg solved from the shape
+    rec = CallRecord(op=gn.name, args=[T(2, 6, 5), 3], kwargs={"weight": T(6), "bias": T(6)}, fn=F.group_norm)
+    cand, why = candidate_from_call(gn, rec)
+    assert why == "" and cand.dims == {"N": 2, "G": 3, "Cg": 2, "L": 5} and cand.params["num_groups"] == 3
+
+
+def test_prioritise_puts_novel_value_classes_first(catalog):
+    spec = catalog.get("torch.softmax")
+    rng = np.random.default_rng(0)
+
+    def seed(n, d, scale, dim=-1):
+        return Candidate(dims={"N": n, "D": d}, params={"dim": dim}, arrays={"input": rng.standard_normal((n, d)) * scale})
+
+    dup1, dup2 = seed(4, 16, 1.0), seed(4, 16, 1.0)
+    novel = seed(1, 8, 1e5, dim=0)
+    order = prioritise(spec, [dup1, dup2, novel], "float32")
+    assert {id(order[0]), id(order[1])} == {id(dup1), id(novel)} and order[2] is dup2  # the repeat goes last
+    assert len(prioritise(spec, [dup1, dup2, novel], "float32", limit=2)) == 2
+
+
+def test_seed_store_round_trip_and_dedup(tmp_path, catalog):
+    store = SeedStore(tmp_path / "seeds", opinfo=False)
+    spec = catalog.get("torch.tanh")
+    c = Candidate(dims={"N": 2, "D": 3}, params={}, arrays={"x": np.linspace(-1, 1, 6).reshape(2, 3)})
+    assert store.add(spec.name, c, source="tests/t.py::test_a")
+    assert store.add(spec.name, c.copy(), source="tests/t.py::test_b") is None  # same content
+    got = store.load(spec)
+    assert len(got) == 1 and store.last_sources["harvested"] == 1
+    np.testing.assert_array_equal(got[0].arrays["x"], c.arrays["x"])
+    idx = json.loads((tmp_path / "seeds" / "index.json").read_text())
+    assert idx["ops"]["torch.tanh"][0]["source"] == "tests/t.py::test_a"
+
+
+def test_fuzz_task_runs_stored_seeds_first(tmp_path, catalog):
+    spec = catalog.get("torch.tanh")
+    store = SeedStore(tmp_path, opinfo=False)
+    seed = Candidate(dims={"N": 3, "D": 7}, params={}, arrays={"x": np.full((3, 7), 0.125)}, origin="seed:mine")
+    store.add(spec.name, seed)
+    seen = []
+    task = Task(op=spec, variant=Variant("float32"), budget=Budget(evals=20), seed=0)
+    f = fuzz_task(task, seed_store=store, on_best=lambda q, ev, fit: seen.append(q))
+    assert seen[0].origin == "seed:mine" and seen[0].arrays["x"].shape == (3, 7)
+    assert f.coverage["seeds"] == {"given": 0, "harvested": 1, "used": 1}
+
+
+def test_opinfo_samples_become_cached_seeds(tmp_path, catalog, monkeypatch):
+    pytest.importorskip("expecttest", reason="OpInfo needs expecttest (pip install expecttest)")
+    spec = catalog.get("torch.gelu")
+    assert spec.opinfo == "nn.functional.gelu"
+    cands, note = opinfo_seeds(spec, cache_dir=tmp_path)
+    assert cands and "samples fit the spec" in note
+    assert {c.params["approximate"] for c in cands} == {"none", "tanh"}
+    assert all(c.origin == "seed:opinfo:nn.functional.gelu" for c in cands)
+
+    def boom(*a, **k):
+        raise AssertionError("the database must not be read again")
+
+    monkeypatch.setattr(seeds_mod, "opinfo_records", boom)
+    again, _ = opinfo_seeds(spec, cache_dir=tmp_path)
+    assert len(again) == len(cands)
+    for a, b in zip(cands, again):
+        np.testing.assert_array_equal(a.arrays["input"], b.arrays["input"])
+    store = SeedStore(None, cache_dir=tmp_path)
+    assert len(store.load(spec)) == len(cands) and store.last_sources["opinfo"] == len(cands)
+
+
+def test_a_missing_opinfo_entry_is_a_note_not_an_error(tmp_path, catalog, monkeypatch):
+    spec = catalog.get("torch.tanh").replace(opinfo="no.such.op")
+    monkeypatch.setattr(seeds_mod, "opinfo_records", lambda name: ([], f"no OpInfo entry {name!r}"))
+    cands, note = opinfo_seeds(spec, cache_dir=tmp_path)
+    assert cands == [] and "no OpInfo entry" in note
+    assert not list(tmp_path.rglob("index.json"))  # nothing cached: it may appear later
