@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..backends import get_backend
 from ..backends.base import Output
 from ..errors import ConfigError
 from ..ops.xfw import TwinCall, Untranslatable, XfwPair, load_table, pair_specs
@@ -28,6 +27,13 @@ from ..plan import Variant
 from .inputs import Candidate
 from .oracle_base import OracleRunner
 from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, VariantRunner, exception_signature
+
+
+def _add_after(fn, tensor):
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs) + tensor
+
+    return call
 
 
 class _PairBackend:
@@ -90,12 +96,8 @@ class XfwRunner(OracleRunner):
             else:
                 args.append(native)
         fn = self.tf.fn
-        post = None
-        if call.post_add is not None:
-            post = be.to_native(call.post_add[0], dtype, dev)
-
-            def fn(*a, _f=self.tf.fn, _b=post, **k):  # noqa: E306 - bias added in TF at dtype
-                return _f(*a, **k) + _b
+        if call.post_add is not None:  # e.g. the conv bias TF's op lacks, added in TF at the dtype
+            fn = _add_after(self.tf.fn, be.to_native(call.post_add[0], dtype, dev))
 
         outs = be.to_outputs(be.call(fn, args, kwargs, mode="input", dtype=dtype, device=dev))
         if call.out_permute is not None:

@@ -129,6 +129,10 @@ class GradcheckRunner(_GradBase):
         return a, flat
 
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
+        with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 near overflow: judged below
+            return self._evaluate(cand, quantized)
+
+    def _evaluate(self, cand: Candidate, quantized: bool) -> Tuple[Candidate, Evaluation]:
         t0 = time.perf_counter()
         q = cand if quantized else self.quantize(cand)
         h = float(self.options.get("step", 1e-6))
