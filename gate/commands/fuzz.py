@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import List
 
 from ..backends import get_backend
 from ..errors import GateError
@@ -65,19 +66,6 @@ def oracle_list(names) -> List[str]:
     return list(names)
 
 
-def isolate_options(args, cfg):
-    """``IsolateOptions`` when evaluations run in a worker process (flag or ``gate.isolate``), else None."""
-    on = args.isolate if args.isolate is not None else bool(cfg.gate.get("isolate", False))
-    timeout = args.eval_timeout if args.eval_timeout is not None else cfg.gate.get("eval_timeout")
-    if timeout is not None and timeout <= 0:
-        raise GateError("--eval-timeout must be a positive number of seconds")
-    if not on:
-        return None
-    from ..fuzz.isolate import IsolateOptions
-
-    return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
-
-
 def fmt(x: float) -> str:
     if x is None:
         return "-"
@@ -99,7 +87,9 @@ def run(args) -> int:
     dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
     validate_variant_filters(dtypes, modes, devices)
     oracles = oracle_list(split_list(args.oracle) or cfg.gate.get("oracles"))
-    isolate = isolate_options(args, cfg)
+    from ..fuzz.isolate import isolate_options
+
+    isolate = isolate_options(args.isolate, args.eval_timeout, cfg.gate)
     specs = [catalog.get(n) for n in args.ops]
     seed = args.seed if args.seed is not None else cfg.seed
     per_op = Budget(seconds=args.budget if args.budget or not args.evals else None, evals=args.evals)

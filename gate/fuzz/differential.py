@@ -164,8 +164,8 @@ class XfwRunner(OracleRunner):
             extra["float64_mismatch"] = None
             extra["float64_note"] = exception_signature(exc)[1]
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0, extra=extra)
-        if keep_outputs:
-            ev.outputs, ev.reference = f_out, t_out
+        if keep_outputs:  # as the precision runner: the judged output and the float64 reference
+            ev.outputs, ev.reference = f_out, ref
         return q, ev
 
     def _twin_name(self) -> str:

@@ -54,11 +54,25 @@ class IsolateOptions:
     timeout: float = 10.0  # seconds one evaluation may take before it counts as a hang
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
-    standby: bool = True  # keep a second worker starting in the background: a crash costs no wait
+    standby: bool = True  # after a first crash/hang, keep a second worker ready: the next costs no wait
 
     def to_dict(self) -> dict:
         return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
                 "standby": self.standby}
+
+
+def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
+                    gate_cfg: Optional[dict] = None) -> Optional[IsolateOptions]:
+    """Options from a flag and the config's ``gate.isolate`` / ``gate.eval_timeout`` (the flag
+    wins); ``None`` when evaluations run in-process."""
+    g = dict(gate_cfg or {})
+    on = enabled if enabled is not None else bool(g.get("isolate", False))
+    timeout = timeout if timeout is not None else g.get("eval_timeout")
+    if timeout is not None and float(timeout) <= 0:
+        raise GateError("the evaluation timeout must be a positive number of seconds")
+    if not on:
+        return None
+    return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
 
 
 class _RemoteBackend:
@@ -76,6 +90,9 @@ class _RemoteBackend:
 
     def environment(self, device: str) -> dict:
         return dict(self._owner.env)
+
+    def devices(self) -> list:
+        return list(self._owner.devices)
 
 
 class _Worker:
@@ -102,6 +119,7 @@ class _Worker:
         self.rx = Connection(c2p_r, writable=False)
         self.fresh = True
         self.env: Optional[dict] = None
+        self.devices: list = []
         # sent now, answered when the worker has imported the framework and built the runner
         self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant}))
 
@@ -121,6 +139,7 @@ class _Worker:
         kind, reply = self.receive(timeout)
         if kind == "reply" and reply[0] == "ready":
             self.env = dict(reply[1].get("env") or {})
+            self.devices = list(reply[1].get("devices") or [])
             return self.env
         if kind == "reply" and reply[0] == "error":
             cls = getattr(errors, reply[1], GateError)
@@ -198,7 +217,8 @@ class _Worker:
 
 class IsolatedRunner:
     """The runner of ``variant.oracle`` for ``spec``, living in a worker process (plus, with
-    ``options.standby``, a second one starting in the background to replace it at once)."""
+    ``options.standby`` and once a worker has died, a second one starting in the background to
+    replace the next casualty at once)."""
 
     def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
         from .registry import hooks, runner_options
@@ -211,6 +231,7 @@ class IsolatedRunner:
         self.search_spec, self.guidance, self.extra_mutators = hooks(spec, variant, self.oracle_options)
         self.backend = _RemoteBackend(self)
         self.env: Dict[str, Any] = {}
+        self.devices: list = [variant.device]
         self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0}
         self._seed: Optional[int] = None
         self._active: Optional[_Worker] = None
@@ -231,13 +252,15 @@ class IsolatedRunner:
             worker, self._standby = (self._standby or self._spawn()), None
             try:
                 self.env = worker.ready(self.options.start_timeout, self.what)
+                self.devices = worker.devices or self.devices
             except BaseException:
                 worker.close()
                 raise
             self._active = worker
             if self._seed is not None:
                 worker.call(("seed", self._seed), self.options.start_timeout)
-        if self.options.standby and self._standby is None:
+        lost = self.stats["crashes"] + self.stats["timeouts"] + self.stats.get("lost", 0)
+        if self.options.standby and self._standby is None and lost:  # it crashed once: it may again
             self._standby = self._spawn()
         return self._active
 
@@ -270,6 +293,16 @@ class IsolatedRunner:
         if self._active is not None:
             self._active.call(("seed", seed), self.options.start_timeout)
 
+    def quantize(self, cand: Candidate) -> Candidate:
+        """The candidate as the worker's runner quantises it (no operator call)."""
+        worker = self._ensure_active()
+        try:
+            reply = worker.call(("quantize", cand), self.options.start_timeout)
+        except (GateError, OSError):
+            self._discard_active()
+            return cand
+        return reply[1] if reply[0] == "result" else cand
+
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
         worker = self._ensure_active()
         if worker.proc.poll() is not None:  # died between evaluations (killed from outside)
@@ -295,14 +328,13 @@ class IsolatedRunner:
             where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["timeouts"] += 1
             signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
-            message = f"no result within {timeout:g}s (hang); the worker was killed and replaced" + (
-                f"; it was in {where}" if where else "")
+            message = f"{signature} (a hang); the worker was killed and replaced"
         else:
             name, why = _describe_exit(worker.exit_code())
             where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["crashes"] += 1
             signature = name + (f" in {where}" if where else "")
-            message = f"the worker died with {why}; replaced" + (f"; it was in {where}" if where else "")
+            message = why + (f" in {where}" if where else "") + "; the worker died and was replaced"
         self._discard_active()
         ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
                         extra={"isolated": True})
@@ -402,7 +434,7 @@ def worker_main(rfd: int, wfd: int) -> int:
 
                 runner = build_runner(info["spec"], info["variant"])
                 env = runner.backend.environment(info["variant"].device)
-                tx.send(("ready", {"env": env, "pid": os.getpid()}))
+                tx.send(("ready", {"env": env, "devices": runner.backend.devices(), "pid": os.getpid()}))
             except GateError as exc:
                 tx.send(("error", type(exc).__name__, str(exc)))
             except Exception as exc:
@@ -410,6 +442,8 @@ def worker_main(rfd: int, wfd: int) -> int:
         elif kind == "seed":
             runner.backend.seed(msg[1])
             tx.send(("ok",))
+        elif kind == "quantize":
+            tx.send(("result", runner.quantize(msg[1])))
         elif kind == "eval":
             _, cand, keep_outputs, quantized = msg
             try:

@@ -171,8 +171,8 @@ class PairRunner(OracleRunner):
             **self.facts(),
         }
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0, extra=extra)
-        if keep_outputs:
-            ev.outputs, ev.reference = out_b, a
+        if keep_outputs:  # as the precision runner: the judged output and the float64 reference
+            ev.outputs, ev.reference = out_b, ref
         return q, ev
 
 
