@@ -1,6 +1,7 @@
 """Throughput cost of crash/hang isolation: evaluations per second in-process vs in a worker
 process (gate.fuzz.isolate), on the same candidates, measured side by side in one run; plus
-what one worker (re)start costs, which is paid once per crash or hang.
+what replacing a dead worker costs (paid once per crash or hang): a fork of the warm zygote vs a
+fresh interpreter that imports the framework.
 
     python bench/isolation_cost.py [--ops torch.relu,torch.conv2d] [--evals 300] [--dtype float32]
 """
@@ -65,17 +66,13 @@ def main() -> int:
     variant = Variant(args.dtype, "cpu", "input", "default", args.oracle)
     cand = draw(spec, np.random.default_rng(1))
     print(f"crash recovery: seconds from a worker's death to the next evaluation's result "
-          f"(median of {args.restarts} after a first death; the worker is killed with SIGSEGV between evaluations)")
-    for standby in (False, True):
-        r = IsolatedRunner(spec, variant, IsolateOptions(timeout=60, standby=standby))
+          f"(median of {args.restarts}; the worker is killed with SIGSEGV between evaluations)")
+    for zygote in (False, True):
+        r = IsolatedRunner(spec, variant, IsolateOptions(timeout=60, zygote=zygote))
         times = []
         try:
             r.evaluate(cand)
-            r._active.proc.send_signal(signal.SIGSEGV)  # a first death: from now on a standby is kept
-            r._active.proc.wait()
-            r.evaluate(cand)
             for _ in range(args.restarts):
-                time.sleep(2.0)  # a standby worker has had time to start, as during a search
                 r._active.proc.send_signal(signal.SIGSEGV)
                 r._active.proc.wait()
                 t0 = time.perf_counter()
@@ -83,7 +80,8 @@ def main() -> int:
                 times.append(time.perf_counter() - t0)
         finally:
             r.close()
-        print(f"  standby={standby!s:5}: {sorted(times)[len(times) // 2]:.2f}s")
+        how = "forked by the zygote" if zygote else "fresh interpreter"
+        print(f"  {how:22}: {sorted(times)[len(times) // 2]:.3f}s")
     return 0
 
 

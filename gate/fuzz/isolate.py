@@ -5,33 +5,42 @@ so the engine and :func:`gate.fuzz.fuzz_task` use it unchanged. Each evaluation 
 warm worker (the framework is imported and the oracle's runner built once per worker, not per
 evaluation) and must answer within ``timeout`` seconds. When the worker dies (segfault, abort,
 the OOM killer) or does not answer in time, the evaluation becomes a CRASH whose signature is
-the signal name or ``timeout after Xs`` plus the innermost Python frame that ``faulthandler``
-printed, the worker is restarted, and the search goes on.
+the signal name or ``timeout after Xs`` plus the innermost frame of the operator's own code
+that ``faulthandler`` printed (a hung worker is asked for its stack with SIGUSR1 before it is
+killed), the worker is replaced, and the search goes on.
 
-Why ``subprocess`` + pipes rather than ``multiprocessing``: the worker is ``python -m
-gate.fuzz.isolate`` with two inherited pipe file descriptors, so
+Processes. Workers are forked by a **zygote**: one ``python -m gate.fuzz.isolate --zygote``
+process per framework (shared by every isolated runner of this gate process) that imports the
+framework once and never runs an operator, then forks a worker on request; the worker's two
+pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
 
-* nothing of the parent is forked: torch/TensorFlow thread pools and CUDA contexts are not
-  fork-safe, which rules ``fork`` out;
-* unlike the ``spawn`` and ``forkserver`` start methods, the caller's ``__main__`` is never
-  re-imported in the worker, so the gate works from any entry point (CLI, pytest, a user's
-  script without an ``if __name__ == "__main__"`` guard);
-* the protocol uses dedicated descriptors, not stdin/stdout, so an operator that prints cannot
-  corrupt it; its output goes to a log the parent reads for the crash signature.
+* ``fork`` of the gate itself is unsafe once torch/TensorFlow thread pools or CUDA exist; the
+  zygote forks from a process that only *imported* the framework (what a DataLoader's workers
+  do), and TensorFlow, whose import starts threads, is not preloaded;
+* ``spawn`` and ``forkserver`` re-import the caller's ``__main__`` in every worker, so a user's
+  script without an ``if __name__ == "__main__"`` guard would re-run; our processes start from
+  ``-m gate.fuzz.isolate``;
+* the protocol runs on dedicated descriptors, not stdin/stdout, so an operator that prints
+  cannot corrupt it; its output goes to a log the parent reads for the crash signature.
 
-The price is a fresh interpreter (and framework import) per restart, i.e. per crash or hang:
-``bench/isolation_cost.py`` measures steady-state throughput, in-process vs isolated, side by
-side. Messages are pickled over ``multiprocessing.connection.Connection`` framing; both ends
-are this package.
+A replacement worker is a fork (tens of milliseconds), not an interpreter start plus a
+framework import (seconds): that matters when an operator crashes on many inputs.
+``IsolateOptions(zygote=False)`` starts every worker as a fresh interpreter instead (and is the
+fallback where ``fork`` does not exist). The kernel kills the zygote and workers when the gate
+process dies (Linux ``PR_SET_PDEATHSIG``). ``bench/isolation_cost.py`` measures throughput
+in-process vs isolated and the cost of a crash, side by side.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -47,6 +56,7 @@ from .runner import CRASH, Evaluation
 
 _TIMEOUT = "timeout"
 _DEAD = "dead"
+PRELOAD = {"torch": ("torch",), "tensorflow": ()}  # TensorFlow's import starts threads: not forked
 
 
 @dataclass(frozen=True)
@@ -54,11 +64,11 @@ class IsolateOptions:
     timeout: float = 10.0  # seconds one evaluation may take before it counts as a hang
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
-    standby: bool = True  # after a first crash/hang, keep a second worker ready: the next costs no wait
+    zygote: bool = True  # fork workers from a warm zygote (False: a fresh interpreter each)
 
     def to_dict(self) -> dict:
         return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
-                "standby": self.standby}
+                "zygote": self.zygote}
 
 
 def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
@@ -73,6 +83,146 @@ def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
     if not on:
         return None
     return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
+
+
+def _child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _new_log() -> str:
+    fd, path = tempfile.mkstemp(prefix="dl-gate-worker-", suffix=".log")
+    os.close(fd)
+    return path
+
+
+def _decode(status: int) -> int:
+    """A ``waitpid`` status as a ``Popen.returncode`` (negative: the signal that killed it)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255
+
+
+# ---------------------------------------------------------------------------------------
+# the zygote: imports the framework once, forks workers
+# ---------------------------------------------------------------------------------------
+class _Zygote:
+    def __init__(self, preload: Tuple[str, ...], start_timeout: float):
+        self.log = _new_log()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "gate.fuzz.isolate", "--zygote", str(child.fileno())],
+                    pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
+                )
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        self.lock = threading.Lock()
+        self._request(("preload", list(preload)), start_timeout)
+
+    def _request(self, msg: tuple, timeout: float, fds: Tuple[int, ...] = ()) -> Any:
+        from multiprocessing.reduction import send_handle
+
+        with self.lock:
+            try:
+                self.conn.send(msg)
+                for fd in fds:
+                    send_handle(self.conn, fd, self.proc.pid)
+                if not self.conn.poll(timeout):
+                    raise GateError(f"the isolation zygote did not answer within {timeout:g}s")
+                return self.conn.recv()
+            except (EOFError, OSError) as exc:
+                raise GateError(f"the isolation zygote is gone ({type(exc).__name__})") from None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, rfd: int, wfd: int, timeout: float) -> "_Forked":
+        reply = self._request(("fork",), timeout, fds=(rfd, wfd))
+        return _Forked(int(reply[1]), self)
+
+    def status(self, pid: int, block: bool) -> Optional[int]:
+        reply = self._request(("wait", pid, block), 30.0 if block else 5.0)
+        return None if reply[1] is None else _decode(reply[1])
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        if os.path.exists(self.log):
+            os.unlink(self.log)
+
+
+class _Forked:
+    """A worker forked by the zygote, with the part of ``Popen``'s interface we use."""
+
+    def __init__(self, pid: int, zygote: _Zygote):
+        self.pid = pid
+        self.zygote = zygote
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self.zygote.alive():
+            try:
+                self.returncode = self.zygote.status(self.pid, block=False)
+            except GateError:
+                self.returncode = -int(signal.SIGKILL)
+        elif self.returncode is None:
+            self.returncode = -int(signal.SIGKILL)  # the zygote died: so did its children
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        deadline = time.perf_counter() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.perf_counter() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_ZYGOTES: Dict[Tuple[str, ...], _Zygote] = {}
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]:
+    """The shared zygote for ``preload`` (started on first use); ``None`` without ``fork``."""
+    if not hasattr(os, "fork") or not hasattr(socket, "AF_UNIX"):
+        return None
+    with _ZYGOTE_LOCK:
+        z = _ZYGOTES.get(preload)
+        if z is None or not z.alive():
+            if z is not None:
+                z.close()
+            z = _ZYGOTES[preload] = _Zygote(preload, start_timeout)
+        return z
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    for z in list(_ZYGOTES.values()):
+        z.close()
+    _ZYGOTES.clear()
 
 
 class _RemoteBackend:
@@ -96,22 +246,28 @@ class _RemoteBackend:
 
 
 class _Worker:
-    """One ``python -m gate.fuzz.isolate`` process, its two pipes and its log."""
+    """One worker process (forked by the zygote, or a fresh interpreter), its pipes and log."""
 
-    def __init__(self, spec: OpSpec, variant: Variant):
+    def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions):
+        zygote = _zygote(PRELOAD.get(spec.framework, ()), options.start_timeout) if options.zygote else None
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        fd, self.log = tempfile.mkstemp(prefix="dl-gate-worker-", suffix=".log")
-        os.close(fd)
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.own_log = zygote is None
         try:
-            with open(self.log, "ab") as log:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
-                    pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                )
+            if zygote is not None:
+                self.log = zygote.log  # forked workers write where the zygote writes
+                self.proc: Any = zygote.fork(p2c_r, c2p_w, options.start_timeout)
+            else:
+                self.log = _new_log()
+                with open(self.log, "ab") as log:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
+                        pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
+                    )
+        except BaseException:
+            os.close(p2c_w)
+            os.close(c2p_r)
+            raise
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
@@ -158,6 +314,14 @@ class _Worker:
             raise GateError(f"isolated worker stopped answering ({kind})")
         return reply
 
+    def gone(self) -> bool:
+        """Dead already: its end of the pipe is closed, so ours reads EOF without waiting (a
+        local check, no round trip)."""
+        try:
+            return self.rx.poll(0)
+        except (EOFError, OSError):
+            return True
+
     def log_size(self) -> int:
         return os.path.getsize(self.log) if os.path.exists(self.log) else 0
 
@@ -173,10 +337,7 @@ class _Worker:
         if self.proc.poll() is not None or not hasattr(signal, "SIGUSR1"):
             return
         size = self.log_size()
-        try:
-            self.proc.send_signal(signal.SIGUSR1)
-        except OSError:
-            return
+        self.proc.send_signal(signal.SIGUSR1)
         deadline = time.perf_counter() + wait
         while time.perf_counter() < deadline:
             time.sleep(0.02)
@@ -211,14 +372,12 @@ class _Worker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
-        if os.path.exists(self.log):
+        if self.own_log and os.path.exists(self.log):
             os.unlink(self.log)
 
 
 class IsolatedRunner:
-    """The runner of ``variant.oracle`` for ``spec``, living in a worker process (plus, with
-    ``options.standby`` and once a worker has died, a second one starting in the background to
-    replace the next casualty at once)."""
+    """The runner of ``variant.oracle`` for ``spec``, living in a worker process."""
 
     def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
         from .registry import hooks, runner_options
@@ -232,10 +391,9 @@ class IsolatedRunner:
         self.backend = _RemoteBackend(self)
         self.env: Dict[str, Any] = {}
         self.devices: list = [variant.device]
-        self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0}
+        self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0, "lost": 0}
         self._seed: Optional[int] = None
         self._active: Optional[_Worker] = None
-        self._standby: Optional[_Worker] = None
         self._ensure_active()  # fails here, in the caller, if the runner cannot be built
 
     @property
@@ -243,13 +401,10 @@ class IsolatedRunner:
         return f"{self.spec.name}[{self.variant.key}]"
 
     # -- worker lifecycle ----------------------------------------------------------------
-    def _spawn(self) -> _Worker:
-        self.stats["starts"] += 1
-        return _Worker(self.spec, self.variant)
-
     def _ensure_active(self) -> _Worker:
         if self._active is None:
-            worker, self._standby = (self._standby or self._spawn()), None
+            self.stats["starts"] += 1
+            worker = _Worker(self.spec, self.variant, self.options)
             try:
                 self.env = worker.ready(self.options.start_timeout, self.what)
                 self.devices = worker.devices or self.devices
@@ -259,9 +414,6 @@ class IsolatedRunner:
             self._active = worker
             if self._seed is not None:
                 worker.call(("seed", self._seed), self.options.start_timeout)
-        lost = self.stats["crashes"] + self.stats["timeouts"] + self.stats.get("lost", 0)
-        if self.options.standby and self._standby is None and lost:  # it crashed once: it may again
-            self._standby = self._spawn()
         return self._active
 
     def _discard_active(self) -> None:
@@ -270,10 +422,7 @@ class IsolatedRunner:
             self._active = None
 
     def close(self) -> None:
-        for w in (self._active, self._standby):
-            if w is not None:
-                w.close()
-        self._active = self._standby = None
+        self._discard_active()
 
     def __enter__(self) -> "IsolatedRunner":
         return self
@@ -305,8 +454,8 @@ class IsolatedRunner:
 
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
         worker = self._ensure_active()
-        if worker.proc.poll() is not None:  # died between evaluations (killed from outside)
-            self.stats["lost"] = self.stats.get("lost", 0) + 1
+        if worker.gone():  # died between evaluations (killed from outside)
+            self.stats["lost"] += 1
             self._discard_active()
             worker = self._ensure_active()
         timeout = self.options.timeout * (self.options.warmup_factor if worker.fresh else 1.0)
@@ -392,7 +541,7 @@ def _describe_exit(rc: Optional[int]) -> Tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------
-# the worker
+# the worker and the zygote (run as ``python -m gate.fuzz.isolate``)
 # ---------------------------------------------------------------------------------------
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this worker when the gate process dies (no orphan hangs)."""
@@ -454,5 +603,52 @@ def worker_main(rfd: int, wfd: int) -> int:
             tx.send(("result", q, ev))
 
 
+def zygote_main(fd: int) -> int:
+    """Import the framework(s) once, then fork a worker per request (never run an operator)."""
+    import faulthandler
+    import importlib
+    from multiprocessing.reduction import recv_handle
+
+    _die_with_parent()
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    conn = Connection(fd)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        if msg[0] == "preload":
+            for mod in msg[1]:
+                try:
+                    importlib.import_module(mod)
+                except Exception:  # the worker will report it, with the operator's context
+                    pass
+            importlib.import_module("gate.fuzz.registry")  # the gate's runners, imported once too
+
+            conn.send(("ok",))
+        elif msg[0] == "fork":
+            rfd, wfd = recv_handle(conn), recv_handle(conn)
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = 1
+                try:
+                    conn.close()
+                    code = worker_main(rfd, wfd)
+                finally:
+                    os._exit(code)
+            os.close(rfd)
+            os.close(wfd)
+            conn.send(("forked", pid))
+        elif msg[0] == "wait":
+            _, pid, block = msg
+            try:
+                got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                got, status = pid, 9  # already reaped: report it as killed
+            conn.send(("status", status if got else None))
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--zygote":
+        sys.exit(zygote_main(int(sys.argv[2])))
     sys.exit(worker_main(int(sys.argv[1]), int(sys.argv[2])))
