@@ -45,6 +45,9 @@ class RunOptions:
     devices: Optional[List[str]] = None
     modes: Optional[List[str]] = None
     strategy: Optional[str] = None
+    oracles: Optional[List[str]] = None  # default: the config's gate.oracles, else precision
+    isolate: Optional[bool] = None  # default: the config's gate.isolate
+    eval_timeout: Optional[float] = None  # default: the config's gate.eval_timeout, else 10 s
     progress: Optional[Callable[[str], None]] = None
 
 
@@ -154,6 +157,10 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     modes = opts.modes or gate_cfg.get("modes")
     devices = opts.devices or gate_cfg.get("devices")
     strategy = opts.strategy or gate_cfg.get("strategy", "linf")
+    oracles = opts.oracles or gate_cfg.get("oracles")
+    from .fuzz.isolate import isolate_options
+
+    isolate = isolate_options(opts.isolate, opts.eval_timeout, gate_cfg)  # crashes and hangs stay in a worker
 
     from .fuzz import fuzz_task
     from .fuzz.inputs import draw
@@ -172,7 +179,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
         budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
         tasks = plan([spec], budget, per_op=budget, seed=seed, strategy=strategy, dtypes=want_dtypes,
-                     devices=devices, modes=modes, available_devices=backend.devices())
+                     devices=devices, modes=modes, available_devices=backend.devices(), oracles=oracles)
         if opts.evals:
             tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed,
                           strategy=t.strategy) for t in tasks]
@@ -206,12 +213,12 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
             sources[spec.name] = op_source(spec, repo)
         corpus = store.corpus(row) if row is not None and status == "ok" else []
         say(f"fuzzing {task.id}")
-        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store)
+        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store, isolate=isolate)
         rng = np.random.default_rng(task.rng_seed() + [1])
         cands = list(corpus)
         cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]
         cands += [draw(spec, rng, origin="control") for _ in range(3)]
-        head_results = replay(spec, task.variant, cands)
+        head_results = replay(spec, task.variant, cands, isolate=isolate)
         work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
                      "cands": cands, "head": head_results, "src": sources[spec.name]})
 
@@ -224,7 +231,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         with worktree(repo, merge_base) as tree:
             if cfg.path:
                 py_path = [str((tree / Path(cfg_rel).parent / p)) for p in py_path]
-            base_results = replay_in_tree(tree, py_path, jobs)
+            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate)
 
     for w in work:
         task, finding = w["task"], w["finding"]
@@ -254,7 +261,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
     # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
-           "selected": selected, "settings": settings, "out": Path(opts.out), "say": say}
+           "selected": selected, "settings": settings, "out": Path(opts.out), "say": say, "isolate": isolate}
     localise_stage(report, work, ctx)
 
 

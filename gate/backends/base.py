@@ -62,8 +62,22 @@ class Backend(ABC):
     def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
         """Call ``fn`` under the variant's computation mode (``input`` or ``operator``)."""
 
-    def compile(self, fn: Callable, how: str = "default") -> Callable:  # pragma: no cover - per backend
+    def compile(self, fn: Callable, how: str = "default", **options) -> Callable:  # pragma: no cover - per backend
         raise NotImplementedError(f"{self.name} has no compiled mode {how!r}")
+
+    def vjp(self, fn: Callable, args: Sequence, kwargs: dict,
+            upstream: Callable[[List["Output"]], List[Optional[np.ndarray]]], *, dtype: str,
+            device: str) -> Tuple[List["Output"], List[Optional["Output"]]]:  # pragma: no cover - per backend
+        """Forward and backward: ``fn``'s outputs, and the gradients of
+        ``sum(upstream(outputs) * outputs)`` with respect to every floating tensor among
+        ``args`` then ``kwargs`` (in that order; ``None`` where an input is unused).
+        ``upstream`` sees the outputs and returns one float64 array per output (``None`` for
+        outputs that are not differentiated); the arrays are fed at each output's dtype."""
+        raise NotImplementedError(f"{self.name} has no automatic differentiation")
+
+    def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:  # pragma: no cover
+        """A new tensor filled with ``value`` (buffers for ``out=`` arguments)."""
+        raise NotImplementedError(f"{self.name} cannot allocate tensors")
 
     def seed(self, seed: int) -> None:
         """Seed the framework's own RNG (for ops with internal randomness)."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")
@@ -32,6 +32,7 @@ class TFBackend(Backend):
         r"is not in the list of allowed values",
         r"NotFoundError",
         r"UnimplementedError",
+        r"only supports? (the )?NHWC",  # channels-first kernels that exist on GPU only
         r"(Half|BFloat16|half|bfloat16) .*not supported",
         r"cannot compute \w+ as input #\d+\(zero-based\) was expected to be a",
     )
@@ -92,12 +93,38 @@ class TFBackend(Backend):
                 return [tf.cast(o, tf.float32) if _is_float(o) else o for o in flatten(out)]
             return fn(*args, **kwargs)
 
-    def compile(self, fn: Callable, how: str = "default") -> Callable:
+    def compile(self, fn: Callable, how: str = "default", **options) -> Callable:
+        """``default``: ``tf.function`` (option ``jit_compile``: XLA); ``xla``: the same with
+        ``jit_compile=True``. Shapes are generalised (``reduce_retracing``) as a fuzzer feeds many."""
         if how == "default":
-            return tf.function(fn)
+            return tf.function(fn, jit_compile=bool(options.get("jit_compile", False)), reduce_retracing=True)
         if how == "xla":
-            return tf.function(fn, jit_compile=True)
+            return tf.function(fn, jit_compile=True, reduce_retracing=True)
         raise NotImplementedError(f"tensorflow has no compiled mode {how!r}")
+
+    def vjp(self, fn: Callable, args: Sequence, kwargs: dict, upstream, *, dtype: str,
+            device: str) -> Tuple[List[Output], List[Optional[Output]]]:
+        leaves = [x for x in list(args) + list(kwargs.values()) if _is_float(x)]
+        with tf.device(_device(device)):
+            with tf.GradientTape(persistent=False) as tape:
+                for x in leaves:
+                    tape.watch(x)
+                result = fn(*args, **kwargs)
+            tensors = [r for r in flatten(result) if isinstance(r, (tf.Tensor, tf.Variable))]
+            outs = self.to_outputs(tensors)
+            ups = upstream(outs)
+            roots, grads_out = [], []
+            for t, u in zip(tensors, ups):
+                if u is None or not t.dtype.is_floating:
+                    continue
+                roots.append(t)
+                grads_out.append(tf.cast(tf.constant(np.asarray(u, dtype=np.float64)), t.dtype))
+            grads = tape.gradient(roots, leaves, output_gradients=grads_out) if roots and leaves else [None] * len(leaves)
+        return outs, [None if g is None else self.to_outputs(tf.convert_to_tensor(g))[0] for g in grads]
+
+    def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:
+        with tf.device(_device(device)):
+            return tf.fill(list(shape), tf.constant(value, DTYPES[dtype]))
 
 
 def _is_float(x: Any) -> bool:

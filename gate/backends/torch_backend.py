@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -69,6 +69,13 @@ class TorchBackend(Backend):
         elif memory_format == "transposed" and t.dim() >= 2:
             # same values, non-contiguous strides: a transposed copy viewed back
             t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        elif memory_format == "strided" and t.dim() >= 1:
+            # same values, every other element of a buffer twice as long in the last dim
+            buf = torch.full((*t.shape[:-1], 2 * t.shape[-1]), float("nan"), dtype=t.dtype, device=t.device) \
+                if t.is_floating_point() else torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+            view = buf[..., ::2]
+            view.copy_(t)
+            t = view
         return t
 
     def to_outputs(self, result: Any) -> List[Output]:
@@ -98,9 +105,55 @@ class TorchBackend(Backend):
             torch.cuda.synchronize()
         return out
 
-    def compile(self, fn: Callable, how: str = "default") -> Callable:
+    def compile(self, fn: Callable, how: str = "default", **options) -> Callable:
+        """``default``: ``torch.compile`` (options: ``backend`` — inductor, aot_eager, eager…,
+        ``dynamic``, ``fullgraph``, ``mode``); ``script``: TorchScript."""
         if how == "default":
-            return torch.compile(fn, dynamic=False)
+            import torch._dynamo.config as dynamo_config
+
+            # a fuzzer feeds many shapes and parameter values: leave room for recompiles rather
+            # than silently falling back to eager after the default 8
+            if getattr(dynamo_config, "recompile_limit", 64) < 64:
+                dynamo_config.recompile_limit = 64
+            kw = {"dynamic": options.get("dynamic", False)}
+            for k in ("backend", "fullgraph", "mode"):
+                if options.get(k) is not None:
+                    kw[k] = options[k]
+            return torch.compile(fn, **kw)
         if how == "script":
             return torch.jit.script(fn)
         raise NotImplementedError(f"torch has no compiled mode {how!r}")
+
+    def vjp(self, fn: Callable, args: Sequence, kwargs: dict, upstream, *, dtype: str,
+            device: str) -> Tuple[List[Output], List[Optional[Output]]]:
+        leaves: List[torch.Tensor] = []
+
+        def leaf(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                x = x.detach().requires_grad_(True)
+                leaves.append(x)
+            return x
+
+        args = [leaf(a) for a in args]
+        kwargs = {k: leaf(v) for k, v in kwargs.items()}
+        with torch.enable_grad():
+            result = fn(*args, **kwargs)
+        tensors = [r for r in flatten(result) if isinstance(r, torch.Tensor)]
+        outs = self.to_outputs(tensors)
+        ups = upstream(outs)
+        roots, grads_out = [], []
+        for t, u in zip(tensors, ups):
+            if u is None or not t.requires_grad:
+                continue
+            roots.append(t)
+            grads_out.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).to(device=t.device, dtype=t.dtype))
+        if roots and leaves:
+            grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)
+        else:
+            grads = [None] * len(leaves)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return outs, [None if g is None else self.to_outputs(g)[0] for g in grads]
+
+    def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:
+        return torch.full(tuple(shape), value, dtype=DTYPES[dtype], device=device)

@@ -73,6 +73,9 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     findings = []
     frameworks = {}
     seed_store = SeedStore(cfg.baselines_dir / "seeds")  # the same seeds the gate's runs start from
+    from ..fuzz.isolate import isolate_options
+
+    isolate = isolate_options(None, None, gate_cfg)
     for name in names:
         spec = catalog.get(name)
         frameworks[name] = spec.framework
@@ -80,12 +83,13 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         budget = Budget(seconds=None if evals else (per_op or cfg.budget.get("per_op") or 10.0))
         want = [d for d in dtypes if d in spec.dtypes] if dtypes else None
         tasks = plan([spec], budget, per_op=budget, seed=seed, dtypes=want, devices=devices,
-                     modes=modes or gate_cfg.get("modes"), available_devices=backend.devices())
+                     modes=modes or gate_cfg.get("modes"), available_devices=backend.devices(),
+                     oracles=gate_cfg.get("oracles"))
         for t in tasks:
             if evals:
                 t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
             say(f"measuring {t.id}")
-            findings.append(fuzz_task(t, seed_store=seed_store))
+            findings.append(fuzz_task(t, seed_store=seed_store, isolate=isolate))
     changes = write_rows(out, findings, frameworks)
     return changes
 

@@ -6,11 +6,12 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import List
 
 from ..backends import get_backend
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES, MODES
-from ..plan import Budget, plan
+from ..plan import FUZZ_ORACLES, Budget, plan
 from .common import add_config_arg, add_variant_args, load, progress_enabled, split_list
 
 
@@ -21,7 +22,16 @@ def register(sub) -> None:
     add_variant_args(p)
     p.add_argument("--budget", type=float, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
     p.add_argument("--evals", type=int, metavar="N", help="evaluations per operator (deterministic budget)")
-    p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP) or random")
+    p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP), random or spread (max - min)")
+    p.add_argument("--oracle", action="append", metavar="ORACLE",
+                   help=f"oracle(s) to run (repeatable or comma-separated; 'all' for every one that applies): "
+                        f"{', '.join(FUZZ_ORACLES)} (default: the config's gate.oracles, else precision)")
+    p.add_argument("--isolate", action="store_true", default=None,
+                   help="evaluate in a worker process: a segfault, abort or hang becomes a crash finding "
+                        "(default: the config's gate.isolate)")
+    p.add_argument("--eval-timeout", type=float, metavar="SECONDS",
+                   help="with --isolate: seconds one evaluation may take before it counts as a hang "
+                        "(default: the config's gate.eval_timeout, else 10)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
     p.add_argument("--scheduler", default="uct", choices=["uct", "uniform"],
                    help="mutation scheduler: uct (bandit, default) or uniform (control)")
@@ -45,6 +55,17 @@ def validate_variant_filters(dtypes, modes, devices) -> None:
             raise GateError(f"unknown device {d!r} (use cpu or cuda)")
 
 
+def oracle_list(names) -> List[str]:
+    if not names:
+        return ["precision"]
+    if "all" in names:
+        return list(FUZZ_ORACLES)
+    for n in names:
+        if n not in FUZZ_ORACLES:
+            raise GateError(f"unknown oracle {n!r} (use {', '.join(FUZZ_ORACLES)} or all)")
+    return list(names)
+
+
 def fmt(x: float) -> str:
     if x is None:
         return "-"
@@ -65,6 +86,10 @@ def run(args) -> int:
         raise GateError("--evals must be a positive number")
     dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
     validate_variant_filters(dtypes, modes, devices)
+    oracles = oracle_list(split_list(args.oracle) or cfg.gate.get("oracles"))
+    from ..fuzz.isolate import isolate_options
+
+    isolate = isolate_options(args.isolate, args.eval_timeout, cfg.gate)
     specs = [catalog.get(n) for n in args.ops]
     seed = args.seed if args.seed is not None else cfg.seed
     per_op = Budget(seconds=args.budget if args.budget or not args.evals else None, evals=args.evals)
@@ -76,7 +101,7 @@ def run(args) -> int:
     for spec in specs:
         backend = get_backend(spec.framework)
         tasks.extend(plan([spec], per_op, per_op=per_op, seed=seed, strategy=args.strategy, dtypes=dtypes,
-                          devices=devices, modes=modes, available_devices=backend.devices()))
+                          devices=devices, modes=modes, available_devices=backend.devices(), oracles=oracles))
     if not tasks:
         raise GateError("no variant to fuzz on this machine (check --dtype/--device/--mode)")
     for spec in specs:  # fail fast, before any work, on an un-importable callable
@@ -100,7 +125,7 @@ def run(args) -> int:
     for task in tasks:
         if bar:
             bar.set_description(task.id)
-        findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler))
+        findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler, isolate=isolate))
         if bar:
             bar.update(1)
     if bar:
@@ -132,7 +157,11 @@ def print_table(findings) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     for f in findings:
         for c in f.crashes:
-            print(f"crash in {f.id}: {c.message} (x{c.count})")
+            print(f"crash in {f.id}: {c.signature} (x{c.count}): {c.message}")
+    for f in findings:
+        facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair") and not isinstance(v, (list, dict))}
+        if facts:
+            print(f"{f.id}: " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in facts.items()))
 
 
 def save_inputs(findings, out_dir: Path) -> int:

@@ -23,6 +23,13 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0)")
     p.add_argument("--ops", action="append", metavar="OP", help="gate these operators instead of selecting from the diff")
     p.add_argument("--strategy", help="guidance: linf, l1 or random")
+    p.add_argument("--oracle", action="append", metavar="ORACLE",
+                   help="oracle(s) to judge, repeatable or comma-separated (default: the config's gate.oracles, "
+                        "else precision); see docs/oracles.md")
+    p.add_argument("--isolate", action="store_true", default=None,
+                   help="evaluate in worker processes: a segfault or hang becomes a crash finding (config gate.isolate)")
+    p.add_argument("--eval-timeout", type=float, metavar="SECONDS",
+                   help="with --isolate: seconds before an evaluation counts as a hang (config gate.eval_timeout, else 10)")
     add_variant_args(p)
     p.add_argument("--example", nargs="?", const="improve", choices=["improve", "regression"],
                    help="run on the bundled example library and one of its PRs (default: improve)")
@@ -46,6 +53,7 @@ def run(args) -> int:
         budget_total=args.budget, budget_per_op=args.per_op, evals=args.evals, seed=args.seed,
         ops=split_list(args.ops), dtypes=split_list(args.dtype), devices=split_list(args.device),
         modes=split_list(args.mode), strategy=args.strategy, progress=say,
+        oracles=_oracles(split_list(args.oracle)), isolate=args.isolate, eval_timeout=args.eval_timeout,
     )
     if args.example:
         from ..example import prepare_example
@@ -56,6 +64,14 @@ def run(args) -> int:
     print_report(report)
     print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
     return report.exit_code
+
+
+def _oracles(names):
+    if not names:
+        return None
+    from .fuzz import oracle_list
+
+    return oracle_list(names)
 
 
 def write_outputs(report, out: Path) -> dict:

@@ -11,6 +11,7 @@ from .engine import GUIDANCES, search
 from .finding import Crash, Finding
 from .inputs import Candidate, draw
 from .mutate import MUTATORS, PREDOO_MUTATORS, bind
+from .registry import RUNNERS, build_runner
 from .runner import OK, CRASH, VariantRunner
 
 
@@ -27,8 +28,13 @@ def fuzz_task(
     batch: Optional[int] = None,
     max_seeds: int = 16,
     on_best: Optional[Callable] = None,
+    isolate=None,
 ) -> Finding:
-    """Search ``task``'s variant for the input with the largest precision error.
+    """Search ``task``'s variant for the input with the largest error of its oracle
+    (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
+    oracle's runner may impose the candidate spec, the guidance and extra mutators).
+    ``isolate`` (True or :class:`gate.fuzz.isolate.IsolateOptions`) runs every evaluation in a
+    worker process that may crash or hang without taking the gate down.
 
     ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)
     or an object with ``choose``/``update``. ``seeds`` run first, all of them, in order; then
@@ -40,18 +46,33 @@ def fuzz_task(
     specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
     batching off).
     ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks)."""
+    own_runner = runner is None
+    runner = runner or build_runner(task.op, task.variant, isolate=isolate)
+    try:
+        return _fuzz(task, runner, seeds=seeds, progress=progress, mutators=mutators, scheduler=scheduler,
+                     seed_store=seed_store, coverage=coverage, batch=batch, max_seeds=max_seeds, on_best=on_best)
+    finally:
+        if own_runner and hasattr(runner, "close"):
+            runner.close()
+
+
+def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_store, coverage, batch, max_seeds,
+          on_best) -> Finding:
     from .batch import BatchEvaluator
     from .coverage import CoverageMap
     from .schedule import make_scheduler
 
-    spec = task.op
-    runner = runner or VariantRunner(spec, task.variant)
+    # the oracle's hooks: the space candidates come from, an imposed guidance, extra mutators
+    spec = getattr(runner, "search_spec", None) or task.op
+    guidance = getattr(runner, "guidance", None) or task.strategy
+    extra_mutators = dict(getattr(runner, "extra_mutators", None) or {})
     runner.backend.seed(task.seed)
     rng = np.random.default_rng(task.rng_seed())
     dtype = task.variant.dtype
-    names = list(mutators or MUTATORS)
+    names = list(mutators or MUTATORS) + [n for n in extra_mutators if not mutators or n not in mutators]
+    table = {**MUTATORS, **extra_mutators}
     if scheduler is None:
-        scheduler = "uniform" if task.strategy == "random" else "uct"
+        scheduler = "uniform" if guidance == "random" else "uct"
     if isinstance(scheduler, str):
         scheduler = make_scheduler(scheduler, names)
     elif hasattr(scheduler, "bind"):
@@ -61,7 +82,7 @@ def fuzz_task(
     else:
         def choose(name, options, r):
             return options[int(r.integers(len(options)))] if options else None
-    bound = {n: bind(MUTATORS[n], spec, dtype=dtype, choose=choose, name=n) for n in names}
+    bound = {n: bind(table[n], spec, dtype=dtype, choose=choose, name=n) for n in names}
 
     cov = CoverageMap(spec, dtype) if coverage else None
 
@@ -71,7 +92,7 @@ def fuzz_task(
         singles, pairs = cov.observe(q)
         return min(1.0, 0.5 * singles + 0.05 * pairs)
 
-    if cov is not None and task.strategy != "random":
+    if cov is not None and guidance != "random":
         fresh = lambda r: cov.draw(r)  # noqa: E731
     else:
         fresh = lambda r: draw(spec, r)  # noqa: E731
@@ -86,8 +107,10 @@ def fuzz_task(
         seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
     seed_info["used"] = len(seed_list)
 
-    evaluator = BatchEvaluator(runner)
-    width = batch if batch is not None else (8 if evaluator.pays else 1)
+    # batching concatenates candidates into one precision call: only for the precision runner
+    batchable = type(runner) is VariantRunner
+    evaluator = BatchEvaluator(runner) if batchable else None
+    width = 1 if not batchable else (batch if batch is not None else (8 if evaluator.pays else 1))
     with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
         res = search(
             runner.evaluate,
@@ -96,17 +119,17 @@ def fuzz_task(
             rng,
             seconds=task.budget.seconds,
             evals=task.budget.evals,
-            guidance=task.strategy,
+            guidance=guidance,
             seeds=seed_list,
             scheduler=scheduler,
             progress=progress,
-            evaluate_many=evaluator.evaluate_many if evaluator.enabled and width > 1 else None,
+            evaluate_many=evaluator.evaluate_many if evaluator is not None and evaluator.enabled and width > 1 else None,
             batch=width,
             novelty=novelty if cov is not None else None,
             on_best=on_best,
         )
         best_eval = res.best_eval
-        if best_eval is not None and width > 1 and evaluator.enabled:
+        if best_eval is not None and width > 1 and evaluator is not None and evaluator.enabled:
             # report the figures of the best input run alone, as the judge will replay it
             _, alone = runner.evaluate(res.best, quantized=True)
             if alone.status == OK:
@@ -117,10 +140,10 @@ def fuzz_task(
     elif best_eval is None and not res.crashes:
         status, message = "no-valid-input", res.invalid_example
     finding = Finding(
-        op=spec.name,
-        framework=spec.framework,
+        op=task.op.name,
+        framework=task.op.framework,
         variant=task.variant,
-        strategy=task.strategy,
+        strategy=guidance,
         seed=task.seed,
         evals=res.evals,
         seconds=res.seconds,
@@ -132,6 +155,7 @@ def fuzz_task(
         message=message,
         trajectory=[[e, f] for e, f in res.trajectory],
         env=runner.backend.environment(task.variant.device),
+        extra=dict(best_eval.extra) if best_eval is not None else {},
     )
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
     if cov is not None:
@@ -139,9 +163,11 @@ def fuzz_task(
     if hasattr(scheduler, "stats"):
         finding.coverage["schedule"] = scheduler.stats()
     finding.coverage["seeds"] = seed_info
-    finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls,
-                                 "default": 8 if evaluator.pays else 1}
+    if evaluator is not None:
+        finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls,
+                                     "default": 8 if evaluator.pays else 1}
     return finding
 
 
-__all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "VariantRunner"]
+__all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "VariantRunner",
+           "RUNNERS", "build_runner"]

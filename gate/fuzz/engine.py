@@ -22,7 +22,7 @@ from ..oracles.precision import fitness
 from .inputs import Candidate
 from .runner import CRASH, INVALID, UNSUPPORTED, Evaluation
 
-GUIDANCES = ("linf", "l1", "random")
+GUIDANCES = ("linf", "l1", "random", "spread")  # spread: NaN/Inf search (gate.fuzz.nansearch)
 
 
 class UniformScheduler:

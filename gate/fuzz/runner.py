@@ -29,6 +29,7 @@ class Evaluation:
     error: Optional[str] = None  # one-line exception summary
     signature: Optional[str] = None  # exception type + first line, for grouping crashes
     seconds: float = 0.0
+    extra: Dict[str, Any] = field(default_factory=dict)  # oracle facts: sides, closer side, rule…
     outputs: Optional[List[Output]] = field(default=None, repr=False)
     reference: Optional[List[Output]] = field(default=None, repr=False)
 

@@ -44,20 +44,29 @@ class ReplayResult:
 
 
 def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
-           runner: Optional[VariantRunner] = None) -> List[ReplayResult]:
-    """Evaluate ``candidates`` for ``spec``/``variant`` in this process."""
+           runner: Optional[VariantRunner] = None, isolate=None) -> List[ReplayResult]:
+    """Evaluate ``candidates`` for ``spec``/``variant`` with the runner of the variant's oracle,
+    in this process or (``isolate``: :class:`gate.fuzz.isolate.IsolateOptions`) in a worker
+    process, so that replaying a crashing input cannot take the gate down."""
+    from ..fuzz.registry import build_runner
+
+    own = runner is None
     try:
-        runner = runner or VariantRunner(spec, variant)
+        runner = runner or build_runner(spec, variant, isolate=isolate)
     except GateError as exc:
         return [ReplayResult(UNAVAILABLE, error=str(exc)) for _ in candidates]
     out = []
-    for cand in candidates:
-        _, ev = runner.evaluate(cand, keep_outputs=True)
-        out.append(ReplayResult(
-            status=ev.status, metrics=ev.metrics, error=ev.error, signature=ev.signature,
-            outputs=[o.array for o in ev.outputs] if ev.outputs is not None else None,
-            reference=[o.array for o in ev.reference] if ev.reference is not None else None,
-        ))
+    try:
+        for cand in candidates:
+            _, ev = runner.evaluate(cand, keep_outputs=True)
+            out.append(ReplayResult(
+                status=ev.status, metrics=ev.metrics, error=ev.error, signature=ev.signature,
+                outputs=[o.array for o in ev.outputs] if ev.outputs is not None else None,
+                reference=[o.array for o in ev.reference] if ev.reference is not None else None,
+            ))
+    finally:
+        if own and hasattr(runner, "close"):
+            runner.close()
     return out
 
 
@@ -87,13 +96,14 @@ def worktree(repo: Path, rev: str) -> Iterator[Path]:
 
 
 def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob],
-                   timeout: float = 600.0) -> Dict[str, List[ReplayResult]]:
+                   timeout: float = 600.0, isolate=None) -> Dict[str, List[ReplayResult]]:
     """Run ``jobs`` in a fresh interpreter whose operator library is imported from ``tree``."""
     if not jobs:
         return {}
     work = Path(tempfile.mkdtemp(prefix="dl-gate-replay-"))
     try:
-        req = {"root": str(tree), "python_path": list(python_path), "jobs": []}
+        req = {"root": str(tree), "python_path": list(python_path), "jobs": [],
+               "isolate": isolate.to_dict() if isolate is not None else None}
         for j, job in enumerate(jobs):
             files = []
             for i, c in enumerate(job.candidates):

@@ -21,12 +21,17 @@ def main(work: str) -> int:
     from gate.ops.spec import OpSpec
     from gate.plan import Variant
 
+    isolate = None
+    if req.get("isolate"):
+        from gate.fuzz.isolate import IsolateOptions
+
+        isolate = IsolateOptions(**req["isolate"])
     resp = {"jobs": []}
     for j, job in enumerate(req["jobs"]):
         spec = OpSpec.from_dict(job["spec"], origin="user")
         variant = Variant(**job["variant"])
         cands = [Candidate.load((work_dir / f).read_bytes()) for f in job["inputs"]]
-        results = replay(spec, variant, cands)
+        results = replay(spec, variant, cands, isolate=isolate)
         for i, r in enumerate(results):
             if r.outputs is not None:
                 arrays = {f"o{k}": a for k, a in enumerate(r.outputs)}

@@ -98,7 +98,7 @@ def _localise(report, items: List[dict], ctx: dict) -> None:
     if any(w.get("base") is not None for w in items) and ctx.get("merge_base"):
         base = BaseWorker(Path(ctx["repo"]), ctx["merge_base"], base_pp, cfg_dir)
         base.start()  # checks out and starts importing while head works on the first finding
-    session = Session(Head(), base)
+    session = Session(Head(isolate=ctx.get("isolate")), base)
     shared: Dict[str, object] = {"head_python_path": head_pp}
     out = Path(ctx.get("out") or "dl-gate-out")
     try:
@@ -122,6 +122,7 @@ def _localise(report, items: List[dict], ctx: dict) -> None:
             if diag.details_file:
                 _update_details(Path(diag.details_file), vv)
     finally:
+        session.head.close()
         if base is not None:
             report.env["localise"]["base_requests"] = base.requests
             try:

@@ -33,20 +33,31 @@ from ..plan import Variant
 
 
 class Head:
-    """In-process evaluation with one cached runner per operator x variant."""
+    """Evaluation with one cached runner (of the variant's oracle) per operator x variant, in
+    this process or, with ``isolate`` (:class:`gate.fuzz.isolate.IsolateOptions`), in worker
+    processes that a crashing input cannot take down with the gate."""
 
-    def __init__(self):
+    def __init__(self, isolate=None):
         self._runners: Dict[Tuple[str, Variant], Optional[VariantRunner]] = {}
         self.calls = 0
+        self.isolate = isolate
 
     def runner(self, spec: OpSpec, variant: Variant) -> Optional[VariantRunner]:
         key = (spec.name, variant)
         if key not in self._runners:
+            from ..fuzz.registry import build_runner
+
             try:
-                self._runners[key] = VariantRunner(spec, variant)
+                self._runners[key] = build_runner(spec, variant, isolate=self.isolate)
             except GateError:
                 self._runners[key] = None
         return self._runners[key]
+
+    def close(self) -> None:
+        for r in self._runners.values():
+            if r is not None and hasattr(r, "close"):
+                r.close()
+        self._runners.clear()
 
     def quantize(self, spec: OpSpec, variant: Variant, cand: Candidate) -> Candidate:
         r = self.runner(spec, variant)

@@ -363,6 +363,11 @@ class Localiser:
         if spec.framework != "torch":
             diag.notes.append(f"sub-operations are traced for PyTorch operators only ({spec.framework})")
             return []
+        if self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND:
+            # tracing runs the operator in this process: an isolated gate does not do that on an
+            # input that crashed its worker
+            diag.notes.append("sub-operations are not traced for a crash when evaluations are isolated")
+            return []
         try:
             f64 = self.target.kind == BEHAVIOUR
             head = trace_op(spec, variant, cand, root=str(self.ctx["repo"]), float64_run=f64)

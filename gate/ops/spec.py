@@ -203,6 +203,8 @@ class OpSpec:
     opinfo: Optional[str] = None  # PyTorch OpInfo entry whose sample inputs seed the search
     batch_dim: Optional[int] = None  # inputs are batch-separable along this dim
     grad: bool = False
+    oracles: Optional[tuple] = None  # explicit oracle list; None: the rules table decides
+    oracle_args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-oracle options
     tags: tuple = ()
     description: str = ""
     origin: str = "builtin"  # builtin | user
@@ -257,6 +259,8 @@ class OpSpec:
             "opinfo": self.opinfo,
             "batch_dim": self.batch_dim,
             "grad": self.grad,
+            "oracles": list(self.oracles) if self.oracles is not None else None,
+            "oracle_args": {k: dict(v) for k, v in self.oracle_args.items()},
             "tags": list(self.tags),
             "description": self.description,
             "origin": self.origin,
@@ -305,6 +309,8 @@ class OpSpec:
                 opinfo=merged.get("opinfo"),
                 batch_dim=merged.get("batch_dim"),
                 grad=bool(merged.get("grad", False)),
+                oracles=tuple(merged["oracles"]) if merged.get("oracles") is not None else None,
+                oracle_args={str(k): dict(v or {}) for k, v in dict(merged.get("oracle_args") or {}).items()},
                 tags=tuple(merged.get("tags", ())),
                 description=str(merged.get("description", "")),
                 origin=origin,

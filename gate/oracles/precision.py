@@ -67,6 +67,7 @@ class Metrics:
     worst_out: float = 0.0
     worst_ref: float = 0.0
     shape_mismatch: Optional[str] = None
+    spread: float = 0.0  # max - min of the finite float outputs (Audee's NaN search maximises it)
 
     @property
     def severity(self) -> float:
@@ -109,7 +110,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         return Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")
     worst = (-1.0, 0, (), 0.0, 0.0)
     tot_abs = tot_l1 = tot_rel = tot_ulp_sum = 0.0
-    max_ulp = 0.0
+    max_ulp = spread = 0.0
     nonfinite = int_mismatch = numel = 0
     for k, (o, r) in enumerate(zip(outputs, reference)):
         a, b = np.asarray(o.array), np.asarray(r.array)
@@ -130,6 +131,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             mag = max(abs(float(b.max())), abs(float(b.min())))
             fast = mag < ovf and not (ftz and np.any(a == 0))
         if fast:  # the common case: every value finite and in range (fewer passes, no masks)
+            spread = max(spread, float(a.max() - a.min()))
             err = np.abs(a - b)
             floor = float(ulp(np.asarray(mag), dtype)) if ulp_floor == "output" else float(ulp(np.asarray(0.0), dtype))
             denom = ulp(b, dtype)
@@ -139,6 +141,9 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             np.maximum(rel_den, max(floor, np.finfo(np.float64).tiny), out=rel_den)
             rel_max = float((err / rel_den).max())
         else:
+            fin = a[np.isfinite(a)]
+            if fin.size:
+                spread = max(spread, float(fin.max() - fin.min()))
             ulp_err, err, rel_max = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf)
             nonfinite += int(np.count_nonzero(np.isfinite(b) & (np.abs(b) < ovf) & ~np.isfinite(a)))
             if ulp_err is None:
@@ -165,6 +170,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         worst_index=worst[2],
         worst_out=worst[3],
         worst_ref=worst[4],
+        spread=spread,
     )
 
 
@@ -193,9 +199,12 @@ def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf):
 
 def fitness(m: Metrics, guidance: str) -> float:
     """The number the search maximises. ``linf``: max ULP error; ``l1``: mean ULP error;
+    ``spread``: max − min of the output (drives values towards overflow, Audee's NaN search);
     ``random``: no feedback. NaN/Inf and mismatches dominate everything."""
     if m.shape_mismatch or m.nonfinite or m.int_mismatch:
         return math.inf
+    if guidance == "spread":
+        return m.spread
     if guidance == "l1":
         return m.mean_ulp
     return m.ulp

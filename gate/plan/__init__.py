@@ -47,7 +47,14 @@ class Variant:
         return asdict(self)
 
 
-ORACLES = ("precision", "grad", "compiled", "xfw", "nan", "layout_eq", "batch_eq", "contig_eq", "inplace_eq", "export", "graph")
+#: Oracles planned per operator by :func:`variants_for`, in the order of the rules table
+#: ``gate/ops/catalog/oracles.yaml`` (which says which oracle applies to which operator); each
+#: has a runner in ``gate.fuzz.registry``.
+FUZZ_ORACLES = ("precision", "nan", "xfw", "compiled", "compiled_xla", "dtype_eq", "layout_eq", "contig_eq",
+                "length_eq", "batch_eq", "inplace_eq", "grad", "gradcheck")
+#: Oracles whose findings come from their own campaigns (gate.fuzz.export, gate.graphs).
+CAMPAIGN_ORACLES = ("export", "graph")
+ORACLES = FUZZ_ORACLES + CAMPAIGN_ORACLES
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,14 @@ def variants_for(
     modes: Optional[Sequence[str]] = None,
     layouts: bool = True,
     available_devices: Sequence[str] = ("cpu",),
+    oracles: Optional[Sequence[str]] = None,
 ) -> List[Variant]:
-    """Every variant of ``spec`` the filters and this machine allow."""
+    """Every variant of ``spec`` the filters and this machine allow, for each oracle in
+    ``oracles`` (default: precision only) that applies to ``spec`` (see ``oracles.yaml``)."""
+    want_oracles = list(oracles) if oracles else ["precision"]
+    bad_oracles = [o for o in want_oracles if o not in FUZZ_ORACLES]
+    if bad_oracles:
+        raise UnsupportedVariant(f"unknown oracle {', '.join(bad_oracles)} (use {', '.join(FUZZ_ORACLES)})")
     want_dtypes = list(dtypes) if dtypes else list(spec.dtypes)
     bad = [d for d in want_dtypes if d not in spec.dtypes]
     if dtypes and bad:
@@ -106,17 +119,38 @@ def variants_for(
     want_modes = [m for m in (modes or spec.modes) if m in spec.modes]
     has_ref = spec.reference is not None
     out: List[Variant] = []
-    for device in want_devices:
-        for dtype in want_dtypes:
-            if dtype == "float64" and not has_ref:
-                continue  # float64 against itself measures nothing
-            for mode in want_modes:
-                if mode == "operator" and dtype in ("float32", "float64"):
-                    continue  # operator mode at full precision is input mode
-                out.append(Variant(dtype=dtype, device=device, mode=mode))
-            if layouts:
-                for lay in spec.layouts:
-                    out.append(Variant(dtype=dtype, device=device, mode="input", layout=lay.name))
+    if "precision" in want_oracles:
+        for device in want_devices:
+            for dtype in want_dtypes:
+                if dtype == "float64" and not has_ref:
+                    continue  # float64 against itself measures nothing
+                for mode in want_modes:
+                    if mode == "operator" and dtype in ("float32", "float64"):
+                        continue  # operator mode at full precision is input mode
+                    out.append(Variant(dtype=dtype, device=device, mode=mode))
+                if layouts:
+                    for lay in spec.layouts:
+                        out.append(Variant(dtype=dtype, device=device, mode="input", layout=lay.name))
+    others = [o for o in FUZZ_ORACLES if o in want_oracles and o != "precision"]
+    if not others:
+        return out
+    from ..ops.rules import load_rules
+
+    rules = load_rules()
+    applies = rules.applicable(spec)
+    for name in others:
+        if name not in applies:
+            continue
+        rule = rules.get(name)
+        if rule.dtype:
+            rule_dtypes = [rule.dtype]
+        else:
+            rule_dtypes = [d for d in want_dtypes if d != "float64" and (rule.dtypes is None or d in rule.dtypes)]
+        lays = [lay.name for lay in spec.layouts] if rule.per_layout else ["default"]
+        for device in want_devices:
+            for dtype in rule_dtypes:
+                for lay in lays:
+                    out.append(Variant(dtype=dtype, device=device, mode="input", layout=lay, oracle=name))
     return out
 
 
@@ -141,4 +175,4 @@ def plan(
     return tasks
 
 
-__all__ = ["Variant", "Budget", "Task", "plan", "variants_for", "ORACLES"]
+__all__ = ["Variant", "Budget", "Task", "plan", "variants_for", "ORACLES", "FUZZ_ORACLES", "CAMPAIGN_ORACLES"]

@@ -1,0 +1,654 @@
+"""Crash and hang isolation: evaluate candidates in a worker process that may die.
+
+:class:`IsolatedRunner` has the runner interface (``evaluate``, ``backend``, the oracle hooks),
+so the engine and :func:`gate.fuzz.fuzz_task` use it unchanged. Each evaluation is sent to a
+warm worker (the framework is imported and the oracle's runner built once per worker, not per
+evaluation) and must answer within ``timeout`` seconds. When the worker dies (segfault, abort,
+the OOM killer) or does not answer in time, the evaluation becomes a CRASH whose signature is
+the signal name or ``timeout after Xs`` plus the innermost frame of the operator's own code
+that ``faulthandler`` printed (a hung worker is asked for its stack with SIGUSR1 before it is
+killed), the worker is replaced, and the search goes on.
+
+Processes. Workers are forked by a **zygote**: one ``python -m gate.fuzz.isolate --zygote``
+process per framework (shared by every isolated runner of this gate process) that imports the
+framework once and never runs an operator, then forks a worker on request; the worker's two
+pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
+
+* ``fork`` of the gate itself is unsafe once torch/TensorFlow thread pools or CUDA exist; the
+  zygote forks from a process that only *imported* the framework (what a DataLoader's workers
+  do), and TensorFlow, whose import starts threads, is not preloaded;
+* ``spawn`` and ``forkserver`` re-import the caller's ``__main__`` in every worker, so a user's
+  script without an ``if __name__ == "__main__"`` guard would re-run; our processes start from
+  ``-m gate.fuzz.isolate``;
+* the protocol runs on dedicated descriptors, not stdin/stdout, so an operator that prints
+  cannot corrupt it; its output goes to a log the parent reads for the crash signature.
+
+A replacement worker is a fork (tens of milliseconds), not an interpreter start plus a
+framework import (seconds): that matters when an operator crashes on many inputs.
+``IsolateOptions(zygote=False)`` starts every worker as a fresh interpreter instead (and is the
+fallback where ``fork`` does not exist). The kernel kills the zygote and workers when the gate
+process dies (Linux ``PR_SET_PDEATHSIG``). ``bench/isolation_cost.py`` measures throughput
+in-process vs isolated and the cost of a crash, side by side.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from .. import errors
+from ..errors import GateError
+from ..ops.spec import OpSpec
+from ..plan import Variant
+from .inputs import Candidate
+from .runner import CRASH, Evaluation
+
+_TIMEOUT = "timeout"
+_DEAD = "dead"
+PRELOAD = {"torch": ("torch",), "tensorflow": ()}  # TensorFlow's import starts threads: not forked
+
+
+@dataclass(frozen=True)
+class IsolateOptions:
+    timeout: float = 10.0  # seconds one evaluation may take before it counts as a hang
+    start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
+    warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
+    zygote: bool = True  # fork workers from a warm zygote (False: a fresh interpreter each)
+
+    def to_dict(self) -> dict:
+        return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
+                "zygote": self.zygote}
+
+
+def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
+                    gate_cfg: Optional[dict] = None) -> Optional[IsolateOptions]:
+    """Options from a flag and the config's ``gate.isolate`` / ``gate.eval_timeout`` (the flag
+    wins); ``None`` when evaluations run in-process."""
+    g = dict(gate_cfg or {})
+    on = enabled if enabled is not None else bool(g.get("isolate", False))
+    timeout = timeout if timeout is not None else g.get("eval_timeout")
+    if timeout is not None and float(timeout) <= 0:
+        raise GateError("the evaluation timeout must be a positive number of seconds")
+    if not on:
+        return None
+    return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
+
+
+def _child_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _new_log() -> str:
+    fd, path = tempfile.mkstemp(prefix="dl-gate-worker-", suffix=".log")
+    os.close(fd)
+    return path
+
+
+def _decode(status: int) -> int:
+    """A ``waitpid`` status as a ``Popen.returncode`` (negative: the signal that killed it)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255
+
+
+# ---------------------------------------------------------------------------------------
+# the zygote: imports the framework once, forks workers
+# ---------------------------------------------------------------------------------------
+class _Zygote:
+    def __init__(self, preload: Tuple[str, ...], start_timeout: float):
+        self.log = _new_log()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "gate.fuzz.isolate", "--zygote", str(child.fileno())],
+                    pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
+                )
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        self.lock = threading.Lock()
+        self._request(("preload", list(preload)), start_timeout)
+
+    def _request(self, msg: tuple, timeout: float, fds: Tuple[int, ...] = ()) -> Any:
+        from multiprocessing.reduction import send_handle
+
+        with self.lock:
+            try:
+                self.conn.send(msg)
+                for fd in fds:
+                    send_handle(self.conn, fd, self.proc.pid)
+                if not self.conn.poll(timeout):
+                    raise GateError(f"the isolation zygote did not answer within {timeout:g}s")
+                return self.conn.recv()
+            except (EOFError, OSError) as exc:
+                raise GateError(f"the isolation zygote is gone ({type(exc).__name__})") from None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, rfd: int, wfd: int, timeout: float) -> "_Forked":
+        reply = self._request(("fork",), timeout, fds=(rfd, wfd))
+        return _Forked(int(reply[1]), self)
+
+    def status(self, pid: int, block: bool) -> Optional[int]:
+        reply = self._request(("wait", pid, block), 30.0 if block else 5.0)
+        return None if reply[1] is None else _decode(reply[1])
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        if os.path.exists(self.log):
+            os.unlink(self.log)
+
+
+class _Forked:
+    """A worker forked by the zygote, with the part of ``Popen``'s interface we use."""
+
+    def __init__(self, pid: int, zygote: _Zygote):
+        self.pid = pid
+        self.zygote = zygote
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self.zygote.alive():
+            try:
+                self.returncode = self.zygote.status(self.pid, block=False)
+            except GateError:
+                self.returncode = -int(signal.SIGKILL)
+        elif self.returncode is None:
+            self.returncode = -int(signal.SIGKILL)  # the zygote died: so did its children
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        deadline = time.perf_counter() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.perf_counter() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_ZYGOTES: Dict[Tuple[str, ...], _Zygote] = {}
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]:
+    """The shared zygote for ``preload`` (started on first use); ``None`` without ``fork``."""
+    if not hasattr(os, "fork") or not hasattr(socket, "AF_UNIX"):
+        return None
+    with _ZYGOTE_LOCK:
+        z = _ZYGOTES.get(preload)
+        if z is None or not z.alive():
+            if z is not None:
+                z.close()
+            z = _ZYGOTES[preload] = _Zygote(preload, start_timeout)
+        return z
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    for z in list(_ZYGOTES.values()):
+        z.close()
+    _ZYGOTES.clear()
+
+
+class _RemoteBackend:
+    """What :func:`gate.fuzz.fuzz_task` asks of ``runner.backend``, answered by the worker."""
+
+    def __init__(self, owner: "IsolatedRunner"):
+        self._owner = owner
+
+    @property
+    def name(self) -> str:
+        return self._owner.spec.framework
+
+    def seed(self, seed: int) -> None:
+        self._owner.seed(seed)
+
+    def environment(self, device: str) -> dict:
+        return dict(self._owner.env)
+
+    def devices(self) -> list:
+        return list(self._owner.devices)
+
+
+class _Worker:
+    """One worker process (forked by the zygote, or a fresh interpreter), its pipes and log."""
+
+    def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions):
+        zygote = _zygote(PRELOAD.get(spec.framework, ()), options.start_timeout) if options.zygote else None
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        self.own_log = zygote is None
+        try:
+            if zygote is not None:
+                self.log = zygote.log  # forked workers write where the zygote writes
+                self.proc: Any = zygote.fork(p2c_r, c2p_w, options.start_timeout)
+            else:
+                self.log = _new_log()
+                with open(self.log, "ab") as log:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
+                        pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
+                    )
+        except BaseException:
+            os.close(p2c_w)
+            os.close(c2p_r)
+            raise
+        finally:
+            os.close(p2c_r)
+            os.close(c2p_w)
+        self.tx = Connection(p2c_w, readable=False)
+        self.rx = Connection(c2p_r, writable=False)
+        self.fresh = True
+        self.env: Optional[dict] = None
+        self.devices: list = []
+        # sent now, answered when the worker has imported the framework and built the runner
+        self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant}))
+
+    def receive(self, timeout: float) -> Tuple[str, Any]:
+        try:
+            if not self.rx.poll(timeout):
+                return _TIMEOUT, None
+            return "reply", self.rx.recv()
+        except (EOFError, OSError):
+            return _DEAD, None
+
+    def ready(self, timeout: float, what: str) -> dict:
+        """Wait for the init reply; a worker that cannot build its runner raises the
+        worker's own one-line :class:`GateError` here."""
+        if self.env is not None:
+            return self.env
+        kind, reply = self.receive(timeout)
+        if kind == "reply" and reply[0] == "ready":
+            self.env = dict(reply[1].get("env") or {})
+            self.devices = list(reply[1].get("devices") or [])
+            return self.env
+        if kind == "reply" and reply[0] == "error":
+            cls = getattr(errors, reply[1], GateError)
+            if not (isinstance(cls, type) and issubclass(cls, GateError)):
+                cls = GateError
+            self.kill()
+            raise cls(reply[2])
+        detail = self.log_tail().strip()[-500:]
+        self.kill()
+        raise GateError(f"isolated worker for {what} did not start ({kind}): {detail}")
+
+    def call(self, msg: tuple, timeout: float) -> Any:
+        self.tx.send(msg)
+        kind, reply = self.receive(timeout)
+        if kind != "reply":
+            raise GateError(f"isolated worker stopped answering ({kind})")
+        return reply
+
+    def gone(self) -> bool:
+        """Dead already: its end of the pipe is closed, so ours reads EOF without waiting (a
+        local check, no round trip)."""
+        try:
+            return self.rx.poll(0)
+        except (EOFError, OSError):
+            return True
+
+    def log_size(self) -> int:
+        return os.path.getsize(self.log) if os.path.exists(self.log) else 0
+
+    def log_tail(self, pos: int = 0, limit: int = 20000) -> str:
+        if not os.path.exists(self.log):
+            return ""
+        with open(self.log, "rb") as fh:
+            fh.seek(max(pos, os.path.getsize(self.log) - limit))
+            return fh.read().decode("utf-8", "replace")
+
+    def dump_stack(self, wait: float = 1.0) -> None:
+        """Ask a hung worker for its Python stack (faulthandler on SIGUSR1) before killing it."""
+        if self.proc.poll() is not None or not hasattr(signal, "SIGUSR1"):
+            return
+        size = self.log_size()
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.perf_counter() + wait
+        while time.perf_counter() < deadline:
+            time.sleep(0.02)
+            if self.log_size() > size and "most recent call first" in self.log_tail(size):
+                time.sleep(0.05)  # let the dump finish
+                return
+
+    def exit_code(self) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            return None
+
+    def kill(self) -> None:
+        for conn in (self.tx, self.rx):
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+            pass
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.tx.send(("exit",))
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        if self.own_log and os.path.exists(self.log):
+            os.unlink(self.log)
+
+
+class IsolatedRunner:
+    """The runner of ``variant.oracle`` for ``spec``, living in a worker process."""
+
+    def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
+        from .registry import hooks, runner_options
+
+        self.spec = spec
+        self.variant = variant
+        self.options = options
+        self.oracle_options = runner_options(spec, variant.oracle)
+        # the oracle's hooks are data: answered here without importing a framework
+        self.search_spec, self.guidance, self.extra_mutators = hooks(spec, variant, self.oracle_options)
+        self.backend = _RemoteBackend(self)
+        self.env: Dict[str, Any] = {}
+        self.devices: list = [variant.device]
+        self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0, "lost": 0}
+        self._seed: Optional[int] = None
+        self._active: Optional[_Worker] = None
+        self._ensure_active()  # fails here, in the caller, if the runner cannot be built
+
+    @property
+    def what(self) -> str:
+        return f"{self.spec.name}[{self.variant.key}]"
+
+    # -- worker lifecycle ----------------------------------------------------------------
+    def _ensure_active(self) -> _Worker:
+        if self._active is None:
+            self.stats["starts"] += 1
+            worker = _Worker(self.spec, self.variant, self.options)
+            try:
+                self.env = worker.ready(self.options.start_timeout, self.what)
+                self.devices = worker.devices or self.devices
+            except BaseException:
+                worker.close()
+                raise
+            self._active = worker
+            if self._seed is not None:
+                worker.call(("seed", self._seed), self.options.start_timeout)
+        return self._active
+
+    def _discard_active(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    def close(self) -> None:
+        self._discard_active()
+
+    def __enter__(self) -> "IsolatedRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- the runner interface ------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        self._seed = seed
+        if self._active is not None:
+            self._active.call(("seed", seed), self.options.start_timeout)
+
+    def quantize(self, cand: Candidate) -> Candidate:
+        """The candidate as the worker's runner quantises it (no operator call)."""
+        worker = self._ensure_active()
+        try:
+            reply = worker.call(("quantize", cand), self.options.start_timeout)
+        except (GateError, OSError):
+            self._discard_active()
+            return cand
+        return reply[1] if reply[0] == "result" else cand
+
+    def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
+        worker = self._ensure_active()
+        if worker.gone():  # died between evaluations (killed from outside)
+            self.stats["lost"] += 1
+            self._discard_active()
+            worker = self._ensure_active()
+        timeout = self.options.timeout * (self.options.warmup_factor if worker.fresh else 1.0)
+        log_pos = worker.log_size()
+        t0 = time.perf_counter()
+        try:
+            worker.tx.send(("eval", cand, keep_outputs, quantized))
+            kind, reply = worker.receive(timeout)
+        except OSError:  # the pipe broke under us: the worker is gone
+            kind, reply = _DEAD, None
+        worker.fresh = False
+        self.stats["evaluations"] += 1
+        if kind == "reply" and reply[0] == "result":
+            return reply[1], reply[2]
+        if kind == "reply" and reply[0] == "raise":
+            raise RuntimeError(f"oracle runner failed in the isolated worker:\n{reply[1]}")
+        if kind == _TIMEOUT:
+            worker.dump_stack()
+            where = _innermost_frame(worker.log_tail(log_pos))
+            self.stats["timeouts"] += 1
+            signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
+            message = f"{signature} (a hang); the worker was killed and replaced"
+        else:
+            name, why = _describe_exit(worker.exit_code())
+            where = _innermost_frame(worker.log_tail(log_pos))
+            self.stats["crashes"] += 1
+            signature = name + (f" in {where}" if where else "")
+            message = why + (f" in {where}" if where else "") + "; the worker died and was replaced"
+        self._discard_active()
+        ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
+                        extra={"isolated": True})
+        return cand, ev
+
+
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
+
+
+def _library_dirs() -> Tuple[str, ...]:
+    import sysconfig
+
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
+def _innermost_frame(log: str) -> Optional[str]:
+    """``file.py:LINE function`` of the last faulthandler dump: the innermost frame outside the
+    standard library, installed packages and the gate itself (the operator's own code), else
+    the innermost frame outside the standard library, else the innermost one."""
+    starts = [m.start() for m in re.finditer(r"\(most recent call first\):", log)]
+    if not starts:
+        return None
+    end = log.find("\n\n", starts[-1])
+    frames = _FRAME.findall(log, starts[-1], end if end > 0 else len(log))
+    if not frames:
+        return None
+    libs = _library_dirs()
+    gate_dir = os.path.realpath(str(Path(__file__).resolve().parents[1])) + os.sep
+    import sysconfig
+
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+    def real(f: str) -> str:
+        return os.path.realpath(f)
+
+    pick = next((fr for fr in frames if not real(fr[0]).startswith(libs + (gate_dir,))), None)
+    pick = pick or next((fr for fr in frames if not real(fr[0]).startswith(stdlib)), None) or frames[0]
+    return f"{os.path.basename(pick[0])}:{pick[1]} {pick[2]}"
+
+
+def _describe_exit(rc: Optional[int]) -> Tuple[str, str]:
+    if rc is None:
+        return "worker lost", "an unknown status"
+    if rc < 0:
+        try:
+            sig = signal.Signals(-rc)
+        except ValueError:
+            return f"signal {-rc}", f"signal {-rc}"
+        text = signal.strsignal(sig) or sig.name
+        if sig == signal.SIGKILL:
+            text += ", e.g. by the out-of-memory killer"
+        return sig.name, f"{sig.name} ({text})"
+    return f"exit code {rc}", f"exit code {rc}"
+
+
+# ---------------------------------------------------------------------------------------
+# the worker and the zygote (run as ``python -m gate.fuzz.isolate``)
+# ---------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this worker when the gate process dies (no orphan hangs)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except Exception:  # pragma: no cover - best effort
+            pass
+
+
+def worker_main(rfd: int, wfd: int) -> int:
+    import faulthandler
+    import traceback
+
+    _die_with_parent()
+    faulthandler.enable(file=sys.stderr, all_threads=False)  # fatal signals: where it crashed
+    if hasattr(signal, "SIGUSR1"):  # the parent's "where are you?" before it kills a hang
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
+    rx = Connection(rfd, writable=False)
+    tx = Connection(wfd, readable=False)
+    runner = None
+    while True:
+        try:
+            msg = rx.recv()
+        except (EOFError, OSError):
+            return 0
+        kind = msg[0]
+        if kind == "exit":
+            return 0
+        if kind == "init":
+            info = msg[1]
+            for p in reversed(info["sys_path"]):
+                if p not in sys.path:
+                    sys.path.insert(0, p)
+            try:
+                from .registry import build_runner
+
+                runner = build_runner(info["spec"], info["variant"])
+                env = runner.backend.environment(info["variant"].device)
+                tx.send(("ready", {"env": env, "devices": runner.backend.devices(), "pid": os.getpid()}))
+            except GateError as exc:
+                tx.send(("error", type(exc).__name__, str(exc)))
+            except Exception as exc:
+                tx.send(("error", "GateError", f"{type(exc).__name__}: {exc}"))
+        elif kind == "seed":
+            runner.backend.seed(msg[1])
+            tx.send(("ok",))
+        elif kind == "quantize":
+            tx.send(("result", runner.quantize(msg[1])))
+        elif kind == "eval":
+            _, cand, keep_outputs, quantized = msg
+            try:
+                q, ev = runner.evaluate(cand, keep_outputs=keep_outputs, quantized=quantized)
+            except Exception:
+                tx.send(("raise", traceback.format_exc()))
+                continue
+            tx.send(("result", q, ev))
+
+
+def zygote_main(fd: int) -> int:
+    """Import the framework(s) once, then fork a worker per request (never run an operator)."""
+    import faulthandler
+    import importlib
+    from multiprocessing.reduction import recv_handle
+
+    _die_with_parent()
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    conn = Connection(fd)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        if msg[0] == "preload":
+            for mod in msg[1]:
+                try:
+                    importlib.import_module(mod)
+                except Exception:  # the worker will report it, with the operator's context
+                    pass
+            importlib.import_module("gate.fuzz.registry")  # the gate's runners, imported once too
+
+            conn.send(("ok",))
+        elif msg[0] == "fork":
+            rfd, wfd = recv_handle(conn), recv_handle(conn)
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = 1
+                try:
+                    conn.close()
+                    code = worker_main(rfd, wfd)
+                finally:
+                    os._exit(code)
+            os.close(rfd)
+            os.close(wfd)
+            conn.send(("forked", pid))
+        elif msg[0] == "wait":
+            _, pid, block = msg
+            try:
+                got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                got, status = pid, 9  # already reaped: report it as killed
+            conn.send(("status", status if got else None))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--zygote":
+        sys.exit(zygote_main(int(sys.argv[2])))
+    sys.exit(worker_main(int(sys.argv[1]), int(sys.argv[2])))

@@ -1,0 +1,81 @@
+"""Crash and hang isolation (gate.fuzz.isolate): planted operators that segfault (through
+ctypes) and deadlock on one input value are found within a 10 s budget while this test process
+survives; the worker is restarted and the search goes on."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gate.errors import ConfigError
+from gate.fuzz import Finding, fuzz_task
+from gate.fuzz.isolate import IsolatedRunner, IsolateOptions
+from gate.plan import Variant
+
+from tests.oracle_support import task, user_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OPS = """
+- name: planted.segv
+  callable: planted_ops:segv_on_minus_one
+  dims: {N: [1, 16], D: [1, 16]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float32]
+  modes: [input]
+- name: planted.hang
+  callable: planted_ops:hang_on_half
+  dims: {N: [1, 16], D: [1, 16]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float32]
+  modes: [input]
+- name: planted.missing
+  callable: planted_ops:no_such_function
+  inputs: [{name: x, shape: [4]}]
+"""
+
+
+def test_hang_is_a_timeout_finding_with_the_place_it_hung(tmp_path):
+    specs = user_ops(tmp_path, OPS)
+    f = fuzz_task(task(specs["planted.hang"], "precision", seconds=10, evals=100),
+                  isolate=IsolateOptions(timeout=1.0, warmup_factor=1.0))
+    assert f.crashes, f"no hang found in {f.evals} evaluations"
+    sig = f.crashes[0].signature
+    assert sig.startswith("timeout after 1s"), sig
+    assert "planted_ops.py" in sig and "hang_on_half" in sig, sig
+    assert (f.crashes[0].candidate.arrays["x"] == 0.5).any()
+    assert f.evals > sum(c.count for c in f.crashes)
+
+
+def test_worker_start_failure_is_a_one_line_gate_error(tmp_path):
+    specs = user_ops(tmp_path, OPS)
+    with pytest.raises(ConfigError, match="cannot import callable 'planted_ops:no_such_function'"):
+        IsolatedRunner(specs["planted.missing"], Variant("float32"), IsolateOptions(start_timeout=120))
+
+
+def test_segfault_via_cli_with_isolation_from_config(tmp_path):
+    """`dl-gate fuzz` with ``gate.isolate: true``: the segfault becomes a crash finding, the
+    worker is replaced and the search goes on; the crashing input is saved for replay."""
+    user_ops(tmp_path, OPS, extra="gate: {isolate: true, eval_timeout: 5}\n")
+    out = tmp_path / "findings.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gate.cli", "fuzz", "planted.segv", "--budget", "10", "--evals", "100",
+         "--json", str(out), "--save-inputs", str(tmp_path / "inputs")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "crash in planted.segv[float32/cpu/input]: SIGSEGV in planted_ops.py:" in proc.stdout
+    (finding,) = json.loads(out.read_text())["findings"]
+    crash = Finding.from_dict(finding).crashes[0]
+    assert crash.signature.startswith("SIGSEGV in planted_ops.py:") and "segv_on_minus_one" in crash.signature
+    assert (crash.candidate.arrays["x"] == -1.0).any()  # the recorded input holds the planted value
+    # the worker was replaced and the search went on past the crashes
+    assert finding["evals"] > sum(c["count"] for c in finding["crashes"])
+    assert finding["metrics"]["ulp"] == 0.0  # relu is exact everywhere else
+    assert finding["env"]["framework"] == "torch"  # reported by the worker
+    assert list((tmp_path / "inputs" / "planted.segv").glob("*.crash0.npz"))
