@@ -59,10 +59,14 @@ class Config:
 
     def activate(self) -> None:
         """Make the user's operator library importable."""
+        import importlib
+
         for p in reversed(self.raw.get("python_path") or ["."]):
             full = str((self.root / p).resolve())
-            if full not in sys.path:
-                sys.path.insert(0, full)
+            while full in sys.path:  # to the front: this library wins over any earlier one
+                sys.path.remove(full)
+            sys.path.insert(0, full)
+        importlib.invalidate_caches()
 
 
 def _schema() -> dict:

@@ -110,7 +110,8 @@ def resolve_callable(path: str) -> Callable:
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except AttributeError as exc:
-            last_err = exc
+            where = getattr(importlib.import_module(mod_name), "__file__", None)
+            last_err = AttributeError(f"{exc} (imported from {where})" if where else str(exc))
             continue
         if not callable(obj):
             raise ConfigError(f"{path} is not callable")

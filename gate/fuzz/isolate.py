@@ -575,9 +575,8 @@ def worker_main(rfd: int, wfd: int) -> int:
             return 0
         if kind == "init":
             info = msg[1]
-            for p in reversed(info["sys_path"]):
-                if p not in sys.path:
-                    sys.path.insert(0, p)
+            # the parent's import path, in the parent's order (the user's library first)
+            sys.path[:] = list(info["sys_path"]) + [p for p in sys.path if p not in info["sys_path"]]
             try:
                 from .registry import build_runner
 
