@@ -58,14 +58,28 @@ class Config:
         return self.root / self.raw.get("baselines", "baselines")
 
     def activate(self) -> None:
-        """Make the user's operator library importable."""
+        """Make the user's operator library importable, as it is on disk now: its directories go
+        to the front of the import path, and modules of the same top-level names imported
+        earlier (an older version, or a namesake from another tree) are forgotten."""
         import importlib
 
+        tops = set()
         for p in reversed(self.raw.get("python_path") or ["."]):
-            full = str((self.root / p).resolve())
+            d = (self.root / p).resolve()
+            full = str(d)
             while full in sys.path:  # to the front: this library wins over any earlier one
                 sys.path.remove(full)
             sys.path.insert(0, full)
+            if d.is_dir():
+                for child in d.iterdir():
+                    if child.suffix == ".py":
+                        tops.add(child.stem)
+                    elif (child / "__init__.py").exists():
+                        tops.add(child.name)
+        tops -= {"gate", "torch", "tensorflow", "numpy", "tests", "conftest", "setup"}
+        for name in list(sys.modules):
+            if name.split(".")[0] in tops:
+                del sys.modules[name]
         importlib.invalidate_caches()
 
 

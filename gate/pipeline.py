@@ -121,8 +121,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     repo = Path(opts.repo).resolve()
     git(repo, "rev-parse", "--git-dir")
     cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
-    cfg.activate()
-    _forget_user_modules(repo, cfg)
+    cfg.activate()  # also forgets stale imports of the user's library
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
     base_sha = git(repo, "rev-parse", "--verify", f"{opts.base}^{{commit}}")
@@ -272,30 +271,6 @@ def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
     except ImportError:
         return
     localise_all(report, work, ctx)
-
-
-def _forget_user_modules(root: Path, cfg: Config) -> None:
-    """Drop already-imported modules of the user's library (by location under the repository and
-    by top-level package name in its python_path), so head's code is imported as it is on disk
-    now: a long-lived process may hold an older version, or the same package from another tree."""
-    import sys
-
-    tops = set()
-    for p in cfg.raw.get("python_path") or ["."]:
-        d = (cfg.root / p)
-        if d.is_dir():
-            for child in d.iterdir():
-                if child.suffix == ".py":
-                    tops.add(child.stem)
-                elif (child / "__init__.py").exists():
-                    tops.add(child.name)
-    root_s = str(root)
-    for name, mod in list(sys.modules.items()):
-        if name == "gate" or name.startswith("gate."):
-            continue
-        f = getattr(mod, "__file__", None)
-        if name.split(".")[0] in tops or (f and str(Path(f).resolve()).startswith(root_s)):
-            del sys.modules[name]
 
 
 def _m(f, key):
