@@ -63,7 +63,7 @@ def _failed(r: ReplayResult) -> bool:
     return r.status in (CRASH, INVALID)
 
 
-def _ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
+def ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
     """ULPs (of ``dtype``) between head's and base's float64 outputs on the same input."""
     if h.reference is None or b.reference is None:
         return None
@@ -186,7 +186,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         # adversarial edges (subnormal or overflowing intermediates) a float64 reference can
         # itself be inexact, and a changed formula there shows up as a precision difference
         is_control = controls[i] if i < len(controls) else True
-        d = _ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
+        d = ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
         if d is not None and d > BEHAVIOUR_TOLERANCE_ULP and d > behaviour[0]:
             behaviour = (d, i)
     vv.details["pairs"] = pairs

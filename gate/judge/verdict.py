@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ..errors import Outcome
+from ..serial import from_json_safe, json_safe
 
 # Per-variant outcomes. Only REGRESSION (and BEHAVIOUR_CHANGE when configured to fail) fail.
 PASS = "pass"
@@ -23,31 +24,6 @@ VARIANT_OUTCOMES = (PASS, REGRESSION, BEHAVIOUR_CHANGE, IMPROVEMENT, NEEDS_BASEL
                     NOT_COVERED, UNSUPPORTED, ERROR)
 
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if math.isnan(v):
-            return "nan"
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
-
-
-def _unclean(v: Any) -> Any:
-    if v == "inf":
-        return math.inf
-    if v == "-inf":
-        return -math.inf
-    if v == "nan":
-        return math.nan
-    if isinstance(v, dict):
-        return {k: _unclean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_unclean(x) for x in v]
-    return v
 
 
 @dataclass
@@ -98,11 +74,11 @@ class VariantVerdict:
         return self.head_error / self.base_error
 
     def to_dict(self) -> dict:
-        return _clean(asdict(self))
+        return json_safe(asdict(self))
 
     @classmethod
     def from_dict(cls, raw: dict) -> "VariantVerdict":
-        raw = _unclean(dict(raw))
+        raw = from_json_safe(dict(raw))
         return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
 
@@ -139,11 +115,11 @@ class GateReport:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["verdicts"] = [v.to_dict() for v in self.verdicts]
-        return _clean(d)
+        return json_safe(d)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "GateReport":
         raw = dict(raw)
         verdicts = [VariantVerdict.from_dict(v) for v in raw.pop("verdicts", [])]
-        raw = _unclean(raw)
+        raw = from_json_safe(raw)
         return cls(verdicts=verdicts, **{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})

@@ -15,12 +15,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..backends.base import Output
 from ..fuzz.runner import CRASH, INVALID, OK
-from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings
+from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings, ref_divergence
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
-from ..oracles.precision import compare, ulp
+from ..oracles.precision import ulp
 
 CRASH_KIND, NONFINITE, INT_MISMATCH, PRECISION, BEHAVIOUR = "crash", "nonfinite", "int_mismatch", "precision", "behaviour"
 
@@ -47,14 +46,7 @@ def classify(h: ReplayResult, b: Optional[ReplayResult], outcome: str) -> str:
     return PRECISION
 
 
-def divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
-    """ULPs (of ``dtype``) between head's and base's float64 outputs on the same input."""
-    if h.reference is None or b.reference is None:
-        return None
-    m = compare([Output(a, "float64") for a in h.reference], [Output(a, "float64") for a in b.reference], dtype, ulp_floor)
-    if m.shape_mismatch or m.int_mismatch:
-        return math.inf
-    return m.ulp
+divergence = ref_divergence  # one definition, in the judge
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""Strict-JSON helpers shared by every stage's serialisable types."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict
+    JSON), tuples as lists."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return v
+    if isinstance(v, dict):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def from_json_safe(v: Any) -> Any:
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    if v == "nan":
+        return math.nan
+    if isinstance(v, dict):
+        return {k: from_json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [from_json_safe(x) for x in v]
+    return v
