@@ -106,7 +106,8 @@ class PairRunner(OracleRunner):
         return self.run_low(q)
 
     def sides_b(self, q: Candidate, a: Optional[List[Output]]) -> List[Side]:
-        raise NotImplementedError
+        """The computation(s) that must agree with side a; each differential runner defines them."""
+        raise NotImplementedError(f"{type(self).__name__} defines no side b")
 
     def facts(self) -> Dict[str, Any]:
         return {}
