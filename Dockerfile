@@ -39,7 +39,7 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_
 WORKDIR /opt/dl-gate
 COPY pyproject.toml README.md ./
 COPY gate ./gate
-RUN pip install --no-cache-dir "/opt/dl-gate[plot]" \
+RUN pip install --no-cache-dir "/opt/dl-gate[plot,opinfo,export]" \
  && dl-gate --version
 
 ENTRYPOINT ["dl-gate", "action"]

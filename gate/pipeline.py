@@ -106,6 +106,13 @@ def run_gate(opts: RunOptions) -> V.GateReport:
     except GateError as exc:
         report.outcome, report.reason = Outcome.ERROR.value, str(exc)
         report.errors.append(str(exc))
+    except Exception as exc:  # a harness fault: still an `error` report, with what was computed
+        import traceback
+
+        traceback.print_exc()
+        msg = f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        report.outcome, report.reason = Outcome.ERROR.value, msg
+        report.errors.append(msg)
     report.seconds = round(time.perf_counter() - t0, 2)
     return report
 

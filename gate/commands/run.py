@@ -101,7 +101,8 @@ def print_report(report) -> None:
         return
     rows = [("operator[variant]", "outcome", "base", "head", "threshold", "reason")]
     for v in report.verdicts:
-        rows.append((v.id, v.outcome, _f(v.base_error), _f(v.head_error), _f(v.threshold), v.reason[:110]))
+        head = f"nan/inf x{v.head_nonfinite}" if v.head_nonfinite else ("raises" if v.head_crash else _f(v.head_error))
+        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason[:110]))
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  " + "  ".join(c.ljust(x) for c, x in zip(r[:5], w)) + "  " + r[5])
