@@ -7,7 +7,12 @@ from typing import Any
 
 def json_safe(v: Any) -> Any:
     """``v`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict
-    JSON), tuples as lists."""
+    JSON), tuples as lists, NumPy scalars as Python numbers."""
+    if hasattr(v, "item") and callable(v.item) and not isinstance(v, (str, bytes, dict, list, tuple)):
+        try:
+            v = v.item()
+        except (TypeError, ValueError):
+            return str(v)
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"

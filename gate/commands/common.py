@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Optional
 
@@ -34,6 +35,15 @@ def load(args) -> tuple[Config, Catalog]:
     cfg = load_config(getattr(args, "config", None))
     cfg.activate()
     return cfg, load_catalog(cfg.ops, builtin=("torch", "tensorflow"))
+
+
+def fmt_num(x) -> str:
+    """A figure for a table: 3 significant digits, ``inf``, or ``-`` when absent."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return f"{x:.3g}"
 
 
 def progress_enabled() -> bool:

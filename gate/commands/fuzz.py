@@ -3,7 +3,6 @@ precision error against float64, print a table, save the worst inputs for replay
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import List
@@ -13,6 +12,7 @@ from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES, MODES
 from ..plan import FUZZ_ORACLES, Budget, plan
 from .common import add_config_arg, add_variant_args, load, progress_enabled, split_list
+from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
@@ -66,12 +66,6 @@ def oracle_list(names) -> List[str]:
     return list(names)
 
 
-def fmt(x: float) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
 
 
 def run(args) -> int:
@@ -92,10 +86,9 @@ def run(args) -> int:
     isolate = isolate_options(args.isolate, args.eval_timeout, cfg.gate)
     specs = [catalog.get(n) for n in args.ops]
     seed = args.seed if args.seed is not None else cfg.seed
-    per_op = Budget(seconds=args.budget if args.budget or not args.evals else None, evals=args.evals)
+    # --budget and/or --evals as given; neither: 10 seconds per operator
+    per_op = Budget(seconds=args.budget if (args.budget or not args.evals) else None, evals=args.evals)
     if per_op.seconds is None and per_op.evals is None:
-        per_op = Budget(seconds=10.0)
-    if per_op.seconds is None and args.budget is None and not args.evals:
         per_op = Budget(seconds=10.0)
     tasks = []
     for spec in specs:

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES
 from .common import add_config_arg, load, split_list
+from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
@@ -45,12 +46,6 @@ def parse_share(text):
     return out
 
 
-def fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
 
 
 def detail(f) -> str:

@@ -1,13 +1,13 @@
 """``dl-gate run``: the gate's main job on a pull request (or ``--example``: on the bundled one)."""
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
 
 from ..errors import GateError
 from .common import add_config_arg, add_variant_args, split_list
+from .common import fmt_num as _f
 
 
 def register(sub) -> None:
@@ -82,12 +82,6 @@ def write_outputs(report, out: Path) -> dict:
     return {k: str(v) for k, v in write_all(report, out).items()}
 
 
-def _f(x):
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
 
 
 def print_report(report) -> None:

@@ -28,14 +28,13 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
 from ..ops import expr
 from ..ops.spec import Domain, OpSpec, ParamSpec, TensorSpec
-from .inputs import (REGIMES, Candidate, band_intervals, build_arrays, derived_params, draw, element_bands,
-                     float_facts, regime_values, tensor_shape)
+from .inputs import (REGIMES, Candidate, band_intervals, draw, element_bands, regime_values, tensor_shape)
 
 SIZE_CLASSES = ("0", "1", "2-6", "7", "8", "9", "10-63", "64-4095", ">=4096")
 _SIZE_RANGES = {"0": (0, 0), "1": (1, 1), "2-6": (2, 6), "7": (7, 7), "8": (8, 8), "9": (9, 9),

@@ -425,7 +425,6 @@ def regime_values(regime: str, domain: Domain, shape: tuple, rng: np.random.Gene
             return None
         flat[:] = pool[int(rng.integers(pool.size))]
     elif regime == "shifted":
-        f = float_facts(dtype)
         lo, hi = domain.lo, domain.hi
         if lo is None and hi is None:
             c = float(rng.choice([-1.0, 1.0]) * 10.0 ** rng.uniform(1, 4))

@@ -34,6 +34,19 @@ class Evaluation:
     reference: Optional[List[Output]] = field(default=None, repr=False)
 
 
+def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str) -> Candidate:
+    """``cand`` with every float input rounded to ``dtype`` (the values the kernel will see) and
+    kept strictly inside its open value domain."""
+    out = cand.copy()
+    for t in spec.inputs:
+        a = out.arrays.get(t.name)
+        if a is None or t.kind != "float":
+            continue
+        q = backend.quantize(np.asarray(a, dtype=np.float64), dtype)
+        out.arrays[t.name] = inside_after_rounding(q, t.domain, dtype)
+    return out
+
+
 def exception_signature(exc: BaseException) -> Tuple[str, str]:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first[:300]}", f"{type(exc).__name__}: {first[:160]}"
@@ -57,14 +70,7 @@ class VariantRunner:
     # -- preparing --------------------------------------------------------------------------
     def quantize(self, cand: Candidate) -> Candidate:
         """The candidate with every float input exactly representable in the variant dtype."""
-        out = cand.copy()
-        for t in self.spec.inputs:
-            a = out.arrays.get(t.name)
-            if a is None or t.kind != "float":
-                continue
-            q = self.backend.quantize(np.asarray(a, dtype=np.float64), self.variant.dtype)
-            out.arrays[t.name] = inside_after_rounding(q, t.domain, self.variant.dtype)
-        return out
+        return quantize_inputs(self.spec, self.backend, cand, self.variant.dtype)
 
     def build_call(self, cand: Candidate, dtype: str, low: bool) -> Tuple[list, dict]:
         args: list = []

@@ -39,9 +39,9 @@ from ..backends import get_backend
 from ..backends.base import FLOAT_FORMATS, Output, flatten
 from ..fuzz.engine import search
 from ..fuzz.finding import Crash, Finding
-from ..fuzz.inputs import Candidate, draw, inside_after_rounding, tensor_shape
+from ..fuzz.inputs import Candidate, draw, tensor_shape
 from ..fuzz.mutate import MUTATORS
-from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature
+from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, quantize_inputs
 from ..ops import expr
 from ..ops.spec import Domain, OpSpec, TensorSpec
 from ..oracles.precision import Metrics, compare
@@ -182,14 +182,7 @@ class GraphRunner:
         return f if math.isfinite(f) else DEFAULT_FLOOR_ULP
 
     def quantize(self, cand: Candidate) -> Candidate:
-        out = cand.copy()
-        for t in self.spec.inputs:
-            a = out.arrays.get(t.name)
-            if a is None or t.kind != "float":
-                continue
-            q = self.backend.quantize(np.asarray(a, dtype=np.float64), self.dtype)
-            out.arrays[t.name] = inside_after_rounding(q, t.domain, self.dtype)
-        return out
+        return quantize_inputs(self.spec, self.backend, cand, self.dtype)
 
     def model(self, reference: bool = False):
         """The graph as one framework-native function of its free tensors (in

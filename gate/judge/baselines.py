@@ -30,6 +30,7 @@ from .. import HARNESS_VERSION
 from ..errors import GateError
 from ..fuzz.finding import Finding
 from ..fuzz.inputs import Candidate
+from ..serial import from_json_safe, json_safe
 
 ENV_KEYS = ("framework", "version", "device", "capability", "harness")
 
@@ -61,16 +62,6 @@ def safe_name(text: str) -> str:
     return name
 
 
-def _num(v):
-    if isinstance(v, float) and math.isinf(v):
-        return "inf"
-    return v
-
-
-def _unnum(v):
-    return math.inf if v == "inf" else v
-
-
 @dataclass
 class BaselineRow:
     op: str
@@ -97,7 +88,7 @@ class BaselineRow:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        return {k: _num(v) for k, v in d.items()}
+        return json_safe(d)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "BaselineRow":
@@ -105,7 +96,7 @@ class BaselineRow:
         unknown = set(raw) - set(fields)
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
-        return cls(**{k: _unnum(v) for k, v in raw.items()})
+        return cls(**from_json_safe(dict(raw)))
 
     @classmethod
     def from_finding(cls, f: Finding, corpus: List[str]) -> "BaselineRow":
@@ -273,6 +264,37 @@ def corpus_for(finding: Finding, top: Iterable[Candidate] = ()) -> List[Candidat
     return cands[:4]
 
 
+def _merge_into(root: Path, op: str, framework: str, new_rows: List[BaselineRow]) -> List[RowChange]:
+    """Replace ``new_rows`` (by variant x environment) in ``root/<op>.json``, keep every other
+    row, drop corpus files only the replaced rows used, and write the file atomically."""
+    path = root / f"{safe_name(op)}.json"
+    existing: List[BaselineRow] = []
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text())
+            existing = [BaselineRow.from_dict(r) for r in doc.get("rows", [])]
+            framework = framework or doc.get("framework", "")
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
+    index = {r.key: r for r in existing}
+    changes: List[RowChange] = []
+    for row in new_rows:
+        old = index.get(row.key)
+        if old is None:
+            changes.append(RowChange(op, row.variant, None, row.ulp, "added"))
+        else:
+            kind = "unchanged" if old.ulp == row.ulp and old.nonfinite == row.nonfinite else "changed"
+            changes.append(RowChange(op, row.variant, old.ulp, row.ulp, kind))
+            for stale in set(old.corpus) - set(row.corpus):
+                if (root / stale).exists():
+                    (root / stale).unlink()
+        index[row.key] = row
+    rows = sorted(index.values(), key=lambda r: (r.variant, env_key(r.env)))
+    doc = {"op": op, "framework": framework, "rows": [r.to_dict() for r in rows]}
+    _atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    return changes
+
+
 def write_rows(root: Path, findings: Iterable[Finding], frameworks: Dict[str, str],
                extra_corpus: Optional[Dict[str, List[Candidate]]] = None) -> List[RowChange]:
     """Merge rows for ``findings`` into ``root`` (atomic per file); rows of other variants and
@@ -283,37 +305,16 @@ def write_rows(root: Path, findings: Iterable[Finding], frameworks: Dict[str, st
         by_op.setdefault(f.op, []).append(f)
     changes: List[RowChange] = []
     for op, fs in sorted(by_op.items()):
-        path = root / f"{safe_name(op)}.json"
-        existing: List[BaselineRow] = []
-        if path.exists():
-            try:
-                doc = json.loads(path.read_text())
-                existing = [BaselineRow.from_dict(r) for r in doc.get("rows", [])]
-            except (json.JSONDecodeError, TypeError, ValueError) as exc:
-                raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
-        index = {r.key: r for r in existing}
+        rows = []
         for f in fs:
-            env = finding_env(f)
-            stem = f"corpus/{safe_name(op)}/{safe_name(f.variant.key)}-{env_hash(env)}"
+            stem = f"corpus/{safe_name(op)}/{safe_name(f.variant.key)}-{env_hash(finding_env(f))}"
             files = []
             for i, cand in enumerate(corpus_for(f, (extra_corpus or {}).get(f.id, []))):
                 rel = f"{stem}-{i}.npz"
                 _atomic_write(root / rel, cand.to_bytes())
                 files.append(rel)
-            row = BaselineRow.from_finding(f, files)
-            old = index.get(row.key)
-            if old is None:
-                changes.append(RowChange(op, row.variant, None, row.ulp, "added"))
-            else:
-                kind = "unchanged" if old.ulp == row.ulp and old.nonfinite == row.nonfinite else "changed"
-                changes.append(RowChange(op, row.variant, old.ulp, row.ulp, kind))
-                for stale in set(old.corpus) - set(files):
-                    if (root / stale).exists():
-                        (root / stale).unlink()
-            index[row.key] = row
-        rows = sorted(index.values(), key=lambda r: (r.variant, env_key(r.env)))
-        doc = {"op": op, "framework": frameworks.get(op, ""), "rows": [r.to_dict() for r in rows]}
-        _atomic_write(path, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
+            rows.append(BaselineRow.from_finding(f, files))
+        changes += _merge_into(root, op, frameworks.get(op, ""), rows)
     return changes
 
 
@@ -325,25 +326,8 @@ def merge_dirs(target: Path, sources: Iterable[Path]) -> List[RowChange]:
         src = Path(src)
         store = BaselineStore(DirBaselineSource(src)).load()
         for op, rows in sorted(store.rows.items()):
-            path = target / f"{safe_name(op)}.json"
-            existing = []
-            if path.exists():
-                try:
-                    existing = [BaselineRow.from_dict(r) for r in json.loads(path.read_text()).get("rows", [])]
-                except (json.JSONDecodeError, TypeError, ValueError) as exc:
-                    raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
-            index = {r.key: r for r in existing}
             for r in rows:
-                old = index.get(r.key)
                 for rel in r.corpus:
                     _atomic_write(target / rel, (src / rel).read_bytes())
-                if old is None:
-                    changes.append(RowChange(op, r.variant, None, r.ulp, "added"))
-                else:
-                    kind = "unchanged" if old.ulp == r.ulp and old.nonfinite == r.nonfinite else "changed"
-                    changes.append(RowChange(op, r.variant, old.ulp, r.ulp, kind))
-                index[r.key] = r
-            rows_out = sorted(index.values(), key=lambda r: (r.variant, env_key(r.env)))
-            doc = {"op": op, "framework": store.frameworks.get(op, ""), "rows": [x.to_dict() for x in rows_out]}
-            _atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+            changes += _merge_into(target, op, store.frameworks.get(op, ""), rows)
     return changes

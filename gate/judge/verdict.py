@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ..errors import Outcome
+from ..plan import Variant
 from ..serial import from_json_safe, json_safe
 
 # Per-variant outcomes. Only REGRESSION (and BEHAVIOUR_CHANGE when configured to fail) fail.
@@ -53,13 +54,7 @@ class VariantVerdict:
 
     @property
     def key(self) -> str:
-        v = self.variant
-        parts = [v.get("dtype", "?"), v.get("device", "cpu"), v.get("mode", "input")]
-        if v.get("layout", "default") != "default":
-            parts.append(v["layout"])
-        if v.get("oracle", "precision") != "precision":
-            parts.append(v["oracle"])
-        return "/".join(parts)
+        return Variant.from_dict({"dtype": "?", **self.variant}).key
 
     @property
     def id(self) -> str:

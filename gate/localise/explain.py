@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import List, Optional
 
+from ..plan import Variant
 from .model import fmt
 
 
@@ -96,12 +97,7 @@ def render(verdict: dict, details: Optional[dict] = None, verbose: bool = False)
 
 
 def _key(v: dict) -> str:
-    parts = [v.get("dtype", "?"), v.get("device", "cpu"), v.get("mode", "input")]
-    if v.get("layout", "default") != "default":
-        parts.append(v["layout"])
-    if v.get("oracle", "precision") != "precision":
-        parts.append(v["oracle"])
-    return "/".join(parts)
+    return Variant.from_dict({"dtype": "?", **v}).key
 
 
 def verdict_id(v: dict) -> str:

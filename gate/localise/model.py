@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..serial import json_safe
+
 
 @dataclass
 class Diagnosis:
@@ -38,33 +40,14 @@ class Diagnosis:
     error: Optional[str] = None
 
     def to_dict(self) -> dict:
-        return _jsonable({k: v for k, v in asdict(self).items() if v not in (None, [], {}) or k in ("truncated",)})
+        return json_safe({k: v for k, v in asdict(self).items() if v not in (None, [], {}) or k in ("truncated",)})
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Diagnosis":
         return cls(**{k: v for k, v in dict(raw or {}).items() if k in cls.__dataclass_fields__})
 
 
-def _jsonable(v: Any) -> Any:
-    """Plain JSON values: numpy scalars become Python numbers, non-finite floats strings."""
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if hasattr(v, "item") and callable(v.item) and not isinstance(v, (str, bytes)):
-        try:
-            v = v.item()
-        except (TypeError, ValueError):
-            return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-    return v
-
-
-jsonable = _jsonable
+jsonable = json_safe  # the shared strict-JSON helper
 
 
 class Deadline:

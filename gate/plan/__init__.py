@@ -46,6 +46,12 @@ class Variant:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Variant":
+        """Lenient: missing fields take their defaults, unknown keys are ignored."""
+        fields = cls.__dataclass_fields__
+        return cls(**({k: str(v) for k, v in raw.items() if k in fields and v is not None} or {"dtype": "?"}))
+
 
 #: Oracles planned per operator by :func:`variants_for`, in the order of the rules table
 #: ``gate/ops/catalog/oracles.yaml`` (which says which oracle applies to which operator); each

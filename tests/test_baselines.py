@@ -1,0 +1,71 @@
+"""`dl-gate baseline refresh` / `dl-gate merge`: rows keyed by op x variant x environment,
+never deleting rows a refresh did not re-measure, shards merged into the full set."""
+import json
+import os
+
+from gate.cli import main
+from gate.judge.baselines import BaselineStore, DirBaselineSource
+
+OPS = '''
+import torch
+
+def double(x):
+    return x * 2
+
+def square(x):
+    return x * x
+
+def halve(x):
+    return x / 2
+'''
+
+CONFIG = '''
+version: 1
+python_path: ["."]
+gate: {dtypes: [float32]}
+ops:
+''' + "".join(f'''  - name: lib.{n}
+    callable: MODULE:{n}
+    dims: {{N: [1, 8]}}
+    inputs: [{{name: x, shape: [N]}}]
+''' for n in ("double", "square", "halve"))
+
+
+def rows(d):
+    store = BaselineStore(DirBaselineSource(d)).load()
+    return {(op, r.variant): r for op, rs in store.rows.items() for r in rs}
+
+
+def test_shards_merge_into_the_full_refresh_and_refresh_keeps_other_rows(user_lib, tmp_path, capsys, monkeypatch):
+    cfg = user_lib(OPS, CONFIG)
+    monkeypatch.chdir(cfg.parent)
+    common = ["--evals", "10", "--seed", "0", "-c", str(cfg)]
+    assert main(["baseline", "refresh", *common, "--shard", "1/2", "--out", str(tmp_path / "s1")]) == 0
+    assert main(["baseline", "refresh", *common, "--shard", "2/2", "--out", str(tmp_path / "s2")]) == 0
+    s1, s2 = rows(tmp_path / "s1"), rows(tmp_path / "s2")
+    # sorted names, every second one: double, square | halve
+    assert {k[0] for k in s1} == {"lib.double", "lib.square"} and {k[0] for k in s2} == {"lib.halve"}
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "-c", str(cfg)]) == 0
+    assert "+ lib.halve[float32/cpu/input]" in capsys.readouterr().out
+    merged = rows(cfg.parent / "baselines")
+    assert set(merged) == set(s1) | set(s2)
+    for key, row in merged.items():
+        assert row.corpus and all((cfg.parent / "baselines" / f).exists() for f in row.corpus), key
+        assert row.env["framework"] == "torch" and row.env["harness"] and row.evals == 10
+    # a partial refresh re-measures one op and leaves the others exactly as they were
+    before = {p.name: p.read_text() for p in (cfg.parent / "baselines").glob("*.json")}
+    assert main(["baseline", "refresh", "--ops", "lib.square", "--evals", "10", "--seed", "1", "-c", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "lib.square[float32/cpu/input]" in out and "lib.double" not in out
+    after = {p.name: p.read_text() for p in (cfg.parent / "baselines").glob("*.json")}
+    assert after["lib.double.json"] == before["lib.double.json"]
+    assert after["lib.halve.json"] == before["lib.halve.json"]
+    assert json.loads(after["lib.square.json"])["rows"][0]["seed"] == 1
+
+
+def test_bad_shard_is_one_line(user_lib, capsys):
+    cfg = user_lib(OPS, CONFIG)
+    assert main(["baseline", "refresh", "--shard", "3/2", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--shard must look like I/N" in err[0]
