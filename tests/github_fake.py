@@ -89,6 +89,9 @@ class FakeGitHub:
     # -- request handling ----------------------------------------------------------------
     def _send(self, h, status: int, payload=None, headers: Optional[dict] = None, method: str = "") -> None:
         body = json.dumps(payload).encode() if payload is not None else b""
+        # log before answering: the client may read the answer and the test inspect the log
+        # before this server thread gets to run again
+        self.log.append((method, urlsplit(h.path).path, status))
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(body)))
@@ -96,7 +99,6 @@ class FakeGitHub:
             h.send_header(k, v)
         h.end_headers()
         h.wfile.write(body)
-        self.log.append((method, urlsplit(h.path).path, status))
 
     def _handle(self, h, method: str) -> None:
         parts = urlsplit(h.path)
