@@ -92,3 +92,28 @@ def test_l1_and_mean():
 def test_scalar_outputs():
     m = compare([out(np.float64(1.0 + 2.0**-10))], [out(np.float64(1.0), "float64")], "float16", ulp_floor="dtype")
     assert m.ulp == pytest.approx(1.0) and m.worst_index == ()
+
+
+def test_float64_variant_against_a_declared_reference():
+    # a float64 variant (an op with its own reference) has no finite overflow bound
+    assert overflow_bound("float64") == math.inf
+    ref = np.array([1.0, 1e300, -2.5])
+    out = ref.copy()
+    out[0] = np.nextafter(1.0, 2.0)
+    m = compare([Output(out, "float64")], [Output(ref, "float64")], "float64", "dtype")
+    assert m.ulp == 1.0 and m.nonfinite == 0
+    out[2] = np.inf
+    m = compare([Output(out, "float64")], [Output(ref, "float64")], "float64", "dtype")
+    assert m.nonfinite == 1 and m.worst_index == (0,)
+
+
+def test_output_floor_fast_path_matches_the_elementwise_definition():
+    # ulp_floor='output': every element's error is in ulps of the largest reference magnitude
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal(1000) * 10.0 ** rng.uniform(-6, 3, 1000)
+    out = numpy_quantize(ref, "float32").astype(np.float32)
+    m = compare([Output(out, "float32")], [Output(ref, "float64")], "float32", "output")
+    floor = ulp(np.abs(ref).max(), "float32")
+    per = np.abs(out.astype(np.float64) - ref) / np.maximum(ulp(ref, "float32"), floor)
+    assert m.ulp == per.max() and m.worst_index == (int(per.argmax()),)
+    assert m.mean_ulp == pytest.approx(per.mean(), rel=1e-12)

@@ -29,6 +29,7 @@ def fuzz_task(
     max_seeds: int = 16,
     on_best: Optional[Callable] = None,
     isolate=None,
+    stop_on_inf: bool = True,
 ) -> Finding:
     """Search ``task``'s variant for the input with the largest error of its oracle
     (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
@@ -45,19 +46,22 @@ def fuzz_task(
     ``Finding.coverage['classes']``. ``batch``: children evaluated per call for batch-separable
     specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
     batching off).
-    ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks)."""
+    ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks).
+    ``stop_on_inf``: end the search at the first NaN/Inf or crash-level finding (nothing can
+    beat it); benchmarks that measure the loop's rate turn it off."""
     own_runner = runner is None
     runner = runner or build_runner(task.op, task.variant, isolate=isolate)
     try:
         return _fuzz(task, runner, seeds=seeds, progress=progress, mutators=mutators, scheduler=scheduler,
-                     seed_store=seed_store, coverage=coverage, batch=batch, max_seeds=max_seeds, on_best=on_best)
+                     seed_store=seed_store, coverage=coverage, batch=batch, max_seeds=max_seeds, on_best=on_best,
+                     stop_on_inf=stop_on_inf)
     finally:
         if own_runner and hasattr(runner, "close"):
             runner.close()
 
 
 def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_store, coverage, batch, max_seeds,
-          on_best) -> Finding:
+          on_best, stop_on_inf) -> Finding:
     from .batch import BatchEvaluator
     from .coverage import CoverageMap
     from .schedule import make_scheduler
@@ -127,6 +131,7 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             batch=width,
             novelty=novelty if cov is not None else None,
             on_best=on_best,
+            stop_on_inf=stop_on_inf,
         )
         best_eval = res.best_eval
         if best_eval is not None and width > 1 and evaluator is not None and evaluator.enabled:

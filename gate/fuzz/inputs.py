@@ -32,6 +32,12 @@ class Candidate:
             origin=origin or self.origin,
         )
 
+    def derive(self, origin: Optional[str] = None, **arrays: np.ndarray) -> "Candidate":
+        """A child with ``arrays`` replaced and the other arrays *shared* with this candidate
+        (no copy: arrays are values, never written in place once in a candidate)."""
+        return Candidate(dims=dict(self.dims), params=dict(self.params), arrays={**self.arrays, **arrays},
+                         origin=origin or self.origin)
+
     @property
     def size(self) -> int:
         return int(sum(a.size for a in self.arrays.values()))
@@ -163,16 +169,27 @@ def tensor_shape(t: TensorSpec, env: Mapping[str, Any]) -> tuple:
 
 
 def draw_values(domain: Domain, shape: tuple, rng: np.random.Generator) -> np.ndarray:
-    n = rng.standard_normal(shape) * domain.scale
     lo, hi = domain.lo, domain.hi
     if lo is not None and hi is not None:
-        u = rng.uniform(0.0, 1.0, shape)
-        return lo + (hi - lo) * (0.02 + 0.96 * u)
+        w = hi - lo
+        return rng.uniform(lo + 0.02 * w, lo + 0.98 * w, shape)
+    n = rng.standard_normal(shape)
+    n *= domain.scale
     if lo is not None:
-        return lo + np.abs(n) + 1e-3 * domain.scale
-    if hi is not None:
-        return hi - np.abs(n) - 1e-3 * domain.scale
+        np.abs(n, out=n)
+        n += lo + 1e-3 * domain.scale
+    elif hi is not None:
+        np.abs(n, out=n)
+        np.subtract(hi - 1e-3 * domain.scale, n, out=n)
     return n
+
+
+def pick_positions(rng: np.random.Generator, n: int, k: int) -> Optional[np.ndarray]:
+    """``k`` random positions out of ``n`` (drawn with repetition: a few collide, but no O(n)
+    permutation on a large tensor); ``None`` when ``k >= n`` means every position."""
+    if k >= n:
+        return None
+    return rng.integers(0, n, size=k)
 
 
 def project(arr: np.ndarray, domain: Domain) -> np.ndarray:
@@ -412,8 +429,11 @@ def regime_values(regime: str, domain: Domain, shape: tuple, rng: np.random.Gene
         vals = _feature_scalars(regime, domain, dtype, rng, k)
         if vals.size == 0:
             return None
-        idx = rng.choice(size, size=vals.size, replace=False)
-        flat[idx] = vals
+        idx = pick_positions(rng, size, vals.size)
+        if idx is None:
+            flat[:] = vals
+        else:
+            flat[idx] = vals
     elif regime == "all_tiny":
         vals = _feature_scalars("tiny", domain, dtype, rng, size)
         if vals.size < size:

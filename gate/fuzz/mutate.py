@@ -16,8 +16,8 @@ import numpy as np
 
 from ..ops.spec import OpSpec
 from .coverage import dim_envelope, feasible_values, param_universe, realise_param, realise_size, size_classes_between
-from .inputs import (Candidate, build_arrays, derived_params, draw, draw_dims, draw_params, edge_values, project,
-                     regime_values)
+from .inputs import (Candidate, build_arrays, derived_params, draw, draw_dims, draw_params, edge_values,
+                     pick_positions, project, regime_values)
 
 Mutator = Callable[[Candidate, OpSpec, np.random.Generator], Optional[Candidate]]
 
@@ -50,9 +50,8 @@ def perturb(theta: float) -> Mutator:
         name = _pick_tensor(spec, cand, rng)
         if name is None:
             return None
-        new = cand.copy(origin=f"perturb_{theta:g}")
-        new.arrays[name] = project(new.arrays[name] + rng.uniform(0.0, theta), _domain(spec, name))
-        return new
+        return cand.derive(f"perturb_{theta:g}",
+                           **{name: project(cand.arrays[name] + rng.uniform(0.0, theta), _domain(spec, name))})
 
     return mutate
 
@@ -62,9 +61,8 @@ def scale(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     name = _pick_tensor(spec, cand, rng)
     if name is None:
         return None
-    new = cand.copy(origin="scale")
-    new.arrays[name] = project(new.arrays[name] * 2.0 ** int(rng.integers(-20, 21)), _domain(spec, name))
-    return new
+    return cand.derive("scale", **{name: project(cand.arrays[name] * 2.0 ** int(rng.integers(-20, 21)),
+                                                 _domain(spec, name))})
 
 
 def noise(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
@@ -72,11 +70,14 @@ def noise(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     name = _pick_tensor(spec, cand, rng)
     if name is None:
         return None
-    new = cand.copy(origin="noise")
-    a = new.arrays[name]
+    a = cand.arrays[name]
     rel = 10.0 ** rng.uniform(-4, -1)
-    new.arrays[name] = project(a + rng.standard_normal(a.shape) * rel * (np.abs(a) + 1e-12), _domain(spec, name))
-    return new
+    step = np.abs(a)
+    step += 1e-12
+    step *= rng.standard_normal(a.shape)
+    step *= rel
+    step += a
+    return cand.derive("noise", **{name: project(step, _domain(spec, name))})
 
 
 def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: Optional[str] = None) -> Optional[Candidate]:
@@ -98,14 +99,15 @@ def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: Opti
         vals = edge_values(dom, dtype)
     if vals.size == 0:
         return None
-    new = cand.copy(origin="edge")
-    a = new.arrays[name].copy()
+    a = cand.arrays[name].copy()
     flat = a.reshape(-1)
     k = max(1, int(flat.size * rng.choice([0.0, 0.05, 0.3, 1.0])))
-    idx = rng.choice(flat.size, size=min(k, flat.size), replace=False)
-    flat[idx] = rng.choice(vals, size=idx.size)
-    new.arrays[name] = flat.reshape(a.shape)
-    return new
+    idx = pick_positions(rng, flat.size, k)
+    if idx is None:
+        flat[:] = rng.choice(vals, size=flat.size)
+    else:
+        flat[idx] = rng.choice(vals, size=idx.size)
+    return cand.derive("edge", **{name: flat.reshape(a.shape)})
 
 
 def regime(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: str = "float32",
@@ -129,9 +131,7 @@ def regime(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: st
     arr = regime_values(which, _domain(spec, name), cand.arrays[name].shape, rng, dtype, base=cand.arrays[name])
     if arr is None:
         return None
-    new = cand.copy(origin=f"regime:{which}")
-    new.arrays[name] = arr
-    return new
+    return cand.derive(f"regime:{which}", **{name: arr})
 
 
 def shift(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
@@ -139,11 +139,9 @@ def shift(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     name = _pick_tensor(spec, cand, rng)
     if name is None:
         return None
-    new = cand.copy(origin="shift")
     c = float(rng.choice([-1, 1]) * 10.0 ** rng.uniform(0, 4))
     s = float(10.0 ** rng.uniform(-4, 0))
-    new.arrays[name] = project(c + s * new.arrays[name], _domain(spec, name))
-    return new
+    return cand.derive("shift", **{name: project(c + s * cand.arrays[name], _domain(spec, name))})
 
 
 def param(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *,

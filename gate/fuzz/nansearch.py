@@ -14,7 +14,7 @@ import numpy as np
 
 from ..backends.base import FLOAT_FORMATS
 from ..ops.spec import OpSpec
-from .inputs import Candidate, project
+from .inputs import Candidate, pick_positions, project
 from .oracle_base import OracleRunner
 from .runner import OK, Evaluation
 
@@ -57,13 +57,14 @@ def overflow_mutators(dtype: str) -> Dict[str, Callable]:
         vals = _inside(signed * (1.0 + rng.choice([0.0, 1.0, -1.0]) * 2.0 ** -int(rng.integers(1, p))), t.domain)
         if vals.size == 0:
             return None
-        new = cand.copy(origin="overflow_edge")
-        flat = new.arrays[t.name].reshape(-1).copy()
+        flat = cand.arrays[t.name].reshape(-1).copy()
         k = max(1, int(flat.size * rng.choice([0.0, 0.1, 1.0])))
-        idx = rng.choice(flat.size, size=min(k, flat.size), replace=False)
-        flat[idx] = rng.choice(vals, size=idx.size)
-        new.arrays[t.name] = flat.reshape(cand.arrays[t.name].shape)
-        return new
+        idx = pick_positions(rng, flat.size, k)
+        if idx is None:
+            flat[:] = rng.choice(vals, size=flat.size)
+        else:
+            flat[idx] = rng.choice(vals, size=idx.size)
+        return cand.derive("overflow_edge", **{t.name: flat.reshape(cand.arrays[t.name].shape)})
 
     def scale_to_edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
         """Scale one input so that its largest magnitude lands on an edge value."""
@@ -76,9 +77,7 @@ def overflow_mutators(dtype: str) -> Dict[str, Callable]:
         if top == 0.0:
             return None
         target = float(rng.choice(edges))
-        new = cand.copy(origin="scale_to_edge")
-        new.arrays[t.name] = project(a * (target / top), t.domain)
-        return new
+        return cand.derive("scale_to_edge", **{t.name: project(a * (target / top), t.domain)})
 
     def grow(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
         """Multiply one input by 2^k, k in [1, 8]: climb the spread towards overflow."""
@@ -86,9 +85,7 @@ def overflow_mutators(dtype: str) -> Dict[str, Callable]:
         if not ts:
             return None
         t = ts[int(rng.integers(len(ts)))]
-        new = cand.copy(origin="grow")
-        new.arrays[t.name] = project(cand.arrays[t.name] * 2.0 ** int(rng.integers(1, 9)), t.domain)
-        return new
+        return cand.derive("grow", **{t.name: project(cand.arrays[t.name] * 2.0 ** int(rng.integers(1, 9)), t.domain)})
 
     return {"overflow_edge": overflow_edge, "scale_to_edge": scale_to_edge, "grow": grow}
 

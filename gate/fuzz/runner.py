@@ -37,7 +37,7 @@ class Evaluation:
 def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str) -> Candidate:
     """``cand`` with every float input rounded to ``dtype`` (the values the kernel will see) and
     kept strictly inside its open value domain."""
-    out = cand.copy()
+    out = cand.derive()
     for t in spec.inputs:
         a = out.arrays.get(t.name)
         if a is None or t.kind != "float":

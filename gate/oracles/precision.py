@@ -24,32 +24,39 @@ import numpy as np
 from ..backends.base import FLOAT_FORMATS, Output
 
 
+_EXP_MASK = np.uint64(0x7FF0000000000000)
+
+
 def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     """Unit in the last place of |x| in ``dtype`` (subnormal spacing near zero).
 
-    Computed from the float64 exponent bits (integer ops only: several times faster than
+    Masking the float64 exponent bits gives 2^e exactly; scaling by 2^-(p-1) and clamping to
+    the format's exponent range then takes three more passes (several times faster than
     frexp/ldexp on large outputs). Non-finite inputs give the ulp of the largest exponent."""
     p, emin, emax = FLOAT_FORMATS[dtype]
     x = np.asarray(x, dtype=np.float64)
     shape = x.shape
-    x = np.ascontiguousarray(x).reshape(-1)
-    e = ((x.view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64) - 1023
-    # float64 subnormals (e == -1023) are far below every emin here except float64's own
-    e = np.clip(e, emin, emax) - (p - 1)
-    if dtype == "float64":
-        small = e < -1022
-        if np.any(small):  # float64 subnormal spacing cannot be built from the exponent field
-            out = np.empty(e.shape, dtype=np.float64)
-            out[~small] = ((e[~small] + 1023).astype(np.uint64) << np.uint64(52)).view(np.float64)
-            out[small] = np.ldexp(1.0, e[small].astype(np.int32))
-            return out.reshape(shape)
-    return ((e + 1023).astype(np.uint64) << np.uint64(52)).view(np.float64).reshape(shape)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = (flat.view(np.uint64) & _EXP_MASK).view(np.float64)  # 2^e; 0 for zeros/subnormals, inf for inf/NaN
+    out *= math.ldexp(1.0, -(p - 1))
+    np.maximum(out, math.ldexp(1.0, emin - (p - 1)), out=out)
+    np.minimum(out, math.ldexp(1.0, emax - (p - 1)), out=out)
+    return out.reshape(shape)
+
+
+def floor_value(mag: float, dtype: str, ulp_floor: str) -> float:
+    """The oracle's absolute ULP floor: the ulp of the largest reference magnitude ``mag``
+    (``ulp_floor='output'``) or the dtype's smallest subnormal (``'dtype'``)."""
+    return float(ulp(np.asarray(float(mag) if ulp_floor == "output" else 0.0), dtype))
 
 
 def overflow_bound(dtype: str) -> float:
     """Smallest magnitude that rounds to infinity in ``dtype``."""
     p, _, emax = FLOAT_FORMATS[dtype]
-    return math.ldexp(2.0 - math.ldexp(1.0, -p), emax)
+    try:
+        return math.ldexp(2.0 - math.ldexp(1.0, -p), emax)
+    except OverflowError:  # float64: the bound is past the largest float64, every finite value is below it
+        return math.inf
 
 
 @dataclass(frozen=True)
@@ -123,29 +130,46 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         if a.size == 0:
             continue
         shape = a.shape
-        a = a.astype(np.float64, copy=False).reshape(-1)
+        a = a.reshape(-1)
+        if a.dtype != np.float64 and a.dtype != np.float32:  # numpy's float16 arithmetic is emulated
+            a = a.astype(np.float64)
         b = b.astype(np.float64, copy=False).reshape(-1)
         ovf = overflow_bound(dtype)
-        fast = bool(np.isfinite(a).all() and np.isfinite(b).all())
-        if fast:
-            mag = max(abs(float(b.max())), abs(float(b.min())))
-            fast = mag < ovf and not (ftz and np.any(a == 0))
+        # max/min propagate NaN: four reductions tell whether every value is finite
+        amax, amin, bmax, bmin = float(a.max()), float(a.min()), float(b.max()), float(b.min())
+        mag = max(abs(bmax), abs(bmin))
+        fast = math.isfinite(amax) and math.isfinite(amin) and mag < ovf
+        if fast and ftz and amin <= 0.0 <= amax:
+            fast = not np.any(a == 0)
         if fast:  # the common case: every value finite and in range (fewer passes, no masks)
-            spread = max(spread, float(a.max() - a.min()))
-            err = np.abs(a - b)
-            floor = float(ulp(np.asarray(mag), dtype)) if ulp_floor == "output" else float(ulp(np.asarray(0.0), dtype))
-            denom = ulp(b, dtype)
-            np.maximum(denom, floor, out=denom)
-            ulp_err = np.divide(err, denom, out=denom)
+            spread = max(spread, amax - amin)
+            err = np.subtract(a, b)
+            np.abs(err, out=err)
+            floor = floor_value(mag, dtype, ulp_floor)
             rel_den = np.abs(b)
             np.maximum(rel_den, max(floor, np.finfo(np.float64).tiny), out=rel_den)
-            rel_max = float((err / rel_den).max())
+            rel_max = float(np.divide(err, rel_den, out=rel_den).max())
+            if ulp_floor == "output":
+                # ulp(|ref|) <= ulp(max |ref|) = floor everywhere: the error in ulps is err/floor
+                # (a power of two, so scaling the max and the sum afterwards is exact)
+                idx = int(np.argmax(err))
+                e_max, e_sum = float(err[idx]), float(err.sum())
+                u = e_max / floor
+                if u > worst[0]:
+                    worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+                max_ulp = max(max_ulp, u)
+                tot_abs = max(tot_abs, e_max)
+                tot_rel = max(tot_rel, rel_max)
+                tot_l1 += e_sum
+                tot_ulp_sum += e_sum / floor
+                continue
+            denom = ulp(b, dtype)  # already >= the dtype floor (the smallest subnormal)
+            ulp_err = np.divide(err, denom, out=denom)
         else:
-            fin = a[np.isfinite(a)]
-            if fin.size:
-                spread = max(spread, float(fin.max() - fin.min()))
-            ulp_err, err, rel_max = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf)
-            nonfinite += int(np.count_nonzero(np.isfinite(b) & (np.abs(b) < ovf) & ~np.isfinite(a)))
+            a = a.astype(np.float64, copy=False)
+            ulp_err, err, rel_max, nf, sp = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf)
+            nonfinite += nf
+            spread = max(spread, sp)
             if ulp_err is None:
                 continue
         idx = int(np.argmax(ulp_err))
@@ -175,26 +199,35 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
 
 
 def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf):
-    """Element errors when some values are non-finite or out of the dtype's range."""
-    ref_finite = np.isfinite(b)
-    ref_representable = ref_finite & (np.abs(b) < ovf)
-    out_finite = np.isfinite(a)
-    # overflowing reference matched by the right infinity counts as exact
-    ref_overflow = ref_finite & ~ref_representable
-    exact = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
-    if ftz:
-        exact = exact | ((a == 0) & (np.abs(b) < min_normal(dtype)))
-    judged = ref_finite & out_finite & ~exact
-    if not np.any(judged):
-        return None, None, 0.0
-    err = np.zeros_like(b)
-    err[judged] = np.abs(a[judged] - b[judged])
-    mag = float(np.max(np.abs(b[ref_representable]))) if np.any(ref_representable) else 0.0
-    floor = float(ulp(np.asarray(mag), dtype)) if ulp_floor == "output" else float(ulp(np.asarray(0.0), dtype))
-    denom = np.maximum(ulp(b, dtype), floor)
-    ulp_err = np.where(judged, err / denom, 0.0)
-    rel_err = np.where(judged, err / np.maximum(np.abs(b), max(floor, np.finfo(np.float64).tiny)), 0.0)
-    return ulp_err, err, float(rel_err.max())
+    """Element errors when some values are non-finite or out of the dtype's range: (ulp errors,
+    abs errors, max rel error, count of NaN/Inf outputs where the reference is representable,
+    spread of the finite outputs); ``None`` errors when no element can be judged.
+
+    An element is judged when both sides are finite (an infinity matching an overflowing
+    reference, or the reference's own infinity, is exact; any other non-finite output is
+    counted, not measured); with ``ftz`` a zero output for a subnormal reference is exact."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        absb = np.abs(b)
+        out_finite = np.isfinite(a)
+        nonfinite = int(np.count_nonzero((absb < ovf) & ~out_finite))  # NaN compares False
+        fin = a[out_finite]
+        spread = float(fin.max() - fin.min()) if fin.size else 0.0
+        judged = np.isfinite(b)
+        judged &= out_finite
+        if ftz:
+            judged &= ~((a == 0) & (absb < min_normal(dtype)))
+        if not judged.any():
+            return None, None, 0.0, nonfinite, spread
+        err = np.subtract(a, b, where=judged, out=np.zeros_like(b))
+        np.abs(err, out=err)
+        mag = float(np.where(absb < ovf, absb, 0.0).max())
+        floor = floor_value(mag, dtype, ulp_floor)
+        denom = ulp(b, dtype)  # only judged (finite) elements matter: err is 0 elsewhere
+        np.maximum(denom, floor, out=denom)
+        ulp_err = np.divide(err, denom, out=denom)
+        rel_den = np.fmax(absb, max(floor, np.finfo(np.float64).tiny))  # fmax: NaN references give the floor
+        rel_max = float(np.divide(err, rel_den, out=rel_den).max())
+    return ulp_err, err, rel_max, nonfinite, spread
 
 
 def fitness(m: Metrics, guidance: str) -> float:
