@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 import warnings
@@ -134,7 +133,7 @@ def run_predoo(spec: OpSpec, runner: VariantRunner, seconds: float, rng: np.rand
         return severity(ev)
 
     def consider(q, ev):
-        nonlocal best, best_score
+        nonlocal best
         s = severity(ev)
         if s > best:
             best = s

@@ -1,7 +1,6 @@
 """`dl-gate baseline refresh` / `dl-gate merge`: rows keyed by op x variant x environment,
 never deleting rows a refresh did not re-measure, shards merged into the full set."""
 import json
-import os
 
 from gate.cli import main
 from gate.judge.baselines import BaselineStore, DirBaselineSource

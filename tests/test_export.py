@@ -2,7 +2,6 @@
 is found, failures are grouped by converter function, "not supported" is classified apart."""
 from __future__ import annotations
 
-import math
 import textwrap
 
 import pytest

@@ -118,8 +118,8 @@ def test_engine_rewards_every_choice_once(batch):
         return n
 
     sch = CountingScheduler(["grow", "none"])
-    res = search(evaluate, fresh, {"grow": grow, "none": lambda c, r: None}, np.random.default_rng(0), evals=300,
-                 scheduler=sch, evaluate_many=many, batch=batch)
+    search(evaluate, fresh, {"grow": grow, "none": lambda c, r: None}, np.random.default_rng(0), evals=300,
+           scheduler=sch, evaluate_many=many, batch=batch)
     assert sch.chosen > 100
     assert sch.updates == sch.chosen
 
