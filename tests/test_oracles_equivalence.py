@@ -125,7 +125,8 @@ def test_tf_function_and_xla_paths(ops, builtin):
 
 def test_batch_dependence_found_by_batch_eq(ops, builtin):
     f = fuzz_task(task(ops["planted.center_rows"], "batch_eq", evals=30))
-    assert f.status == "ok" and f.metrics.ulp > 1e3, f.metrics
+    # the batch-wide mean shows as a large ULP difference, or as an overflow on one side only
+    assert f.status == "ok" and f.metrics.severity > 1e3, f.metrics
     ok = fuzz_task(task(builtin["torch.softmax"], "batch_eq", evals=40))
     assert ok.status == "ok" and ok.metrics.ulp <= 2
     assert ok.invalid > 0  # softmax over dim 0 is not batch-separable: skipped, not compared
@@ -149,7 +150,8 @@ def test_one_side_raising_is_a_crash_finding(ops):
 
 def test_vector_tail_bug_found_by_length_eq(ops, builtin):
     f = fuzz_task(task(ops["planted.exp_tail_half"], "length_eq", evals=30))
-    assert f.status == "ok" and f.metrics.ulp > 100, f.metrics
+    # the half-precision tail shows as a large ULP difference, or as its overflow past 65504
+    assert f.status == "ok" and f.metrics.severity > 100, f.metrics
     ok = fuzz_task(task(builtin["torch.exp"], "length_eq", evals=30))
     assert ok.status == "ok" and ok.metrics.ulp <= 2
 
