@@ -48,6 +48,12 @@ def test_mode_to_command():
     inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_CONFIG": "c.yml", "INPUT_BUDGET": "3600"})
     assert command_for(inp, {}, {}) == ["baseline", "refresh", "--config", "c.yml", "--budget", "3600"]
     assert command_for(inputs(mode="publish", report="r.json"), {}, {}) is None
+    inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_NIGHTLY": "true"})
+    assert command_for(inp, {}, {}) == ["baseline", "refresh", "--nightly"]
+    with pytest.raises(GateError, match="input nightly: only with mode: refresh"):
+        ActionInputs.from_env({"INPUT_MODE": "gate", "INPUT_NIGHTLY": "true"})
+    with pytest.raises(GateError, match="input nightly: expected true or false"):
+        ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_NIGHTLY": "weekly"})
 
 
 def test_base_ref_defaults():

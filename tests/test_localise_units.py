@@ -100,14 +100,56 @@ def test_shadow_trace_follows_the_dtype_branch_and_names_the_jump(tmp_path, monk
     assert all((c.delta or 0) < 4 for c in f32.low.calls)
 
 
-def test_builtin_has_no_suboperations_and_tensorflow_is_not_traced():
+def test_builtin_has_no_suboperations():
     spec = next(s for s in load_builtin(("torch",)) if s.name == "torch.exp")
     cand = Candidate(dims={"N": 2}, params={}, arrays={k: np.ones((2,)) for k in [t.name for t in spec.inputs]})
     tr = trace_op(spec, Variant("float32"), cand)
     assert tr.low.calls == [] and "built-in" in tr.note
-    tf_spec = OpSpec.from_dict({"name": "t.tf", "framework": "tensorflow", "callable": "x.y:z",
-                                "inputs": [{"name": "x", "shape": [2]}]}, origin="user")
-    assert "PyTorch operators only" in trace_op(tf_spec, Variant("float32"), cand).note
+
+
+TF_BRANCHY = '''
+import tensorflow as tf
+
+
+def _shifted(x):
+    return x - tf.reduce_max(x, axis=-1, keepdims=True)
+
+
+@tf.function
+def softmax(x):
+    if x.dtype == tf.float16:
+        e = tf.exp(x)  # no shift for half: "inputs are small"
+        return e / tf.reduce_sum(e, axis=-1, keepdims=True)
+    e = tf.math.exp(_shifted(x))
+    return e / tf.reduce_sum(e, axis=-1, keepdims=True)
+'''
+
+
+def test_tensorflow_operator_is_traced_through_its_api_calls_and_operators(tmp_path, monkeypatch):
+    """Eager TF has no function mode: the recorder wraps tf.* functions and tensor operators
+    (and runs tf.function bodies eagerly); TF's own internal calls are not recorded, and every
+    wrapper is gone afterwards."""
+    import tensorflow as tf
+
+    before = (tf.exp, tf.math.exp, tf.Tensor.__truediv__, tf.config.functions_run_eagerly())
+    mod = _module(tmp_path, monkeypatch, TF_BRANCHY)
+    spec = OpSpec.from_dict({"name": "t.tf_softmax", "framework": "tensorflow", "callable": f"{mod}:softmax",
+                             "kind": "normalization", "inputs": [{"name": "x", "shape": ["N"]}], "dims": {"N": [1, 8]}},
+                            origin="user")
+    cand = Candidate(dims={"N": 3}, params={}, arrays={"x": np.array([12.0, 1.0, -3.0])})
+    head = trace_op(spec, Variant("float16"), cand, root=str(tmp_path))
+    assert head.note is None and head.low.error is None
+    assert [c.name for c in head.low.calls] == ["tf.exp", "tf.reduce_sum", "tf.Tensor.__truediv__"]
+    assert all(c.file == f"{mod}.py" for c in head.low.calls)
+    assert head.low.calls[2].inputs == [0, 1]  # the division consumed exp's and reduce_sum's outputs
+    sub, table = culprit(head, None, "nonfinite", 2.0, 3.0, spec.ulp_floor)
+    assert sub["call"] == "exp" and sub["line"] == _line(tmp_path, mod, "e = tf.exp(x)"), sub
+    assert sub["overflow"] == 1
+    f32 = trace_op(spec, Variant("float32"), cand, root=str(tmp_path), float64_run=True)
+    assert [c.name for c in f32.low.calls][:3] == ["tf.reduce_max", "tf.Tensor.__sub__", "tf.exp"]
+    assert all((c.delta or 0) < 4 for c in f32.low.calls)
+    assert f32.f64 is not None and all(c.outputs is not None for c in f32.f64.calls)
+    assert (tf.exp, tf.math.exp, tf.Tensor.__truediv__, tf.config.functions_run_eagerly()) == before
 
 
 def test_changed_code_ranking_follows_the_stack_and_the_selection():

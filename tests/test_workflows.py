@@ -88,12 +88,15 @@ def test_action_is_a_docker_action_whose_inputs_the_entrypoint_reads():
     assert action["runs"] == {"using": "docker", "image": "Dockerfile"}
     values = {"mode": "refresh", "config": "c.yml", "base-ref": "origin/dev", "budget": "5", "token": "t",
               "comment": "false", "comment-key": "gpu", "comment-author": "dl-gate-app[bot]", "fail-on": "error",
-              "out": "o", "report": "r.json"}
+              "out": "o", "report": "r.json", "nightly": "true"}
     assert set(action["inputs"]) == set(values)
     default = ActionInputs.from_env({})
     for name, spec in action["inputs"].items():
         assert spec.get("description"), name
-        got = ActionInputs.from_env({f"INPUT_{name.upper()}": values[name]})
+        env = {f"INPUT_{name.upper()}": values[name]}
+        if name == "nightly":  # a refresh-only input
+            env["INPUT_MODE"] = "refresh"
+        got = ActionInputs.from_env(env)
         field = name.replace("-", "_")
         assert getattr(got, field) != getattr(default, field), f"input {name} is not read"
     declared = set(action["outputs"])

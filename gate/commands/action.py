@@ -4,7 +4,7 @@ Reads the action's inputs (``INPUT_*``) and the runner's ``GITHUB_*`` environmen
 
 1. runs one pipeline command through :func:`gate.cli.main` —
    ``mode: gate`` -> ``dl-gate run --base REF --out DIR``;
-   ``mode: refresh`` -> ``dl-gate baseline refresh``;
+   ``mode: refresh`` -> ``dl-gate baseline refresh`` (``--nightly`` with ``nightly: true``);
    ``mode: publish`` -> nothing (publishes the existing ``report`` input, e.g. an artifact);
 2. publishes whatever report came out (a run that died before writing one gets an ``error``
    report, so JUnit, summary and outputs exist on every outcome);
@@ -68,6 +68,7 @@ class ActionInputs:
     report: str = ""
     comment_key: str = "default"
     comment_author: str = ""
+    nightly: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "ActionInputs":
@@ -92,7 +93,9 @@ class ActionInputs:
                   token=get_input(env, "token"), comment=_bool(env, "comment", True), fail_on=fail_on,
                   out=get_input(env, "out", "dl-gate-out") or "dl-gate-out", report=get_input(env, "report"),
                   comment_key=get_input(env, "comment-key", "default") or "default",
-                  comment_author=get_input(env, "comment-author"))
+                  comment_author=get_input(env, "comment-author"), nightly=_bool(env, "nightly", False))
+        if inp.nightly and inp.mode != "refresh":
+            raise GateError(f"input nightly: only with mode: refresh (got mode: {inp.mode})")
         if inp.mode == "publish" and not inp.report:
             raise GateError("input report: required with mode: publish (the report.json to publish)")
         return inp
@@ -126,7 +129,7 @@ def command_for(inp: ActionInputs, env: Mapping[str, str], event: dict) -> Optio
     if inp.mode == "gate":
         return ["run", "--base", resolve_base_ref(inp, env, event), "--out", inp.out] + common
     if inp.mode == "refresh":
-        return ["baseline", "refresh"] + common
+        return ["baseline", "refresh"] + common + (["--nightly"] if inp.nightly else [])
     return None
 
 

@@ -360,9 +360,6 @@ class Localiser:
         from .trace import culprit, trace_op
 
         spec, variant = self.spec, self.variant
-        if spec.framework != "torch":
-            diag.notes.append(f"sub-operations are traced for PyTorch operators only ({spec.framework})")
-            return []
         if self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND:
             # tracing runs the operator in this process: an isolated gate does not do that on an
             # input that crashed its worker

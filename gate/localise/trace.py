@@ -1,8 +1,12 @@
 """Sub-operations of a composite operator, and the first one where the error jumps.
 
-Recording (PyTorch): a :class:`torch.overrides.TorchFunctionMode` sees every torch function and
+Recording, PyTorch: a :class:`torch.overrides.TorchFunctionMode` sees every torch function and
 tensor method the operator's Python code calls, with the caller's file:line (the innermost
-frame outside torch, the standard library and dl-gate) and the call stack of library frames.
+frame outside the frameworks, the standard library and dl-gate) and the call stack of library
+frames. TensorFlow (eager TF has no function mode): while tracing, the public functions of
+``tf``, ``tf.math``, ``tf.nn``, ``tf.linalg``, ... and the tensor operators are swapped for
+recording wrappers and ``tf.function`` bodies run eagerly; a call from TensorFlow's own code is
+not recorded, so a library call counts once. Both feed one framework-neutral recorder.
 
 Error per call (shadow execution): while the operator runs at the variant's dtype, every call
 is run a second time on float64 *shadows* of its tensor inputs (the shadow of a call's output
@@ -23,9 +27,6 @@ Analysis (NumPy only), after Audee's change rate:
   new code). Without base, the first jump on head;
 * a behaviour change compares head's float64 intermediates with base's (a float64 run of each);
 * a crash names the call that raised (or the library line the exception left).
-
-TensorFlow operators are not traced (eager TF has no cheap equivalent of a function mode): the
-diagnosis says so.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ class OpTrace:
 
 
 # ---------------------------------------------------------------------------------------
-# recording (torch)
+# recording (torch: a function mode; TensorFlow: wrapped API functions)
 # ---------------------------------------------------------------------------------------
 def _dir_of(module_name: str) -> Optional[str]:
     mod = sys.modules.get(module_name)
@@ -158,7 +159,8 @@ class _Frames:
     def __init__(self, root: Optional[str]):
         self.root = os.path.abspath(root) + os.sep if root else None
         self.gate = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-        self.skip = [d for d in (_dir_of("torch"), _dir_of("numpy")) if d]
+        self.skip = [d for d in (_dir_of("torch"), _dir_of("numpy"), _dir_of("tensorflow"), _dir_of("keras"),
+                                 _dir_of("tf_keras")) if d]
         self.stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
     def is_framework(self, filename: str) -> bool:
@@ -212,87 +214,212 @@ def _func_name(func) -> str:
     return f"{mod}.{getattr(func, '__qualname__', getattr(func, '__name__', repr(func)))}".lstrip(".")
 
 
-def _tensors(obj, out: list) -> list:
-    import torch
+def _remap(obj, is_tensor, fn):
+    if is_tensor(obj):
+        return fn(obj)
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_remap(o, is_tensor, fn) for o in obj)
+    if isinstance(obj, list):
+        return [_remap(o, is_tensor, fn) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _remap(v, is_tensor, fn) for k, v in obj.items()}
+    return obj
 
-    if isinstance(obj, torch.Tensor):
+
+def _collect(obj, is_tensor, out: list) -> list:
+    if is_tensor(obj):
         out.append(obj)
     elif isinstance(obj, (list, tuple)):
         for o in obj:
-            _tensors(o, out)
+            _collect(o, is_tensor, out)
     elif isinstance(obj, dict):
         for o in obj.values():
-            _tensors(o, out)
+            _collect(o, is_tensor, out)
     return out
 
 
-CASTS = {"torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double",
-         "torch.Tensor.type", "torch.Tensor.type_as"}
+class _Framework:
+    """What the recorder needs to know of a framework's tensors."""
+
+    casts: frozenset = frozenset()
+
+    def is_tensor(self, t) -> bool: ...
+    def is_float(self, t) -> bool: ...
+    def as_f64(self, t): ...
+    def to_numpy(self, t) -> np.ndarray: ...
+    def shape(self, t) -> List[int]: ...
+
+    def numel(self, t) -> int:
+        return int(np.prod(self.shape(t))) if self.shape(t) else 1
+
+    def copy(self, t):
+        """A shadow that later in-place calls cannot alter."""
+        return t
+
+    def plain(self, outs):
+        """Context for the float64 shadow call (no autocast)."""
+        import contextlib
+
+        return contextlib.nullcontext()
 
 
-def _make_recorder(frames: _Frames):
-    import torch
-    from torch.overrides import TorchFunctionMode
+class _Torch(_Framework):
+    casts = frozenset({"torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16",
+                       "torch.Tensor.double", "torch.Tensor.type", "torch.Tensor.type_as"})
 
-    def is_float(t):
-        return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+    def __init__(self):
+        import torch
 
-    def as_f64(t):
-        return t.detach().to(torch.complex128 if t.is_complex() else torch.float64)
+        self.torch = torch
 
-    def to_numpy(t):
+    def is_tensor(self, t):
+        return isinstance(t, self.torch.Tensor)
+
+    def is_float(self, t):
+        return isinstance(t, self.torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+    def as_f64(self, t):
+        return t.detach().to(self.torch.complex128 if t.is_complex() else self.torch.float64)
+
+    def to_numpy(self, t):
         t = t.detach()
         if t.is_complex():
-            t = torch.view_as_real(t)
-        return t.to("cpu", torch.float64).numpy().copy()
+            t = self.torch.view_as_real(t)
+        return t.to("cpu", self.torch.float64).numpy().copy()
 
-    def remap(obj, fn):
-        if isinstance(obj, torch.Tensor):
-            return fn(obj)
-        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return tuple(remap(o, fn) for o in obj)
-        if isinstance(obj, list):
-            return [remap(o, fn) for o in obj]
-        if isinstance(obj, dict):
-            return {k: remap(v, fn) for k, v in obj.items()}
-        return obj
+    def shape(self, t):
+        return list(t.shape)
 
-    class Recorder(TorchFunctionMode):
-        """Records library calls; with ``dtype``, shadows each call at float64 and keeps its δ;
-        with ``keep``, keeps the outputs (float64 runs compared across base and head)."""
+    def numel(self, t):
+        return t.numel()
 
-        def __init__(self, dtype: Optional[str] = None, ulp_floor: str = "output", keep: bool = False):
-            super().__init__()
-            self.trace = Trace()
-            self.dtype, self.ulp_floor, self.keep_outputs = dtype, ulp_floor, keep
-            self.producer: Dict[int, int] = {}
-            self.shadow: Dict[int, Any] = {}
-            self.alive: list = []  # outputs stay alive so that ids are not reused
-            self.elements = 0
+    def copy(self, t):
+        return t.clone()
 
-        def _shadow_call(self, name, func, args, kwargs, outs):
-            """Float64 shadows of ``outs``: ``func`` on the shadows of its inputs."""
-            if name in CASTS and args and isinstance(args[0], torch.Tensor) and is_float(args[0]):
-                src = self.shadow.get(id(args[0]))
-                return [(src if src is not None else as_f64(args[0])).clone()] if len(outs) == 1 else None
+    def plain(self, outs):
+        return self.torch.autocast(device_type=outs[0].device.type, enabled=False)
 
-            def sh(t):
-                s = self.shadow.get(id(t))
-                if s is not None:
-                    return s
-                return as_f64(t) if is_float(t) else t
 
-            for attempt in (0, 1):
-                try:
-                    with torch.autocast(device_type=outs[0].device.type, enabled=False):
-                        res = func(*remap(args, sh if attempt == 0 else (lambda t: as_f64(t) if is_float(t) else t)),
-                                   **remap(kwargs, sh if attempt == 0 else (lambda t: as_f64(t) if is_float(t) else t)))
-                except Exception:
-                    continue
-                souts = [t for t in _tensors(res, []) if is_float(t)]
-                if len(souts) == len(outs) and all(tuple(a.shape) == tuple(b.shape) for a, b in zip(souts, outs)):
-                    return [as_f64(t) for t in souts]
-            return None
+class _TensorFlow(_Framework):
+    casts = frozenset({"tf.cast", "tf.dtypes.cast", "tf.saturate_cast", "tf.dtypes.saturate_cast"})
+
+    def __init__(self):
+        import tensorflow as tf
+
+        self.tf = tf
+
+    def is_tensor(self, t):
+        return isinstance(t, (self.tf.Tensor, self.tf.Variable))
+
+    def is_float(self, t):
+        # eager values only: symbolic tensors (inside a graph) have no values to shadow
+        return self.is_tensor(t) and (t.dtype.is_floating or t.dtype.is_complex) and hasattr(t, "numpy")
+
+    def as_f64(self, t):
+        return self.tf.cast(t, self.tf.complex128 if t.dtype.is_complex else self.tf.float64)
+
+    def to_numpy(self, t):
+        a = t.numpy()
+        if np.iscomplexobj(a):
+            a = np.stack([a.real, a.imag], -1)
+        return np.array(a, dtype=np.float64)
+
+    def shape(self, t):
+        return [int(d) if d is not None else -1 for d in t.shape]
+
+
+class _Recorder:
+    """Records the library's calls into the framework; with ``dtype``, shadows each call at
+    float64 and keeps its δ; with ``keep``, keeps the outputs (float64 runs compared across
+    base and head). The front ends (:func:`_torch_recorder`, :func:`_tf_recorder`) route the
+    calls here."""
+
+    def __init__(self, fw: _Framework, frames: "_Frames", dtype: Optional[str] = None, ulp_floor: str = "output",
+                 keep: bool = False):
+        self.fw, self.frames = fw, frames
+        self.trace = Trace()
+        self.dtype, self.ulp_floor, self.keep_outputs = dtype, ulp_floor, keep
+        self.producer: Dict[int, int] = {}
+        self.shadow: Dict[int, Any] = {}
+        self.alive: list = []  # outputs stay alive so that ids are not reused
+        self.elements = 0
+
+    def _shadow_call(self, name, func, args, kwargs, outs):
+        """Float64 shadows of ``outs``: ``func`` on the shadows of its inputs."""
+        fw = self.fw
+        if name in fw.casts and args and fw.is_float(args[0]):
+            src = self.shadow.get(id(args[0]))
+            return [fw.copy(src if src is not None else fw.as_f64(args[0]))] if len(outs) == 1 else None
+
+        def sh(t):
+            s = self.shadow.get(id(t))
+            if s is not None:
+                return s
+            return fw.as_f64(t) if fw.is_float(t) else t
+
+        def plain(t):
+            return fw.as_f64(t) if fw.is_float(t) else t
+
+        for how in (sh, plain):
+            try:
+                with fw.plain(outs):
+                    res = func(*_remap(args, fw.is_tensor, how), **_remap(kwargs, fw.is_tensor, how))
+            except Exception:
+                continue
+            souts = [t for t in _collect(res, fw.is_tensor, []) if fw.is_float(t)]
+            if len(souts) == len(outs) and all(fw.shape(a) == fw.shape(b) for a, b in zip(souts, outs)):
+                return [fw.as_f64(t) for t in souts]
+        return None
+
+    def record(self, name: str, func, args, kwargs, stack):
+        """Run ``func`` (called by the library from ``stack``) and record the call."""
+        fw = self.fw
+        ins = [self.producer.get(id(t), -1) for t in _collect((args, kwargs), fw.is_tensor, [])]
+        site = self.frames.site(stack)
+        call = Call(index=len(self.trace.calls), name=name, file=site[0], line=site[1], function=site[2],
+                    stack=[f"{f}:{ln} {fn}" for f, ln, fn in reversed(stack)], inputs=ins)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            call.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            self.trace.calls.append(call)
+            raise
+        outs = [t for t in _collect(out, fw.is_tensor, []) if fw.is_float(t)]
+        if not outs:
+            return out
+        call.shapes = [fw.shape(t) for t in outs]
+        n = sum(fw.numel(t) for t in outs)
+        if self.elements + n > MAX_RECORDED_ELEMENTS:
+            self.trace.truncated = True
+        else:
+            self.elements += n
+            if self.dtype is not None:
+                shadows = self._shadow_call(name, func, args, kwargs, outs)
+                if shadows is not None:
+                    for t, sd in zip(outs, shadows):
+                        self.shadow[id(t)] = sd
+                    lo, hi = [fw.to_numpy(t) for t in outs], [fw.to_numpy(sd) for sd in shadows]
+                    call.delta = _delta(lo, hi, self.dtype, self.ulp_floor)
+                    call.overflow = int(sum(np.count_nonzero(np.isinf(a) & np.isfinite(b)) for a, b in zip(lo, hi)
+                                            if a.shape == b.shape))
+            if self.keep_outputs:
+                call.outputs = [fw.to_numpy(t) for t in outs]
+        self.trace.calls.append(call)
+        for t in outs:
+            self.producer[id(t)] = call.index
+            self.alive.append(t)
+        return out
+
+
+def _torch_recorder(frames: "_Frames", **kw):
+    """A :class:`torch.overrides.TorchFunctionMode` that sees every torch function and tensor
+    method the library calls."""
+    from torch.overrides import TorchFunctionMode
+
+    core = _Recorder(_Torch(), frames, **kw)
+
+    class Mode(TorchFunctionMode):
+        trace = core.trace
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -300,43 +427,101 @@ def _make_recorder(frames: _Frames):
             name = _func_name(func)
             if stack is None or name.endswith("__get__") or name.endswith("__set__"):
                 return func(*args, **kwargs)
-            ins = [self.producer.get(id(t), -1) for t in _tensors((args, kwargs), [])]
-            site = frames.site(stack)
-            call = Call(index=len(self.trace.calls), name=name, file=site[0], line=site[1], function=site[2],
-                        stack=[f"{f}:{ln} {fn}" for f, ln, fn in reversed(stack)], inputs=ins)
-            try:
-                out = func(*args, **kwargs)
-            except Exception as exc:
-                call.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-                self.trace.calls.append(call)
-                raise
-            outs = [t for t in _tensors(out, []) if is_float(t)]
-            if not outs:
-                return out
-            call.shapes = [list(t.shape) for t in outs]
-            n = sum(t.numel() for t in outs)
-            if self.elements + n > MAX_RECORDED_ELEMENTS:
-                self.trace.truncated = True
-            else:
-                self.elements += n
-                if self.dtype is not None:
-                    shadows = self._shadow_call(name, func, args, kwargs, outs)
-                    if shadows is not None:
-                        for t, s in zip(outs, shadows):
-                            self.shadow[id(t)] = s
-                        lo, hi = [to_numpy(t) for t in outs], [to_numpy(s) for s in shadows]
-                        call.delta = _delta(lo, hi, self.dtype, self.ulp_floor)
-                        call.overflow = int(sum(np.count_nonzero(np.isinf(a) & np.isfinite(b)) for a, b in zip(lo, hi)
-                                                if a.shape == b.shape))
-                if self.keep_outputs:
-                    call.outputs = [to_numpy(t) for t in outs]
-            self.trace.calls.append(call)
-            for t in outs:
-                self.producer[id(t)] = call.index
-                self.alive.append(t)
-            return out
+            return core.record(name, func, args, kwargs, stack)
 
-    return Recorder
+    return Mode()
+
+
+#: TensorFlow namespaces whose functions are wrapped while tracing, and the tensor operators
+TF_NAMESPACES = ("", "math", "nn", "linalg", "signal", "dtypes", "experimental.numpy")
+TF_OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+                "__floordiv__", "__rfloordiv__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
+                "__abs__", "__mod__", "__rmod__", "__getitem__")
+
+
+class _TFRecorder:
+    """Eager TensorFlow has no function mode: while active, the public functions of the
+    :data:`TF_NAMESPACES` (``tf.exp``, ``tf.math.log1p``, ``tf.nn.softmax``, ...) and the
+    tensor operators (``x - m``, ``x[..., 0]``) are replaced by recording wrappers, and
+    ``tf.function`` bodies run eagerly. Only calls made by the library itself are recorded
+    (TensorFlow's internal use of the same functions goes through its own modules)."""
+
+    def __init__(self, frames: "_Frames", **kw):
+        import tensorflow as tf
+
+        self.tf = tf
+        self.core = _Recorder(_TensorFlow(), frames, **kw)
+        self.trace = self.core.trace
+        self.frames = frames
+        self._saved: List[Tuple[Any, str, Any]] = []
+        self._depth = 0
+        self._eager = None
+
+    def _wrap(self, name: str, func):
+        rec = self
+
+        def wrapper(*args, **kwargs):
+            if rec._depth:  # inside a recorded call
+                return func(*args, **kwargs)
+            caller = sys._getframe(1)
+            if rec.frames.is_framework(caller.f_code.co_filename):  # TensorFlow's own use
+                return func(*args, **kwargs)
+            stack = rec.frames.library_stack(caller)
+            if stack is None:
+                return func(*args, **kwargs)
+            rec._depth += 1
+            try:
+                return rec.core.record(name, func, args, kwargs, stack)
+            finally:
+                rec._depth -= 1
+
+        wrapper.__wrapped__ = func
+        wrapper.__name__ = getattr(func, "__name__", name)
+        wrapper.__doc__ = getattr(func, "__doc__", None)
+        return wrapper
+
+    def __enter__(self):
+        import inspect
+
+        tf = self.tf
+        wrappers: Dict[int, Any] = {}
+        for ns in TF_NAMESPACES:
+            mod = tf
+            for part in filter(None, ns.split(".")):
+                mod = getattr(mod, part, None)
+            if mod is None:
+                continue
+            prefix = "tf." + (ns + "." if ns else "")
+            for attr in dir(mod):
+                if attr.startswith("_"):
+                    continue
+                try:
+                    obj = getattr(mod, attr)
+                except Exception:
+                    continue
+                if not inspect.isfunction(obj):
+                    continue  # classes, modules, dtypes
+                w = wrappers.get(id(obj))
+                if w is None:
+                    w = wrappers[id(obj)] = self._wrap(prefix + attr, obj)
+                self._saved.append((mod, attr, obj))
+                setattr(mod, attr, w)
+        for op in TF_OPERATORS:
+            orig = tf.Tensor.__dict__.get(op)
+            if orig is None:
+                continue
+            self._saved.append((tf.Tensor, op, orig))
+            setattr(tf.Tensor, op, self._wrap(f"tf.Tensor.{op}", orig))
+        self._eager = tf.config.functions_run_eagerly()
+        tf.config.run_functions_eagerly(True)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attr, obj in reversed(self._saved):
+            setattr(owner, attr, obj)
+        self._saved.clear()
+        self.tf.config.run_functions_eagerly(bool(self._eager))
+        return False
 
 
 def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool = False) -> OpTrace:
@@ -346,18 +531,19 @@ def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool 
     from ..fuzz.runner import VariantRunner
 
     result = OpTrace(dtype=variant.dtype)
-    if spec.framework != "torch":
-        result.note = f"sub-operations are traced for PyTorch operators only ({spec.framework} operator)"
+    if spec.framework not in ("torch", "tensorflow"):
+        result.note = f"sub-operations are traced for PyTorch and TensorFlow operators only ({spec.framework})"
         return result
-    get_backend("torch")
+    get_backend(spec.framework)
     runner = VariantRunner(spec, variant)
     frames = _Frames(root)
-    Recorder = _make_recorder(frames)
+    recorder = _torch_recorder if spec.framework == "torch" else _TFRecorder
     q = runner.quantize(cand)
-    runs = [("low", runner.input_dtype, variant.mode, variant.dtype, Recorder(variant.dtype, spec.ulp_floor))]
+    runs = [("low", runner.input_dtype, variant.mode, variant.dtype, dict(dtype=variant.dtype, ulp_floor=spec.ulp_floor))]
     if float64_run:
-        runs.append(("f64", "float64", "input", "float64", Recorder(keep=True)))
-    for side, in_dtype, mode, dtype, rec in runs:
+        runs.append(("f64", "float64", "input", "float64", dict(keep=True)))
+    for side, in_dtype, mode, dtype, kw in runs:
+        rec = recorder(frames, **kw)
         try:
             args, kwargs = runner.build_call(q, in_dtype, low=True)
             with np.errstate(all="ignore"), rec:
@@ -367,7 +553,8 @@ def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool 
             rec.trace.error_site = _error_site(exc, frames)
         setattr(result, side, rec.trace)
     if not result.low.calls and not result.low.error:
-        result.note = "no sub-operations: the operator is a framework built-in (or calls no torch function)"
+        result.note = (f"no sub-operations: the operator is a framework built-in (or calls no "
+                       f"{'torch' if spec.framework == 'torch' else 'TensorFlow'} function)")
     return result
 
 
@@ -394,7 +581,9 @@ def align(a: Sequence[Any], b: Sequence[Any]) -> Dict[int, int]:
 
 
 def _short(name: str) -> str:
-    for p in ("torch.Tensor.", "torch.nn.functional.", "torch."):
+    if name.startswith("tf.Tensor.__"):  # x / y -> truediv
+        return name[len("tf.Tensor.__"):].rstrip("_")
+    for p in ("torch.Tensor.", "torch.nn.functional.", "torch.", "tf.math.", "tf.nn.", "tf.linalg.", "tf."):
         if name.startswith(p):
             return name[len(p):]
     return name
