@@ -215,7 +215,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         finding = fuzz_task(task, seeds=corpus, seed_store=seed_store, isolate=isolate)
         rng = np.random.default_rng(task.rng_seed() + [1])
         cands = list(corpus)
-        cands += [c for c in [finding.best, *[c.candidate for c in finding.crashes]] if c is not None]
+        cands += finding.inputs
         cands += [draw(spec, rng, origin="control") for _ in range(3)]
         head_results = replay(spec, task.variant, cands, isolate=isolate)
         work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
@@ -247,6 +247,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                             + (f"--evals {finding.evals}" if opts.evals else f"--budget {per_op:g}"))
         w["verdict"] = vv
         report.verdicts.append(vv)
+        if vv.details.get("warning"):
+            report.warnings.append(f"{vv.id}: {vv.details['warning']}")
         report.env.setdefault("frameworks", {})[w["spec"].framework] = finding.env.get("version")
 
     for tid in report.not_covered:

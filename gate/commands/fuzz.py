@@ -139,9 +139,11 @@ def print_table(findings) -> None:
     rows = [("variant", "status", "evals", "max ulp", "max abs", "max rel", "nan/inf", "crash", "worst input")]
     for f in findings:
         m = f.metrics
+        # with a NaN/Inf as the worst input, the error columns show the worst finite error found
+        e = f.finite_metrics if f.finite_metrics is not None and m is not None and m.nonfinite else m
         rows.append((
             f.id, f.status, str(f.evals),
-            fmt(m.ulp) if m else "-", fmt(m.abs) if m else "-", fmt(m.rel) if m else "-",
+            fmt(e.ulp) if e else "-", fmt(e.abs) if e else "-", fmt(e.rel) if e else "-",
             str(m.nonfinite) if m else "-", str(sum(c.count for c in f.crashes)),
             (f.best.summary() if f.best else (f.message or ""))[:80],
         ))
@@ -160,7 +162,7 @@ def print_table(findings) -> None:
 def save_inputs(findings, out_dir: Path) -> int:
     n = 0
     for f in findings:
-        cands = [("worst", f.best)] + [(f"crash{i}", c.candidate) for i, c in enumerate(f.crashes)]
+        cands = [("worst", f.best), ("finite", f.best_finite)] + [(f"crash{i}", c.candidate) for i, c in enumerate(f.crashes)]
         for tag, cand in cands:
             if cand is None:
                 continue

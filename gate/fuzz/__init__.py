@@ -29,7 +29,7 @@ def fuzz_task(
     max_seeds: int = 16,
     on_best: Optional[Callable] = None,
     isolate=None,
-    stop_on_inf: bool = True,
+    stop_on_inf: bool = False,
 ) -> Finding:
     """Search ``task``'s variant for the input with the largest error of its oracle
     (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
@@ -47,8 +47,9 @@ def fuzz_task(
     specs (default 8 when the spec declares ``batch_dim`` and every input is batched; 1 turns
     batching off).
     ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks).
-    ``stop_on_inf``: end the search at the first NaN/Inf or crash-level finding (nothing can
-    beat it); benchmarks that measure the loop's rate turn it off."""
+    ``stop_on_inf``: end the search at the first NaN/Inf (nothing can beat it). By default the
+    search goes on, so that a precision error elsewhere is found too (``Finding.best_finite``):
+    a NaN/Inf the base produces as well must not hide a new precision regression."""
     own_runner = runner is None
     runner = runner or build_runner(task.op, task.variant, isolate=isolate)
     try:
@@ -69,6 +70,7 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     # the oracle's hooks: the space candidates come from, an imposed guidance, extra mutators
     spec = getattr(runner, "search_spec", None) or task.op
     guidance = getattr(runner, "guidance", None) or task.strategy
+    stop_on_inf = getattr(runner, "stop_on_inf", None) or stop_on_inf
     extra_mutators = dict(getattr(runner, "extra_mutators", None) or {})
     runner.backend.seed(task.seed)
     rng = np.random.default_rng(task.rng_seed())
@@ -162,6 +164,8 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
         env=runner.backend.environment(task.variant.device),
         extra=dict(best_eval.extra) if best_eval is not None else {},
     )
+    if res.best_finite is not None and res.best_finite is not res.best and res.best_finite_eval is not None:
+        finding.best_finite, finding.finite_metrics = res.best_finite, res.best_finite_eval.metrics
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
     if cov is not None:
         finding.coverage["classes"] = cov.report()

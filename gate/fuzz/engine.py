@@ -52,6 +52,11 @@ class SearchResult:
     best: Optional[Candidate] = None
     best_eval: Optional[Evaluation] = None
     best_fitness: float = -math.inf
+    #: the worst input with a finite fitness (a precision error rather than NaN/Inf): the search
+    #: goes on after a NaN/Inf, which nothing can beat, so a precision error is not hidden by it
+    best_finite: Optional[Candidate] = None
+    best_finite_eval: Optional[Evaluation] = None
+    best_finite_fitness: float = -math.inf
     evals: int = 0
     seconds: float = 0.0
     invalid: int = 0
@@ -78,7 +83,7 @@ def search(
     corpus_size: int = 32,
     scheduler=None,
     progress: Optional[Callable[[int, float], None]] = None,
-    stop_on_inf: bool = True,
+    stop_on_inf: bool = False,
     evaluate_many: Optional[Callable[[List[Candidate]], List[Tuple[Candidate, Evaluation]]]] = None,
     batch: int = 1,
     novelty: Optional[Callable[[Candidate, Evaluation], float]] = None,
@@ -90,7 +95,9 @@ def search(
     parent and evaluates them in one call (see :mod:`gate.fuzz.batch`); they are then taken in
     order exactly as if they had been evaluated one by one. ``novelty(q, ev)`` returns a bonus
     in [0, 1] (new coverage) added to the scheduler's reward. ``on_best(q, ev, fitness)`` is
-    called on every new best."""
+    called on every new best. A NaN/Inf (infinite fitness) becomes the best but never a parent:
+    the search goes on with the finite corpus and keeps the worst finite input too
+    (``best_finite``); ``stop_on_inf`` ends it at the first one instead."""
     if guidance not in GUIDANCES:
         raise ValueError(f"unknown guidance {guidance!r} (use {', '.join(GUIDANCES)})")
     if seconds is None and evals is None:
@@ -187,7 +194,9 @@ def search(
                 gain = 1.0 if math.isinf(fit) else min(1.0, (fit - max(parent_fit, 0.0)) / (abs(fit) + 1e-12))
                 res.mutator_stats[mut_name][1] += 1
             scheduler.update(mut_name, min(1.0, gain + bonus))
-        if guidance != "random" and (fit > parent_fit or not res.corpus):
+        if not math.isinf(fit) and fit > res.best_finite_fitness:
+            res.best_finite, res.best_finite_eval, res.best_finite_fitness = q, ev, fit
+        if guidance != "random" and (fit > parent_fit or not res.corpus) and (not math.isinf(fit) or not res.corpus):
             res.corpus.append((fit, q))
             res.corpus.sort(key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
             del res.corpus[corpus_size:]

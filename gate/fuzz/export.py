@@ -218,7 +218,8 @@ def export_finding(ex: Exportable, example: Candidate, path_name: str, *, seed: 
             return draw(spec, r, fixed_params=ex.fixed_params, fixed_dims=ex.fixed_dims)
 
         bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(EXPORT_MUTATOR_TABLE[n]) for n in mutators}
-        res = search(runner.evaluate, fresh, bound, rng, seconds=seconds, evals=evals, seeds=[q], n_seeds=4)
+        res = search(runner.evaluate, fresh, bound, rng, seconds=seconds, evals=evals, seeds=[q], n_seeds=4,
+                     stop_on_inf=True)
         finding.evals = res.evals
         finding.invalid = res.invalid
         finding.metrics = res.best_eval.metrics if res.best_eval else None

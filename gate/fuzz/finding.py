@@ -54,6 +54,14 @@ class Finding:
     #: oracle-specific facts (graph: first diverging node, amplification; export: converter
     #: function, stage); JSON-safe via :func:`json_safe`
     extra: Dict[str, Any] = field(default_factory=dict)
+    #: when ``best`` is a NaN/Inf: the worst input with a finite error, and its figures
+    best_finite: Optional[Candidate] = None
+    finite_metrics: Optional[Metrics] = None
+
+    @property
+    def inputs(self) -> List[Candidate]:
+        """The inputs worth replaying: the worst, the worst finite one, each crash's."""
+        return [c for c in [self.best, self.best_finite, *[x.candidate for x in self.crashes]] if c is not None]
 
     @property
     def id(self) -> str:
@@ -87,8 +95,13 @@ class Finding:
             "coverage": self.coverage,
             "extra": json_safe(self.extra),
         }
+        if self.finite_metrics is not None:
+            d["finite_metrics"] = self.finite_metrics.to_dict()
+            d["best_finite_summary"] = self.best_finite.summary() if self.best_finite else None
         if with_inputs and self.best is not None:
             d["best_input"] = base64.b64encode(self.best.to_bytes()).decode()
+        if with_inputs and self.best_finite is not None:
+            d["best_finite_input"] = base64.b64encode(self.best_finite.to_bytes()).decode()
         return d
 
     @classmethod
@@ -112,6 +125,8 @@ class Finding:
             env=raw.get("env", {}),
             coverage=raw.get("coverage", {}),
             extra=from_json_safe(raw.get("extra", {})),
+            best_finite=Candidate.load(base64.b64decode(raw["best_finite_input"])) if raw.get("best_finite_input") else None,
+            finite_metrics=Metrics.from_dict(raw["finite_metrics"]) if raw.get("finite_metrics") else None,
         )
 
 

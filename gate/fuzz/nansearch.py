@@ -93,6 +93,7 @@ def overflow_mutators(dtype: str) -> Dict[str, Callable]:
 class NanRunner(OracleRunner):
     oracle = "nan"
     guidance = "spread"
+    stop_on_inf = True  # a NaN/Inf is what this search is for: the first one ends it
 
     @classmethod
     def mutators_for(cls, spec, variant, options):

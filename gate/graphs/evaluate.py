@@ -399,7 +399,8 @@ def fuzz_graph(graph: Graph, specs: Mapping[str, OpSpec], dtype: str, *, seed: i
     rng = np.random.default_rng([seed, zlib.crc32(f"{sig}[{dtype}]".encode()), salt])
     bound = {n: (lambda m: (lambda c, r: m(c, runner.spec, r)))(MUTATORS[n]) for n in mutators}
     res = search(runner.evaluate, lambda r: draw(runner.spec, r), bound, rng, seconds=seconds,
-                 evals=evals if evals is not None or seconds is not None else 4, guidance=strategy, n_seeds=n_seeds)
+                 evals=evals if evals is not None or seconds is not None else 4, guidance=strategy, n_seeds=n_seeds,
+                 stop_on_inf=True)  # one graph's NaN is its finding: the campaign moves on to the next graph
     status, message = "ok", None
     if res.unsupported and res.best_eval is None:
         status, message = "unsupported", res.unsupported

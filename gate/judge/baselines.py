@@ -260,8 +260,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def corpus_for(finding: Finding, top: Iterable[Candidate] = ()) -> List[Candidate]:
-    cands = [c for c in [finding.best, *[c.candidate for c in finding.crashes], *top] if c is not None]
-    return cands[:4]
+    return [*finding.inputs, *top][:4]
 
 
 def _merge_into(root: Path, op: str, framework: str, new_rows: List[BaselineRow]) -> List[RowChange]:

@@ -4,7 +4,10 @@ Rules (FIELD_GUIDE §2, after PyTorch's own compile-vs-eager rule):
 
 * **regression** if, on an identical input, head's error vs float64 exceeds
   ``max(floor, m x base error)`` (``m`` per dtype: 3 for float16/bfloat16, 2 for float32), or
-  head returns NaN/Inf where base did not, or head raises where base returns;
+  head returns NaN/Inf where base did not (where float64 is finite, or where base's own output
+  is finite: a NaN that head's float64 run shares is still new to the user), or head raises
+  where base returns; an input on which head's output is bit-identical to base's is never a
+  precision regression (only the reference moved: base's "float64" run did not run in float64);
   without a base replay (framework built-ins), head's max error is held against the stored
   baseline row the same way;
 * **behaviour-change** if head's float64 output differs from base's on identical inputs (the
@@ -18,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..backends.base import Output
 from ..fuzz.finding import Finding
@@ -71,6 +76,29 @@ def ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str)
     if m.shape_mismatch or m.int_mismatch:
         return math.inf
     return m.ulp
+
+
+def same_outputs(h: ReplayResult, b: ReplayResult) -> bool:
+    """Head's outputs equal base's bit for bit (NaN where NaN) on the same input."""
+    if h.outputs is None or b.outputs is None or len(h.outputs) != len(b.outputs):
+        return False
+    for x, y in zip(h.outputs, b.outputs):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or not np.array_equal(x, y, equal_nan=x.dtype.kind in "fc" and y.dtype.kind in "fc"):
+            return False
+    return True
+
+
+def new_nonfinite(h: ReplayResult, b: ReplayResult) -> int:
+    """Elements where head's output is NaN/Inf and base's output is finite (same input)."""
+    if h.outputs is None or b.outputs is None or len(h.outputs) != len(b.outputs):
+        return 0
+    n = 0
+    for x, y in zip(h.outputs, b.outputs):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
+            n += int(np.count_nonzero(~np.isfinite(x) & np.isfinite(y)))
+    return n
 
 
 def decide(
@@ -151,6 +179,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     base_max = head_max_same = 0.0
     fixed = 0
     pairs = 0
+    identical = moved_ref = 0  # inputs with bit-identical outputs; of those, with a moved reference
+    by_output = variant.oracle == "precision"  # outputs are the operator's own at the variant dtype
     for i, (h, b) in enumerate(zip(head, base)):
         if b.status == UNAVAILABLE:
             continue
@@ -171,6 +201,22 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             worst = max(worst, (math.inf, i, f"new NaN/Inf: {hm.nonfinite} non-finite outputs where float64 is finite and base had none"),
                         key=lambda x: x[0])
             continue
+        nf = new_nonfinite(h, b) if by_output else 0
+        if nf:
+            worst = max(worst, (math.inf, i, f"new NaN/Inf: head returns NaN/Inf on {nf} elements where base's output is "
+                                             "finite (head's float64 run is non-finite there too: the function now yields it)"),
+                        key=lambda x: x[0])
+            continue
+        if by_output and same_outputs(h, b):
+            # the operator's result did not change; a different error can only come from the
+            # reference (e.g. base cast its float64 input down): nothing to hold against head
+            identical += 1
+            d = ref_divergence(h, b, dtype, spec.ulp_floor)
+            if d is not None and d > BEHAVIOUR_TOLERANCE_ULP:
+                moved_ref += 1
+            head_max_same = max(head_max_same, min(hm.ulp, bm.ulp))
+            base_max = max(base_max, min(hm.ulp, bm.ulp))
+            continue
         if hm.int_mismatch and not bm.int_mismatch:
             worst = max(worst, (math.inf, i, f"integer outputs differ from the reference on {hm.int_mismatch} elements (base: none)"),
                         key=lambda x: x[0])
@@ -190,6 +236,13 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         if d is not None and d > BEHAVIOUR_TOLERANCE_ULP and d > behaviour[0]:
             behaviour = (d, i)
     vv.details["pairs"] = pairs
+    vv.details["identical_outputs"] = identical
+    if moved_ref:
+        vv.details["reference_moved"] = moved_ref
+        vv.details["warning"] = (
+            f"on {moved_ref} input(s) head's {dtype} output equals base's bit for bit but the float64 references "
+            "differ: one side's reference does not run in float64 (e.g. the code casts its input to float32), "
+            "so its error figure is not trustworthy")
     if worst[1] >= 0:
         i = worst[1]
         h, b = head[i], base[i]
