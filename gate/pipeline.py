@@ -118,6 +118,9 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 
 
 def _run(opts: RunOptions, report: V.GateReport, say) -> None:
+    from .plan import validate_variant_filters
+
+    validate_variant_filters(opts.dtypes, opts.modes, opts.devices)
     repo = Path(opts.repo).resolve()
     git(repo, "rev-parse", "--git-dir")
     cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)

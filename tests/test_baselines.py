@@ -68,3 +68,17 @@ def test_bad_shard_is_one_line(user_lib, capsys):
     assert main(["baseline", "refresh", "--shard", "3/2", "-c", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--shard must look like I/N" in err[0]
+
+
+def test_a_run_that_checked_nothing_is_not_a_pass():
+    from gate.errors import Outcome
+    from gate.judge import verdict as V
+    from gate.judge.decide import GateSettings, overall
+
+    def vv(outcome):
+        return V.VariantVerdict(op="m.op", framework="torch", variant={"dtype": "float32"}, outcome=outcome, reason="")
+
+    outcome, reason = overall([vv(V.NOT_COVERED), vv(V.NOT_COVERED)], [], GateSettings())
+    assert outcome == Outcome.ERROR.value and "covered none of the 2 selected variant(s)" in reason
+    outcome, reason = overall([vv(V.PASS), vv(V.NOT_COVERED)], [], GateSettings())
+    assert outcome == Outcome.PASS.value and "1 not covered by the budget" in reason

@@ -72,7 +72,32 @@ def test_bad_flag_is_one_line(capsys):
         main(["fuzz", "torch.relu", "--evals", "many"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "invalid int value" in err[0]
+    assert len(err) == 1 and "expected a positive whole number, got 'many'" in err[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["fuzz", "torch.relu", "--budget", "nan"],
+    ["fuzz", "torch.relu", "--budget", "inf"],
+    ["fuzz", "torch.relu", "--evals", "0"],
+    ["run", "--base", "HEAD", "--budget", "-1"],
+    ["run", "--base", "HEAD", "--per-op", "nan"],
+    ["baseline", "refresh", "--budget", "-1"],
+    ["baseline", "refresh", "--evals", "-5"],
+])
+def test_budgets_must_be_positive_and_finite(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("positive number of seconds" in err[0] or "positive whole number" in err[0]), err
+
+
+def test_run_with_a_bad_dtype_still_writes_the_error_report(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, stdout, _ = run_cli(capsys, "run", "--base", "HEAD", "--dtype", "float8", "--out", str(out))
+    assert code == 2 and "unknown dtype 'float8'" in stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["outcome"] == "error" and (out / "junit.xml").exists()
 
 
 @pytest.mark.parametrize(

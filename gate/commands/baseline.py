@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from ..errors import GateError
-from .common import add_config_arg, add_variant_args, load, split_list
+from ..plan import validate_variant_filters
+from .common import add_config_arg, add_variant_args, count, load, seconds, split_list
 
 
 def register(sub) -> None:
@@ -22,14 +23,14 @@ def register(sub) -> None:
     r = bsub.add_parser("refresh", help="re-measure baselines and write them under baselines/")
     add_config_arg(r)
     r.add_argument("--ops", action="append", metavar="OP", help="only these operators (default: the config's operators)")
-    r.add_argument("--budget", type=float, metavar="SECONDS", help="seconds per operator (default: config budget.per_op, else 10)")
-    r.add_argument("--evals", type=int, metavar="N", help="evaluations per variant instead of seconds")
+    r.add_argument("--budget", type=seconds, metavar="SECONDS", help="seconds per operator (default: config budget.per_op, else 10)")
+    r.add_argument("--evals", type=count, metavar="N", help="evaluations per variant instead of seconds")
     r.add_argument("--seed", type=int, help="random seed (default: the config's)")
     r.add_argument("--shard", metavar="I/N", help="measure only shard I of N (1-based) of the operators")
     r.add_argument("--out", metavar="DIR", help="write here instead of the config's baselines dir (for shards)")
     r.add_argument("--nightly", action="store_true",
                    help="also run the scheduled multi-operator graph and deployment-path (export) campaigns")
-    r.add_argument("--nightly-budget", type=float, metavar="SECONDS", default=300.0,
+    r.add_argument("--nightly-budget", type=seconds, metavar="SECONDS", default=300.0,
                    help="total budget of the nightly campaigns (default 300)")
     add_variant_args(r)
     r.set_defaults(func=run_refresh)
@@ -109,6 +110,7 @@ def refresh_nightly(cfg, *, budget: float, seed: int, out: Path, say: Callable[[
 
 
 def run_refresh(args) -> int:
+    validate_variant_filters(split_list(args.dtype), split_list(args.mode), split_list(args.device))
     cfg, _ = load(args)
     shard = parse_shard(args.shard)
     out = Path(args.out) if args.out else cfg.baselines_dir

@@ -11,6 +11,28 @@ from ..ops.catalog import Catalog, load_catalog
 from ..ops.spec import FLOAT_DTYPES, MODES
 
 
+def seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds (``nan``, ``inf``, 0 and negatives are refused)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
+
+
+def count(text: str) -> int:
+    """argparse type: a positive whole number."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return v
+
+
 def add_config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", metavar="FILE", help="path to .dl-gate.yml (default: ./.dl-gate.yml if present)")
 

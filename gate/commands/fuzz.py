@@ -9,9 +9,8 @@ from typing import List
 
 from ..backends import get_backend
 from ..errors import GateError
-from ..ops.spec import FLOAT_DTYPES, MODES
-from ..plan import FUZZ_ORACLES, Budget, plan
-from .common import add_config_arg, add_variant_args, load, progress_enabled, split_list
+from ..plan import FUZZ_ORACLES, Budget, plan, validate_variant_filters
+from .common import add_config_arg, add_variant_args, count, load, progress_enabled, seconds, split_list
 from .common import fmt_num as fmt
 
 
@@ -20,8 +19,8 @@ def register(sub) -> None:
     p.add_argument("ops", nargs="+", metavar="OP", help="operator name(s), see `dl-gate ops`")
     add_config_arg(p)
     add_variant_args(p)
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
-    p.add_argument("--evals", type=int, metavar="N", help="evaluations per operator (deterministic budget)")
+    p.add_argument("--budget", type=seconds, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
+    p.add_argument("--evals", type=count, metavar="N", help="evaluations per operator (deterministic budget)")
     p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP), random or spread (max - min)")
     p.add_argument("--oracle", action="append", metavar="ORACLE",
                    help=f"oracle(s) to run (repeatable or comma-separated; 'all' for every one that applies): "
@@ -29,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--isolate", action="store_true", default=None,
                    help="evaluate in a worker process: a segfault, abort or hang becomes a crash finding "
                         "(default: the config's gate.isolate)")
-    p.add_argument("--eval-timeout", type=float, metavar="SECONDS",
+    p.add_argument("--eval-timeout", type=seconds, metavar="SECONDS",
                    help="with --isolate: seconds one evaluation may take before it counts as a hang "
                         "(default: the config's gate.eval_timeout, else 10)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
@@ -41,18 +40,6 @@ def register(sub) -> None:
     p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
                    help="directory for worst inputs as .npz (default dl-gate-out/inputs)")
     p.set_defaults(func=run)
-
-
-def validate_variant_filters(dtypes, modes, devices) -> None:
-    for d in dtypes or []:
-        if d not in FLOAT_DTYPES:
-            raise GateError(f"unknown dtype {d!r} (use {', '.join(FLOAT_DTYPES)})")
-    for m in modes or []:
-        if m not in MODES:
-            raise GateError(f"unknown mode {m!r} (use {', '.join(MODES)})")
-    for d in devices or []:
-        if d not in ("cpu", "cuda"):
-            raise GateError(f"unknown device {d!r} (use cpu or cuda)")
 
 
 def oracle_list(names) -> List[str]:
@@ -74,10 +61,6 @@ def run(args) -> int:
     cfg, catalog = load(args)
     if args.strategy not in GUIDANCES:
         raise GateError(f"unknown strategy {args.strategy!r} (use {', '.join(GUIDANCES)})")
-    if args.budget is not None and args.budget <= 0:
-        raise GateError("--budget must be a positive number of seconds")
-    if args.evals is not None and args.evals <= 0:
-        raise GateError("--evals must be a positive number")
     dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
     validate_variant_filters(dtypes, modes, devices)
     oracles = oracle_list(split_list(args.oracle) or cfg.gate.get("oracles"))

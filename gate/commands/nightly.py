@@ -10,14 +10,14 @@ from pathlib import Path
 
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES
-from .common import add_config_arg, load, split_list
+from .common import add_config_arg, load, seconds, split_list
 from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
     p = sub.add_parser("nightly", help="graph fuzzing and export differentials (the scheduled run)")
     add_config_arg(p)
-    p.add_argument("--budget", type=float, default=300.0, metavar="SECONDS", help="total seconds (default 300)")
+    p.add_argument("--budget", type=seconds, default=300.0, metavar="SECONDS", help="total seconds (default 300)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0)")
     p.add_argument("--arm", default="mcts", choices=["mcts", "random"], help="graph generator (default mcts)")
     p.add_argument("--framework", action="append", metavar="FW", help="torch and/or tensorflow (default torch)")

@@ -5,8 +5,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import GateError
-from .common import add_config_arg, add_variant_args, split_list
+from .common import add_config_arg, add_variant_args, count, seconds, split_list
 from .common import fmt_num as _f
 
 
@@ -17,9 +16,9 @@ def register(sub) -> None:
     p.add_argument("--repo", metavar="DIR", default=".", help="repository root (default .)")
     add_config_arg(p)
     p.add_argument("--out", metavar="DIR", default="dl-gate-out", help="report directory (default dl-gate-out)")
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="total fuzzing budget (config budget.total, else 120)")
-    p.add_argument("--per-op", type=float, metavar="SECONDS", help="budget per operator (config budget.per_op)")
-    p.add_argument("--evals", type=int, metavar="N", help="evaluations per variant instead of seconds (deterministic)")
+    p.add_argument("--budget", type=seconds, metavar="SECONDS", help="total fuzzing budget (config budget.total, else 120)")
+    p.add_argument("--per-op", type=seconds, metavar="SECONDS", help="budget per operator (config budget.per_op)")
+    p.add_argument("--evals", type=count, metavar="N", help="evaluations per variant instead of seconds (deterministic)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0)")
     p.add_argument("--ops", action="append", metavar="OP", help="gate these operators instead of selecting from the diff")
     p.add_argument("--strategy", help="guidance: linf, l1 or random")
@@ -28,7 +27,7 @@ def register(sub) -> None:
                         "else precision); see docs/oracles.md")
     p.add_argument("--isolate", action="store_true", default=None,
                    help="evaluate in worker processes: a segfault or hang becomes a crash finding (config gate.isolate)")
-    p.add_argument("--eval-timeout", type=float, metavar="SECONDS",
+    p.add_argument("--eval-timeout", type=seconds, metavar="SECONDS",
                    help="with --isolate: seconds before an evaluation counts as a hang (config gate.eval_timeout, else 10)")
     add_variant_args(p)
     p.add_argument("--example", nargs="?", const="improve", choices=["improve", "regression"],
@@ -44,8 +43,6 @@ def _default_base() -> str | None:
 def run(args) -> int:
     from ..pipeline import RunOptions, run_gate
 
-    if args.budget is not None and args.budget <= 0:
-        raise GateError("--budget must be a positive number of seconds")
     say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else None
     opts = RunOptions(
         repo=Path(args.repo), base=args.base or _default_base(), head=args.head,

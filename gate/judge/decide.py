@@ -318,6 +318,9 @@ def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], setting
         return Outcome.NEEDS_BASELINE.value, f"{len(nb)} variant(s) have no baseline yet, e.g. {nb[0].id}; run `dl-gate baseline refresh`"
     nc = sum(v.outcome == V.NOT_COVERED for v in verdicts)
     n = len(verdicts) - nc
+    if nc and not n:  # nothing was checked: that is not a pass
+        return Outcome.ERROR.value, (f"the budget covered none of the {nc} selected variant(s): "
+                                     "raise --budget (budget.total) or narrow --dtype/--mode")
     imp = sum(v.outcome == V.IMPROVEMENT for v in verdicts)
     warn = f", {len(beh)} behaviour change(s) (warn)" if beh else ""
     return Outcome.PASS.value, (f"{n} variant(s) checked, no regression" + (f", {imp} improved" if imp else "") + warn

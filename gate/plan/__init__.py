@@ -9,8 +9,8 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Iterable, List, Optional, Sequence
 
-from ..errors import UnsupportedVariant
-from ..ops.spec import OpSpec
+from ..errors import GateError, UnsupportedVariant
+from ..ops.spec import FLOAT_DTYPES, MODES, OpSpec
 
 
 @dataclass(frozen=True, order=True)
@@ -56,6 +56,19 @@ class Variant:
 #: Oracles planned per operator by :func:`variants_for`, in the order of the rules table
 #: ``gate/ops/catalog/oracles.yaml`` (which says which oracle applies to which operator); each
 #: has a runner in ``gate.fuzz.registry``.
+def validate_variant_filters(dtypes, modes, devices) -> None:
+    """``--dtype``/``--mode``/``--device`` values, checked before any work is done."""
+    for d in dtypes or []:
+        if d not in FLOAT_DTYPES:
+            raise GateError(f"unknown dtype {d!r} (use {', '.join(FLOAT_DTYPES)})")
+    for m in modes or []:
+        if m not in MODES:
+            raise GateError(f"unknown mode {m!r} (use {', '.join(MODES)})")
+    for d in devices or []:
+        if d not in ("cpu", "cuda"):
+            raise GateError(f"unknown device {d!r} (use cpu or cuda)")
+
+
 FUZZ_ORACLES = ("precision", "nan", "xfw", "compiled", "compiled_xla", "dtype_eq", "layout_eq", "contig_eq",
                 "length_eq", "batch_eq", "inplace_eq", "grad", "gradcheck")
 #: Oracles whose findings come from their own campaigns (gate.fuzz.export, gate.graphs).
