@@ -165,7 +165,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     isolate = isolate_options(opts.isolate, opts.eval_timeout, gate_cfg)  # crashes and hangs stay in a worker
 
     from .fuzz import fuzz_task
-    from .fuzz.inputs import draw
+    from .fuzz.inputs import degenerate_inputs, draw
     from .fuzz.schedule import allocate
     from .fuzz.seeds import SeedStore
 
@@ -220,6 +220,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         cands = list(corpus)
         cands += finding.inputs
         cands += [draw(spec, rng, origin="control") for _ in range(3)]
+        cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
         head_results = replay(spec, task.variant, cands, isolate=isolate)
         work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
                      "cands": cands, "head": head_results, "src": sources[spec.name]})

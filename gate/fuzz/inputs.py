@@ -7,7 +7,7 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -302,6 +302,33 @@ def inside(vals: np.ndarray, domain: Domain) -> np.ndarray:
     if domain.hi is not None:
         keep &= vals < domain.hi
     return vals[keep]
+
+
+def degenerate_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
+    """Inputs where guards matter (an ``eps`` under a square root, a max-shift, an empty-row
+    check): every float input all zeros, and every float input one constant; the dims and
+    params of ``like``. A value outside a tensor's domain is replaced by the nearest one inside
+    (zeros) or the domain's middle (constant)."""
+    out = []
+    for tag, value in (("zeros", 0.0), ("constant", 1.0)):
+        arrays = {}
+        for t in spec.inputs:
+            a = like.arrays.get(t.name)
+            if a is None or t.kind != "float" or a.size == 0:
+                continue
+            v = value
+            if inside(np.array([v]), t.domain).size == 0:
+                lo, hi = t.domain.lo, t.domain.hi
+                if tag == "zeros":
+                    v = lo + max(abs(lo), 1.0) * 1e-3 if lo is not None and lo >= 0 else hi - max(abs(hi), 1.0) * 1e-3
+                elif lo is not None and hi is not None:
+                    v = (lo + hi) / 2
+                else:
+                    v = lo + 1.0 if lo is not None else hi - 1.0
+            arrays[t.name] = np.full(a.shape, float(v))
+        if arrays:
+            out.append(like.derive(f"degenerate:{tag}", **arrays))
+    return out
 
 
 def edge_values(domain: Domain, dtype: str = "float32") -> np.ndarray:

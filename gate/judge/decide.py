@@ -249,7 +249,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         vv.outcome, vv.reason = V.REGRESSION, worst[2]
         vv.head_error = h.metrics.ulp if h.metrics else None
         vv.base_error = b.metrics.ulp if b.metrics else None
-        vv.head_nonfinite = h.metrics.nonfinite if h.metrics else 0
+        vv.head_nonfinite = max(h.metrics.nonfinite if h.metrics else 0, new_nonfinite(h, b))
         vv.base_nonfinite = b.metrics.nonfinite if b.metrics else 0
         vv.threshold = max(floor, m * (vv.base_error or 0.0))
         vv.head_crash = h.error if _failed(h) else None

@@ -1,0 +1,104 @@
+"""Verdict rules found by acceptance tests on an unseen library (real git repos, real torch):
+
+* a NaN/Inf the base shares must not end the search and hide a new precision loss (as an
+  overflow shared by a pairwise distance hid its switch to the expanded |a|²+|b|²-2ab form);
+* head's output bit-identical to base's is never a regression, even when base's "float64"
+  reference secretly ran in float32 (``x.float()``);
+* NaN where base's output was finite is a new NaN even when head's float64 run is NaN too
+  (a dropped ``eps``: 0/0), found on the all-zeros input replayed on both sides."""
+import pytest
+
+from tests.test_gate_run import by_op, gate, git, refresh
+
+OPS = '''
+import torch
+
+
+def rms_norm(x, eps=1e-6):
+    xf = x.float()
+    ms = (xf * xf).mean(dim=-1, keepdim=True)
+    return (xf * torch.rsqrt(ms + eps)).to(x.dtype)
+
+
+def log1p_masked(x):
+    # 0 * exp(x) is NaN once exp overflows the dtype (x > 88.7 in float32): a NaN base and
+    # head share, which the search finds within a few evaluations
+    return torch.log1p(x) + 0 * torch.exp(x)
+'''
+
+CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+ops:
+  - name: lib.rms_norm
+    callable: lib.ops:rms_norm
+    kind: normalization
+    sources: [lib/ops.py]
+    dims: {N: [1, 8], D: [1, 64]}
+    inputs: [{name: x, shape: [N, D]}]
+  - name: lib.log1p_masked
+    callable: lib.ops:log1p_masked
+    sources: [lib/ops.py]
+    dims: {N: [1, 32]}
+    inputs: [{name: x, shape: [N], domain: gt_minus1}]
+'''
+
+PRS = {
+    "log1p": ("torch.log1p(x) + 0", "torch.log(1 + x) + 0"),
+    "no_upcast": ("    xf = x.float()\n", "    xf = x\n"),
+    "no_eps": ("torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),
+}
+
+
+@pytest.fixture(scope="module")
+def lib_repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("rules") / "repo"
+    (repo / "lib").mkdir(parents=True)
+    (repo / "lib" / "__init__.py").write_text("")
+    (repo / "lib" / "ops.py").write_text(OPS)
+    (repo / ".dl-gate.yml").write_text(CONFIG)
+    git(repo.parent, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    refresh(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "baselines")
+    return repo
+
+
+def pr(repo, name):
+    old, new = PRS[name]
+    git(repo, "checkout", "-q", "-B", f"pr-{name}", "main")
+    src = (repo / "lib" / "ops.py").read_text()
+    assert old in src
+    (repo / "lib" / "ops.py").write_text(src.replace(old, new))
+    git(repo, "commit", "-q", "-am", name)
+
+
+def test_a_shared_nan_does_not_hide_a_new_precision_loss(lib_repo, tmp_path):
+    pr(lib_repo, "log1p")
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", evals=60)
+    regs = [v for v in by_op(report, "lib.log1p_masked") if v.outcome == "regression"]
+    assert code == 1 and regs, [(v.id, v.outcome, v.reason) for v in report.verdicts]
+    assert "ulp >" in regs[0].reason and "on the same input" in regs[0].reason
+    assert regs[0].evals == 60  # the NaN both sides share did not end the search
+
+
+def test_identical_outputs_are_not_a_regression_when_only_the_reference_moved(lib_repo, tmp_path):
+    pr(lib_repo, "no_upcast")  # float32 input: x.float() is a no-op, but it cast base's float64 reference down
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", evals=60)
+    (v,) = by_op(report, "lib.rms_norm")
+    assert code == 0 and v.outcome in ("pass", "improvement"), (v.outcome, v.reason)
+    assert v.details["identical_outputs"] > 0
+    assert any("equals base's bit for bit" in w for w in report.warnings), report.warnings
+
+
+def test_nan_where_base_was_finite_is_new_even_when_float64_is_nan(lib_repo, tmp_path):
+    pr(lib_repo, "no_eps")  # an all-zeros row: 0 * rsqrt(0) = NaN in float64 too
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", evals=20)
+    (v,) = by_op(report, "lib.rms_norm")
+    assert code == 1 and v.outcome == "regression", (v.outcome, v.reason)
+    assert "head returns NaN/Inf" in v.reason and "base's output is finite" in v.reason
+    assert v.head_nonfinite > 0
