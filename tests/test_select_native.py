@@ -186,3 +186,41 @@ def test_tf_snake_case_matches_every_generated_wrapper_in_the_tf_wheel():
     assert [(op, fn) for op, fn in pairs if tf_snake(op) != fn.lstrip("_")] == []
     assert [tf_snake(x) for x in ("Conv2D", "MatMul", "TopKV2", "RGBToHSV", "_FusedConv2D", "LRN", "FFT2D")] == [
         "conv2d", "mat_mul", "top_kv2", "rgb_to_hsv", "_fused_conv2d", "lrn", "fft2d"]
+
+
+ATEN_YAML = """# small copy of ATen's table
+- func: exp(Tensor self) -> Tensor
+  variants: function, method
+  structured_delegate: exp.out
+
+- func: exp.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)
+  structured: True
+  dispatch:
+    CPU, CUDA: exp_out
+
+- func: gelu(Tensor self, *, str approximate='none') -> Tensor
+  structured_delegate: gelu.out
+
+- func: gelu.out(Tensor self, *, str approximate='none', Tensor(a!) out) -> Tensor(a!)
+  structured: True
+  dispatch:
+    CPU: gelu_out_cpu
+"""
+
+
+@pytest.mark.parametrize("name,old,new,expected", [
+    ("yaml-dispatch", "CPU, CUDA: exp_out", "CPU, CUDA: exp_out_fast", {"torch.exp"}),
+    ("yaml-default", "str approximate='none') -> Tensor\n", "str approximate='tanh') -> Tensor\n", {"torch.gelu"}),
+    ("yaml-comment", "# small copy", "# a small copy", set()),
+    ("yaml-layout", "  variants: function, method\n", "  variants:   function, method\n", set()),
+])
+def test_native_functions_yaml_entries_select_their_ops(tmp_path_factory, name, old, new, expected):
+    aten_yaml = f"{A}/native_functions.yaml"
+    r, cfg, cat = _repo(tmp_path_factory, name, {aten_yaml: ATEN_YAML, "README.md": "x\n"}, "version: 1\nops: []\n")
+    sel = pr((r, cfg, cat), name, lambda r: edit(r, aten_yaml, old, new))
+    assert set(sel.op_names()) == expected, [(s.op, [x.path for x in s.reasons]) for s in sel.selected]
+    if expected:
+        (reason,) = sel.get(next(iter(expected))).reasons
+        assert reason.file == aten_yaml and "native_functions.yaml" in reason.path[0]
+    else:
+        assert not sel.unmapped and sel.cleared  # read and cleared, not "no analyser reads this file"

@@ -45,6 +45,7 @@ def collect_changes(repo: os.PathLike, base: str, head: str = "HEAD", python_pat
 
     ``python_path``: directories (relative to the repository root) that hold importable packages;
     module names are computed relative to them (default: the repository root)."""
+    from .atenyaml import aten_yaml_changes, is_aten_yaml
     from .cpp import cpp_changes, is_cpp
     from .python import python_changes
 
@@ -72,6 +73,14 @@ def collect_changes(repo: os.PathLike, base: str, head: str = "HEAD", python_pat
             syms, notes = cpp_changes(files, cb.cpp("base"), cb.cpp("head"))
             cs.symbols.extend(syms)
             cs.notes.extend(notes)
+    for f in files:
+        if f.binary or not (is_aten_yaml(f.path) or is_aten_yaml(f.old_path)):
+            continue
+        base_text = git.text(mb, f.old_path or f.path) if f.status != "added" else None
+        head_text = git.text(head_sha, f.path) if f.status != "deleted" else None
+        syms, notes = aten_yaml_changes(f, base_text, head_text)
+        cs.symbols.extend(syms)
+        cs.notes.extend(notes)
     return cs
 
 

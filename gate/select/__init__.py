@@ -121,6 +121,12 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
         for p in props.values():
             sel.notes.extend(p.notes)
 
+    # 1b. native_functions.yaml entries -> their ops ------------------------------------------
+    for s in syms:
+        if s.lang == "aten-yaml" and s.semantic and s.data.get("op"):
+            changed_natives.setdefault(("torch", str(s.data["op"])), []).append(
+                ([f"{s.file}: {s.data['func']} ({s.change})"], s))
+
     # 2. Python: implementations of native ops, then catalogue entry points -------------------
     py_syms = [s for s in syms if s.lang == "python" and s.semantic]
     targets = {side: {f"{s.data['module']}:{s.data['key']}": s for s in py_syms if s.side == side} for side in ("head", "base")}
