@@ -102,3 +102,21 @@ def test_untranslatable_value_is_skipped():
     with pytest.raises(xfw.Untranslatable, match="ord=3"):
         pair.translate(SPECS["torch.norm"], SPECS["tf.norm"], {"N": 1, "L": 2}, {"ord": 3, "dim": -1},
                        {"x": np.ones((1, 2))})
+
+
+def test_seeds_with_defaulted_or_undeclared_parameters(runners):
+    """Library-test seeds (OpInfo samples) leave parameters at their defaults, or pass ones
+    the row does not declare: the first are translated with the row's default, the second are
+    skipped as untranslatable instead of being compared (one torch output vs two)."""
+    runner = runners["torch.conv2d"]
+    cand = draw(runner.search_spec, np.random.default_rng(1))
+    dropped = cand.derive("seed")
+    dropped.params = {k: v for k, v in cand.params.items() if k != "dilation"}
+    q, ev = runner.evaluate(dropped)
+    assert ev.status == "ok", ev.error
+    pool = runners["torch.max_pool2d"]
+    cand = draw(pool.search_spec, np.random.default_rng(2))
+    extra = cand.derive("seed")
+    extra.params = {**cand.params, "return_indices": True}
+    _, ev = pool.evaluate(extra)
+    assert ev.status == "invalid" and "return_indices=True is not a parameter of the torch.max_pool2d row" in ev.error

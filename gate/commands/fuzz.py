@@ -127,7 +127,7 @@ def print_table(findings) -> None:
         rows.append((
             f.id, f.status, str(f.evals),
             fmt(e.ulp) if e else "-", fmt(e.abs) if e else "-", fmt(e.rel) if e else "-",
-            str(m.nonfinite) if m else "-", str(sum(c.count for c in f.crashes)),
+            ("shape!" if m.shape_mismatch else str(m.nonfinite)) if m else "-", str(sum(c.count for c in f.crashes)),
             (f.best.summary() if f.best else (f.message or ""))[:80],
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -136,6 +136,8 @@ def print_table(findings) -> None:
     for f in findings:
         for c in f.crashes:
             print(f"crash in {f.id}: {c.signature} (x{c.count}): {c.message}")
+        if f.metrics is not None and f.metrics.shape_mismatch:
+            print(f"shape mismatch in {f.id}: {f.metrics.shape_mismatch}")
     for f in findings:
         facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair") and not isinstance(v, (list, dict))}
         if facts:

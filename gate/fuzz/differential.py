@@ -116,6 +116,11 @@ class XfwRunner(OracleRunner):
         reason = self.pair.allowed(q.params)
         if reason:
             return done(INVALID, error=f"allow-listed difference: {reason}")
+        declared = {p.name for p in self.torch_spec.params}
+        extra = sorted(k for k in q.params if k not in declared)
+        if extra:  # a seed passing a parameter the pair knows nothing about (ceil_mode, return_indices)
+            return done(INVALID, error=f"not translatable: {extra[0]}={q.params[extra[0]]!r} is not a parameter of "
+                                       f"the {self.pair.torch} row")
         try:
             call = self.pair.translate(self.torch_spec, self.tf_spec, q.dims, q.params, q.arrays)
         except Untranslatable as exc:

@@ -176,9 +176,15 @@ class XfwPair:
             if m.constant:
                 kwargs[name] = m.value
                 continue
-            if m.source not in params:
-                raise ConfigError(f"xfw pair {self.torch}: torch parameter {m.source!r} does not exist")
-            v = params[m.source]
+            if m.source in params:
+                v = params[m.source]
+            else:  # a seed (e.g. an OpInfo sample) that leaves a parameter at its default
+                decl = next((p for p in torch_spec.params if p.name == m.source), None)
+                if decl is None:
+                    raise ConfigError(f"xfw pair {self.torch}: torch parameter {m.source!r} does not exist")
+                if decl.default is None:
+                    raise Untranslatable(f"{m.source} is not set and its row declares no default")
+                v = decl.default
             if m.mapping is not None:
                 hit = [tv for k, tv in m.mapping.items() if _same(k, v)]
                 if not hit:
