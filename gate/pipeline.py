@@ -122,7 +122,12 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
 
     validate_variant_filters(opts.dtypes, opts.modes, opts.devices)
     repo = Path(opts.repo).resolve()
-    git(repo, "rev-parse", "--git-dir")
+    if not repo.is_dir():
+        raise GateError(f"repository {repo} does not exist")
+    try:
+        git(repo, "rev-parse", "--git-dir")
+    except GateError:
+        raise GateError(f"{repo} is not a git repository (dl-gate run compares a PR's head with its base)") from None
     cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
     cfg.activate()  # also forgets stale imports of the user's library
     if not opts.base:
@@ -144,6 +149,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     report.selected = selected
     if sel_dict:
         report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native") if k in sel_dict}
+        # e.g. an operator whose callable is no longer found: it is not gated, say so in the report
+        report.warnings.extend(f"selection: {n}" for n in sel_dict.get("notes") or [])
     if not selected:
         report.outcome = Outcome.PASS.value
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"

@@ -131,6 +131,23 @@ def test_unimportable_callable(capsys, tmp_path):
     assert_one_line_error(code, err, "cannot import callable 'no_such_module_xyz:fn'")
 
 
+def test_a_module_that_fails_to_import_names_file_and_line(capsys, tmp_path):
+    (tmp_path / "broken_ops_mod.py").write_text("import math\n\ndef fn(x):\n    return (x + 1\n")
+    cfg = tmp_path / ".dl-gate.yml"
+    cfg.write_text(textwrap.dedent("""
+        version: 1
+        python_path: ["."]
+        ops:
+          - name: mine.broken
+            callable: broken_ops_mod:fn
+            dims: {N: [1, 4]}
+            inputs: [{name: x, shape: [N]}]
+    """))
+    code, _, err = run_cli(capsys, "fuzz", "mine.broken", "--config", str(cfg), "--evals", "5")
+    assert_one_line_error(code, err, "module broken_ops_mod fails to import at ")
+    assert "broken_ops_mod.py:4: SyntaxError" in err and "internal error" not in err
+
+
 def test_missing_config_file(capsys, tmp_path):
     code, _, err = run_cli(capsys, "ops", "--config", str(tmp_path / "nope.yml"))
     assert_one_line_error(code, err, "does not exist")

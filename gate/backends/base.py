@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import traceback
 from abc import ABC, abstractmethod
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -106,6 +107,17 @@ def resolve_callable(path: str) -> Callable:
         except ImportError as exc:
             last_err = exc
             continue
+        except Exception as exc:  # the module exists but fails to import: that is the code's error, say where
+            where = ""
+            if isinstance(exc, SyntaxError) and exc.filename:
+                where = f" at {exc.filename}:{exc.lineno}"
+            else:
+                tb = traceback.extract_tb(exc.__traceback__)
+                if tb:
+                    where = f" at {tb[-1].filename}:{tb[-1].lineno}"
+            msg = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).strip().splitlines()
+            raise ConfigError(f"cannot import callable {path!r}: module {mod_name} fails to import{where}: "
+                              f"{type(exc).__name__}: {msg[0] if msg else ''}") from None
         try:
             for part in attr.split("."):
                 obj = getattr(obj, part)
