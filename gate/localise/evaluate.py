@@ -72,6 +72,9 @@ class Head:
             return replay(spec, variant, cands, runner=r)
 
 
+STARTUP_GRACE = 10.0  # seconds a base worker may take to import the framework, beyond a question's share
+
+
 class BaseWorker:
     """The base worktree and its worker process (started on first use)."""
 
@@ -152,12 +155,13 @@ class BaseWorker:
         self.requests += 1
         return self._next
 
-    def _wait(self, rid: int, timeout: float) -> Optional[dict]:
+    def _wait(self, rid: int, timeout: float, fatal: bool = True) -> Optional[dict]:
         while True:
             try:
                 line = self._lines.get(timeout=max(timeout, 0.01))
             except queue.Empty:
-                self._fail(f"base worker did not answer within the localisation budget ({timeout:.1f}s)")
+                if fatal:
+                    self._fail(f"base worker did not answer within the localisation budget ({timeout:.1f}s)")
                 return None
             if line is None:
                 tail = ""
@@ -178,14 +182,21 @@ class BaseWorker:
             return None
         try:
             if self._hello is not None:
-                hello, self._hello = self._hello, None
-                if self._wait(hello, timeout) is None:
+                # start-up (a fresh interpreter importing the framework) gets a grace period of
+                # its own, and a slow start is not fatal: the next question waits for it again
+                if self._wait(self._hello, max(timeout, STARTUP_GRACE), fatal=False) is None:
                     return None
+                self._hello = None
             rid = self._send(req)
             return self._wait(rid, timeout)
         except (BrokenPipeError, OSError, ValueError) as exc:
             self._fail(f"base worker: {exc}")
             return None
+
+    def _silence(self) -> str:
+        if self._hello is not None:
+            return f"the base worker is still starting (it had {STARTUP_GRACE:g}s beyond the budget share)"
+        return "no answer"
 
     # -- questions ----------------------------------------------------------------------
     def evaluate(self, jobs: Sequence[Tuple[str, OpSpec, Variant, Sequence[Candidate]]], timeout: float
@@ -209,7 +220,7 @@ class BaseWorker:
             req_jobs.append({"key": key, "spec": spec.to_dict(), "variant": variant.to_dict(), "inputs": files})
         resp = self.request({"type": "replay", "jobs": req_jobs}, timeout)
         if resp is None:
-            return unavailable(self.dead or "no answer")
+            return unavailable(self.dead or self._silence())
         if resp.get("error"):
             return unavailable(resp["error"])
         out: Dict[str, List[ReplayResult]] = {}
@@ -243,7 +254,7 @@ class BaseWorker:
         resp = self.request({"type": "trace", "spec": spec.to_dict(), "variant": variant.to_dict(), "input": name,
                              "float64_run": float64_run}, timeout)
         if resp is None:
-            return None, self.dead or "no answer"
+            return None, self.dead or self._silence()
         if resp.get("error"):
             return None, resp["error"]
         return OpTrace.load(resp["trace"], self.work), None
