@@ -7,7 +7,9 @@ verdict computed so far, so a JUnit file and the report are always written.
 from __future__ import annotations
 
 import inspect
+import json
 import math
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -102,6 +104,7 @@ def run_gate(opts: RunOptions) -> V.GateReport:
     report.env["gate_version"] = __version__
     report.env["harness"] = HARNESS_VERSION
     try:
+        _clear_previous_run(Path(opts.out))
         _run(opts, report, say)
     except GateError as exc:
         report.outcome, report.reason = Outcome.ERROR.value, str(exc)
@@ -115,6 +118,27 @@ def run_gate(opts: RunOptions) -> V.GateReport:
         report.errors.append(msg)
     report.seconds = round(time.perf_counter() - t0, 2)
     return report
+
+
+#: what a run writes under its output directory; an earlier run's copies are removed first, so
+#: that repro scripts of another branch never sit next to this run's report
+RUN_OUTPUTS = ("repro", "findings", "report.json", "report.md", "junit.xml", "errors.png")
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Only where an earlier dl-gate run left its report.json (never in a directory of the user's)."""
+    try:
+        prev = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not (isinstance(prev, dict) and "gate_version" in (prev.get("env") or {})):
+        return
+    for name in RUN_OUTPUTS:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
 
 
 def _run(opts: RunOptions, report: V.GateReport, say) -> None:

@@ -61,6 +61,18 @@ def test_shards_merge_into_the_full_refresh_and_refresh_keeps_other_rows(user_li
     assert after["lib.double.json"] == before["lib.double.json"]
     assert after["lib.halve.json"] == before["lib.halve.json"]
     assert json.loads(after["lib.square.json"])["rows"][0]["seed"] == 1
+    # baseline files are committed: readable by everyone, not mkstemp's 0600
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in (cfg.parent / "baselines").glob("*.json"))
+
+
+def test_refresh_lines_name_nonfinite_rows_and_zero_ratios():
+    from gate.judge.baselines import RowChange
+
+    assert RowChange("m.op", "float32/cpu/input", None, 0.0, "added", 8).line() == \
+        "+ m.op[float32/cpu/input]: 0 ulp, NaN/Inf on 8 element(s) (new row)"
+    assert RowChange("m.op", "v", 0.0, 0.0, "changed", 3, 0).line() == "~ m.op[v]: 0 ulp, NaN/Inf on 0 -> 3 element(s)"
+    assert RowChange("m.op", "v", 0.0, 2.0, "changed").line() == "~ m.op[v]: 0 -> 2 ulp (from 0)"
+    assert RowChange("m.op", "v", 2.0, 4.0, "changed").line() == "~ m.op[v]: 2 -> 4 ulp (x2)"
 
 
 def test_bad_shard_is_one_line(user_lib, capsys):

@@ -102,3 +102,23 @@ def test_nan_where_base_was_finite_is_new_even_when_float64_is_nan(lib_repo, tmp
     assert code == 1 and v.outcome == "regression", (v.outcome, v.reason)
     assert "head returns NaN/Inf" in v.reason and "base's output is finite" in v.reason
     assert v.head_nonfinite > 0
+
+
+def test_an_earlier_runs_outputs_are_replaced_but_foreign_files_are_kept(lib_repo, tmp_path):
+    import json
+
+    pr(lib_repo, "no_upcast")
+    out = tmp_path / "out-0"
+    (out / "repro").mkdir(parents=True)
+    (out / "repro" / "other_branch.py").write_text("print('stale')\n")
+    (out / "report.json").write_text(json.dumps({"outcome": "regression", "env": {"gate_version": "0"}}))
+    gate(lib_repo, tmp_path, "--dtype", "float32", evals=10)
+    assert not (out / "repro" / "other_branch.py").exists()
+    # a directory that is not a dl-gate output is never cleaned
+    mine = tmp_path / "mine"
+    (mine / "findings").mkdir(parents=True)
+    (mine / "findings" / "notes.txt").write_text("keep\n")
+    from gate.pipeline import _clear_previous_run
+
+    _clear_previous_run(mine)
+    assert (mine / "findings" / "notes.txt").exists()

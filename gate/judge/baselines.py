@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import re
 import subprocess
@@ -234,14 +233,20 @@ class RowChange:
     old: Optional[float]
     new: float
     kind: str  # added | changed | unchanged
+    nonfinite: int = 0  # NaN/Inf outputs of the new row's worst input
+    old_nonfinite: int = 0
 
     def line(self) -> str:
+        nf = f", NaN/Inf on {self.nonfinite} element(s)" if self.nonfinite else ""
         if self.kind == "added":
-            return f"+ {self.op}[{self.variant}]: {self.new:.4g} ulp (new row)"
+            return f"+ {self.op}[{self.variant}]: {self.new:.4g} ulp{nf} (new row)"
         if self.kind == "unchanged":
-            return f"= {self.op}[{self.variant}]: {self.new:.4g} ulp"
-        ratio = (self.new / self.old) if self.old else math.inf
-        return f"~ {self.op}[{self.variant}]: {self.old:.4g} -> {self.new:.4g} ulp (x{ratio:.3g})"
+            return f"= {self.op}[{self.variant}]: {self.new:.4g} ulp{nf}"
+        if self.old == self.new:  # only the NaN/Inf count moved
+            return (f"~ {self.op}[{self.variant}]: {self.new:.4g} ulp, NaN/Inf on {self.old_nonfinite} -> "
+                    f"{self.nonfinite} element(s)")
+        ratio = f"x{self.new / self.old:.3g}" if self.old else "from 0"
+        return f"~ {self.op}[{self.variant}]: {self.old:.4g} -> {self.new:.4g} ulp ({ratio}){nf}"
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -252,6 +257,15 @@ def _atomic_write(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp makes the file 0600: give it the mode an ordinary write would (the existing
+        # file's, else 0666 less the umask), so a committed baseline is readable by everyone
+        if path.exists():
+            mode = path.stat().st_mode & 0o777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -280,10 +294,10 @@ def _merge_into(root: Path, op: str, framework: str, new_rows: List[BaselineRow]
     for row in new_rows:
         old = index.get(row.key)
         if old is None:
-            changes.append(RowChange(op, row.variant, None, row.ulp, "added"))
+            changes.append(RowChange(op, row.variant, None, row.ulp, "added", row.nonfinite))
         else:
             kind = "unchanged" if old.ulp == row.ulp and old.nonfinite == row.nonfinite else "changed"
-            changes.append(RowChange(op, row.variant, old.ulp, row.ulp, kind))
+            changes.append(RowChange(op, row.variant, old.ulp, row.ulp, kind, row.nonfinite, old.nonfinite))
             for stale in set(old.corpus) - set(row.corpus):
                 if (root / stale).exists():
                     (root / stale).unlink()

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import IO, Dict, List, Optional, Tuple
 
 from ..judge.verdict import BEHAVIOUR_CHANGE, ERROR, NEEDS_BASELINE, GateReport
-from .common import (ANNOTATIONS_PER_STEP, changed_code, fmt_num, fmt_ratio, is_failing, one_line, ordered,
-                     relpath)
+from .common import (ANNOTATIONS_PER_STEP, changed_code, fmt_num, fmt_ratio, is_failing, new_nonfinite, one_line,
+                     ordered, relpath)
 
 
 def escape_data(s: str) -> str:
@@ -78,7 +78,9 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
     seen = set()
     for v in ordered(report):
         figures = ""
-        if v.head_error is not None:
+        if new_nonfinite(v):
+            figures = f" (head NaN/Inf on {v.head_nonfinite} element(s), base none)"
+        elif v.head_error is not None:
             figures = (f" (head {fmt_num(v.head_error)} {v.metric} vs base {fmt_num(v.base_error)}, "
                        f"{fmt_ratio(v.ratio)}; threshold {fmt_num(v.threshold)})")
         if is_failing(report, v):

@@ -119,6 +119,11 @@ def fmt_ratio(x: Optional[float]) -> str:
     return f"×{x:.3g}"
 
 
+def verdict_ratio(v: VariantVerdict) -> str:
+    """head/base as the tables show it; ``NaN/Inf`` when head's finite error says nothing."""
+    return "NaN/Inf" if new_nonfinite(v) else fmt_ratio(v.ratio)
+
+
 def short_sha(sha: Optional[str]) -> str:
     return (sha or "")[:12]
 
@@ -202,7 +207,7 @@ def facts(v: VariantVerdict) -> List[tuple]:
     unit = f" {v.metric}" if v.metric else ""
     if v.head_error is not None or v.base_error is not None:
         out.append(("error", f"head {fmt_num(v.head_error)}{unit}, base {fmt_num(v.base_error)}{unit}, "
-                             f"ratio {fmt_ratio(v.ratio)}, threshold {fmt_num(v.threshold)}{unit}"))
+                             f"ratio {verdict_ratio(v)}, threshold {fmt_num(v.threshold)}{unit}"))
     if v.head_nonfinite or v.base_nonfinite:
         out.append(("non-finite outputs", f"head {v.head_nonfinite}, base {v.base_nonfinite}"))
     if v.head_crash:

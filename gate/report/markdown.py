@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..judge.verdict import PASS, GateReport, VariantVerdict
-from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, diag, fmt_num, fmt_ratio, fmt_value,
-                     head_for_chart, icon, is_failing, md_code, md_fence, md_text, minimal_input, new_nonfinite,
-                     ordered, repro_command, short_sha, suboperation_text)
+from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, diag, fmt_num, fmt_value, head_for_chart,
+                     icon, is_failing, md_code, md_fence, md_text, minimal_input, ordered, repro_command, short_sha,
+                     suboperation_text, verdict_ratio)
 
 FOLD_PASSING_OVER = 15  # more passing rows than this fold into <details>
 CHART_MAX = 24  # variants in the inline chart
@@ -85,7 +85,7 @@ def _row(report: GateReport, v: VariantVerdict) -> str:
     outcome = md_text(v.outcome, 30)
     if is_failing(report, v):
         outcome = f"**{outcome}**"
-    ratio = "NaN/Inf" if new_nonfinite(v) else fmt_ratio(v.ratio)
+    ratio = verdict_ratio(v)
     return (f"| {icon(report, v)} | {md_code(v.op, 80)} | {md_text(v.key, 80)} | "
             f"{err(v.base_error)}{nonfinite(v.base_nonfinite)} | {err(v.head_error)}{nonfinite(v.head_nonfinite)} | "
             f"{ratio} | {err(v.threshold)} | {outcome} |")
@@ -181,7 +181,7 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
     figs = []
     if v.head_error is not None or v.base_error is not None:
         figs.append(f"- **Error:** head {err(v.head_error)}, base {err(v.base_error)} "
-                    f"(ratio {fmt_ratio(v.ratio)}, threshold {err(v.threshold)})")
+                    f"(ratio {verdict_ratio(v)}, threshold {err(v.threshold)})")
     if v.head_nonfinite or v.base_nonfinite:
         figs.append(f"- **Non-finite outputs:** head {v.head_nonfinite}, base {v.base_nonfinite}")
     if v.head_crash:
