@@ -94,3 +94,14 @@ def test_a_run_that_checked_nothing_is_not_a_pass():
     assert outcome == Outcome.ERROR.value and "covered none of the 2 selected variant(s)" in reason
     outcome, reason = overall([vv(V.PASS), vv(V.NOT_COVERED)], [], GateSettings())
     assert outcome == Outcome.PASS.value and "1 not covered by the budget" in reason
+
+
+def test_refresh_refuses_a_corrupt_baseline_file_before_measuring(user_lib, capsys, monkeypatch):
+    cfg = user_lib(OPS, CONFIG)
+    monkeypatch.chdir(cfg.parent)
+    (cfg.parent / "baselines").mkdir()
+    (cfg.parent / "baselines" / "lib.halve.json").write_text('{"op": "lib.halve", "rows": [\n  {"variant": ')
+    assert main(["baseline", "refresh", "--evals", "5", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "corrupt baseline file" in err and "lib.halve.json" in err
+    assert "measuring" not in err  # refused up front, nothing was spent

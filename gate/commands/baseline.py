@@ -57,7 +57,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     from ..backends import get_backend
     from ..fuzz import fuzz_task
     from ..fuzz.seeds import SeedStore
-    from ..judge.baselines import write_rows
+    from ..judge.baselines import check_writable, write_rows
     from ..ops.catalog import load_catalog
     from ..plan import Budget, Task, plan
 
@@ -69,6 +69,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     if shard:
         i, n = shard
         names = names[i - 1::n]
+    check_writable(out, names)
     gate_cfg = cfg.gate
     dtypes = dtypes or gate_cfg.get("dtypes")
     findings = []

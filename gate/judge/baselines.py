@@ -277,18 +277,29 @@ def corpus_for(finding: Finding, top: Iterable[Candidate] = ()) -> List[Candidat
     return [*finding.inputs, *top][:4]
 
 
+def read_rows(path: Path) -> Tuple[List[BaselineRow], str]:
+    """The rows and framework of one baseline file (none if it does not exist yet)."""
+    if not path.exists():
+        return [], ""
+    try:
+        doc = json.loads(path.read_text())
+        return [BaselineRow.from_dict(r) for r in doc.get("rows", [])], doc.get("framework", "")
+    except (json.JSONDecodeError, TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
+
+
+def check_writable(root: Path, ops: Iterable[str]) -> None:
+    """Refuse up front (before any measuring) to refresh into a corrupt baseline file."""
+    for op in ops:
+        read_rows(Path(root) / f"{safe_name(op)}.json")
+
+
 def _merge_into(root: Path, op: str, framework: str, new_rows: List[BaselineRow]) -> List[RowChange]:
     """Replace ``new_rows`` (by variant x environment) in ``root/<op>.json``, keep every other
     row, drop corpus files only the replaced rows used, and write the file atomically."""
     path = root / f"{safe_name(op)}.json"
-    existing: List[BaselineRow] = []
-    if path.exists():
-        try:
-            doc = json.loads(path.read_text())
-            existing = [BaselineRow.from_dict(r) for r in doc.get("rows", [])]
-            framework = framework or doc.get("framework", "")
-        except (json.JSONDecodeError, TypeError, ValueError) as exc:
-            raise BaselineError(f"corrupt baseline file {path}: {exc}") from None
+    existing, stored_fw = read_rows(path)
+    framework = framework or stored_fw
     index = {r.key: r for r in existing}
     changes: List[RowChange] = []
     for row in new_rows:
