@@ -29,6 +29,7 @@ from .judge.replay import ReplayJob, replay, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
+from .report import make_output_dir
 
 
 @dataclass
@@ -105,6 +106,7 @@ def run_gate(opts: RunOptions) -> V.GateReport:
     report.env["harness"] = HARNESS_VERSION
     try:
         _clear_previous_run(Path(opts.out))
+        make_output_dir(opts.out)
         _run(opts, report, say)
     except GateError as exc:
         report.outcome, report.reason = Outcome.ERROR.value, str(exc)

@@ -49,6 +49,7 @@ def test_fuzz_prints_table_json_and_saves_inputs(capsys, tmp_path):
     assert all(f["evals"] > 0 for f in data["findings"])
     saved = list((tmp_path / "inp" / "torch.tanh").glob("*.npz"))
     assert len(saved) == 3
+    assert (tmp_path / "inp" / ".gitignore").read_text().splitlines()[-1] == "*"  # never committed by `git add -A`
     from gate.fuzz.inputs import Candidate
 
     cand = Candidate.load(saved[0].read_bytes())

@@ -10,6 +10,7 @@ from typing import List
 from ..backends import get_backend
 from ..errors import GateError
 from ..plan import FUZZ_ORACLES, Budget, plan, validate_variant_filters
+from ..report import make_output_dir
 from .common import add_config_arg, add_variant_args, count, load, progress_enabled, seconds, split_list
 from .common import fmt_num as fmt
 
@@ -151,8 +152,7 @@ def save_inputs(findings, out_dir: Path) -> int:
         for tag, cand in cands:
             if cand is None:
                 continue
-            d = out_dir / f.op
-            d.mkdir(parents=True, exist_ok=True)
+            d = make_output_dir(out_dir / f.op)
             cand.save(d / f"{f.variant.key.replace('/', '_')}.{tag}.npz")
             n += 1
     return n

@@ -22,6 +22,22 @@ from ..judge.verdict import GateReport
 FILES = {"report": "report.json", "junit": "junit.xml", "markdown": "report.md", "plot": "errors.png"}
 
 
+def make_output_dir(path: os.PathLike) -> Path:
+    """Create an output directory; the topmost directory this creates gets a ``.gitignore``
+    of ``*`` (as pytest does for its cache), so ``git add -A`` in a repository never commits a
+    run's outputs. An existing directory is left as it is."""
+    path = Path(path)
+    top = None
+    p = path.absolute()
+    while not p.exists():
+        top = p
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    if top is not None:
+        (top / ".gitignore").write_text("# created by dl-gate: run outputs are not source\n*\n")
+    return path
+
+
 def _write_text(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
