@@ -9,4 +9,4 @@ interface) and ``oracles`` (outputs -> error figures) beside them.
 """
 
 __version__ = "0.1.0"
-HARNESS_VERSION = "1"  # bump when a change makes old baselines incomparable
+HARNESS_VERSION = "2"  # bump when a change makes old baselines incomparable (2: search past NaN/Inf, all-zero reference floor, seed rules)

@@ -90,7 +90,8 @@ def test_harvest_records_the_calls_of_a_real_pytest_run(project, capsys):
     by_shape = {tuple(s.arrays["x"].shape): s for s in seeds}
     lin = by_shape[(3, 4)]
     np.testing.assert_allclose(lin.arrays["x"].ravel(), np.linspace(-1, 1, 12), rtol=1e-6)
-    assert lin.params == {} and lin.dims == {"N": 3, "D": 4}  # scale left to its default
+    # scale left out: replayed with the value the call used, the function's own default
+    assert lin.params == {"scale": 2.0} and lin.dims == {"N": 3, "D": 4}
     assert by_shape[(2, 5)].params == {"scale": 1.0}
     assert by_shape[(4, 4)].params == {"scale": 1.0} and np.all(by_shape[(4, 4)].arrays["x"] == 0.5)
 
@@ -100,8 +101,7 @@ def test_harvest_records_the_calls_of_a_real_pytest_run(project, capsys):
     assert code == 0
     finding = json.loads((project / "f.json").read_text())["findings"][0]
     assert finding["coverage"]["seeds"]["harvested"] == 3
-    # the test that left `scale` to its default exercised a class the spec's choices never draw
-    assert finding["coverage"]["classes"]["keys"]["param:scale"]["extra"] == ["default"]
+    assert "extra" not in finding["coverage"]["classes"]["keys"]["param:scale"]  # every seed's scale is declared
 
 
 def test_harvest_works_for_any_python_command_and_reports_its_failure(project, capsys):

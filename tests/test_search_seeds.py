@@ -45,7 +45,9 @@ def test_a_conv_call_binds_to_the_spec(catalog):
     cand, why = candidate_from_call(spec, rec)
     assert why == "" and cand is not None
     assert cand.dims == {"N": 2, "C": 3, "O": 4, "K": 3, "H": 5, "W": 5}
-    assert cand.params == {"stride": 2, "padding": 1, "groups": 1}  # groups: replayed although not in the spec
+    # groups: not declared, so dropped (the oracle cannot know what an undeclared argument means);
+    # dilation: declared, left out by the call, so the spec's default
+    assert cand.params == {"stride": 2, "padding": 1, "dilation": 1}
     np.testing.assert_array_equal(cand.arrays["input"], x)
     assert cand.arrays["weight"].shape == (4, 3, 3, 3)  # regenerated from the domain (no values recorded)
     assert cand.origin == "seed:t::a"
@@ -56,6 +58,7 @@ def test_a_conv_call_binds_to_the_spec(catalog):
     ([T(2, 4, 5, 5), T(4, 2, 3, 3), T(4)], {"groups": 2}, "dim C is both"),
     ([T(2, 3, 5, 5), T(4, 3, 3, 3), None], {}, "not a tensor"),
     ([T(2, 3, 5, 5), T(4, 3, 3, 3), T(4)], {"padding": Opaque("Module")}, "cannot be replayed"),
+    ([T(2, 3, 5, 5), T(4, 3, 3, 3), T(4)], {"stride": (2, 2)}, "stride=(2, 2) is not one of the declared choices"),
 ])
 def test_calls_the_spec_cannot_express_are_skipped_with_a_reason(catalog, args, kwargs, reason):
     import torch

@@ -167,6 +167,8 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     if res.best_finite is not None and res.best_finite is not res.best and res.best_finite_eval is not None:
         finding.best_finite, finding.finite_metrics = res.best_finite, res.best_finite_eval.metrics
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
+    if res.mutator_errors:
+        finding.coverage["mutator_error"] = res.mutator_errors
     if cov is not None:
         finding.coverage["classes"] = cov.report()
     if hasattr(scheduler, "stats"):

@@ -285,8 +285,8 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
 def _floors(mag: np.ndarray, dtype: str, ulp_floor: str, n: int) -> np.ndarray:
     """Each candidate's ulp floor: the ulp of its largest representable reference value
     (``output``) or the dtype's smallest subnormal (``dtype``), as the oracle takes it."""
-    if ulp_floor == "output":
-        return ulp(mag, dtype)
+    if ulp_floor == "output":  # as floor_value: an all-zero reference counts in ulps of 1
+        return ulp(np.where(mag > 0, mag, 1.0), dtype)
     return np.full(n, float(ulp(np.asarray(0.0), dtype)))
 
 

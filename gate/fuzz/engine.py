@@ -66,6 +66,7 @@ class SearchResult:
     trajectory: List[Tuple[int, float]] = field(default_factory=list)
     corpus: List[Tuple[float, Candidate]] = field(default_factory=list)
     mutator_stats: Dict[str, List[int]] = field(default_factory=dict)  # name -> [tries, improvements]
+    mutator_errors: Optional[str] = None  # the first exception a mutator raised (the step was skipped)
 
 
 def search(
@@ -133,7 +134,7 @@ def search(
             else:
                 parent_fit, parent = _pick(res.corpus, rng)
                 mut_name = scheduler.choose(rng)
-                cand = mutators[mut_name](parent, rng)
+                cand = _apply(mutators[mut_name], parent, rng, res)
                 if cand is None:
                     scheduler.update(mut_name, 0.0)
                     cand = fresh(rng)
@@ -143,7 +144,7 @@ def search(
                 items = [(mut_name, cand)]
                 for _ in range(width - 1):
                     name = scheduler.choose(rng)
-                    child = mutators[name](parent, rng)
+                    child = _apply(mutators[name], parent, rng, res)
                     if child is None:
                         scheduler.update(name, 0.0)
                     else:
@@ -213,6 +214,16 @@ def search(
             progress(res.evals, res.best_fitness)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _apply(mutator, parent: Candidate, rng: np.random.Generator, res: SearchResult) -> Optional[Candidate]:
+    """A mutator that fails on an unusual parent (a seed from a library's own tests) does not
+    end the search: the step counts as "not applicable" and the failure is remembered."""
+    try:
+        return mutator(parent, rng)
+    except Exception as exc:
+        res.mutator_errors = res.mutator_errors or f"{type(exc).__name__}: {exc}"[:300]
+        return None
 
 
 def _pick(corpus: List[Tuple[float, Candidate]], rng: np.random.Generator) -> Tuple[float, Candidate]:

@@ -113,6 +113,16 @@ def parameter_names(fn: Optional[Callable]) -> Optional[List[str]]:
     return names
 
 
+def _signature_defaults(fn: Optional[Callable]) -> Dict[str, Any]:
+    """``fn``'s keyword defaults that are plain values (empty when it has no signature)."""
+    try:
+        params = inspect.signature(fn).parameters.values() if fn is not None else []
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params
+            if p.default is not inspect.Parameter.empty and isinstance(p.default, (bool, int, float, str, tuple, list))}
+
+
 def _doc_arguments(doc: str) -> Optional[str]:
     """The argument list of a ``name(args) -> T`` first paragraph of a docstring (torch
     builtins document their signature that way), or ``None``."""
@@ -201,6 +211,34 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
         if isinstance(v, Opaque):
             return None, f"argument {k}={v!r} cannot be replayed"
         params[k] = tuple(v) if isinstance(v, list) else v
+    # parameters as the spec declares them: an argument the spec does not declare is dropped
+    # (its meaning is unknown to the oracle: dropout_p=0.5 makes the output random), a declared
+    # one outside its declared space rejects the call (kernel_size=(2, 2) where ints are
+    # declared), a declared one the call leaves out takes the spec's default (rms_norm's eps
+    # would otherwise default per dtype: 1.2e-7 at half, 2.2e-16 in the float64 reference)
+    declared = {p.name: p for p in spec.params}
+    dropped = sorted(k for k in params if k not in declared)
+    for k in dropped:
+        del params[k]
+    fn_defaults = _signature_defaults(rec.fn)
+    for p in declared.values():
+        if p.kind == "expr":
+            continue
+        if p.name not in params:
+            # the value the call really used (the function's own default) when the signature
+            # says it; a None default is computed at run time (often per dtype): the spec's
+            value = fn_defaults.get(p.name)
+            if value is None:
+                value = p.default
+            if value is not None:
+                params[p.name] = tuple(value) if isinstance(value, list) else value
+            continue
+        v = params[p.name]
+        if p.kind == "choice" and p.choices is not None and not any(_same(v, c) for c in p.choices):
+            return None, f"{p.name}={v!r} is not one of the declared choices {list(p.choices)}"
+        if p.kind in ("int", "float") and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and p.lo <= v <= p.hi):
+            return None, f"{p.name}={v!r} is outside the declared range [{p.lo}, {p.hi}]"
     # dims from shapes
     dims: Dict[str, int] = {}
     pending: List[Tuple[Any, int, str]] = []
@@ -303,6 +341,11 @@ def prioritise(spec: OpSpec, seeds: Sequence[Candidate], dtype: str = "float32",
 # ---------------------------------------------------------------------------------------
 # OpInfo
 # ---------------------------------------------------------------------------------------
+#: version of the rules that turn a sample call into a seed (bumped when they change, so cached
+#: seeds made under older rules are not reused)
+SEED_RULES = 3
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("DL_GATE_CACHE") or Path.home() / ".cache" / "dl-gate")
 
@@ -368,7 +411,8 @@ def opinfo_seeds(spec: OpSpec, cache_dir: Optional[Path] = None) -> Tuple[List[C
         version = torch.__version__
     except Exception as exc:  # pragma: no cover - torch ops without torch
         return [], f"torch not importable: {exc}"
-    root = (cache_dir or cache_root()) / "opinfo" / f"torch-{version}-h{HARNESS_VERSION}" / f"{_safe(spec.name)}-{spec_digest(spec)}"
+    root = (cache_dir or cache_root()) / "opinfo" / f"torch-{version}-h{HARNESS_VERSION}-s{SEED_RULES}" / \
+        f"{_safe(spec.name)}-{spec_digest(spec)}"
     index = root / INDEX
     if index.exists():
         meta = json.loads(index.read_text())

@@ -50,7 +50,8 @@ def errors(out, ref, dtype, floor_kind, ftz=False):
         exact |= (a == 0) & (np.abs(b) < np.ldexp(1.0, FORMATS[dtype][1]))
     judged = np.isfinite(b) & np.isfinite(a) & ~exact
     mag = float(np.max(np.abs(b[ref_ok]))) if np.any(ref_ok) else 0.0
-    floor = float(ulp(mag, dtype)) if floor_kind == "output" else float(ulp(0.0, dtype))
+    # an all-zero reference counts in ulps of 1 (as the gate's oracle does)
+    floor = float(ulp(mag if mag > 0 else 1.0, dtype)) if floor_kind == "output" else float(ulp(0.0, dtype))
     with np.errstate(all="ignore"):
         err = np.where(judged, np.abs(a - b) / np.maximum(ulp(np.where(np.isfinite(b), b, 0.0), dtype), floor), 0.0)
     return err, int(np.count_nonzero(ref_ok & ~np.isfinite(a)))

@@ -19,7 +19,7 @@ from ..fuzz.runner import CRASH, INVALID, OK
 from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings, ref_divergence
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
-from ..oracles.precision import ulp
+from ..oracles.precision import floor_value, ulp
 
 CRASH_KIND, NONFINITE, INT_MISMATCH, PRECISION, BEHAVIOUR = "crash", "nonfinite", "int_mismatch", "precision", "behaviour"
 
@@ -150,7 +150,7 @@ def element_ulps(out: np.ndarray, ref: np.ndarray, dtype: str, ulp_floor: str) -
     b = np.asarray(ref, dtype=np.float64)
     fin = np.isfinite(b)
     mag = float(np.max(np.abs(b[fin]))) if np.any(fin) else 0.0
-    floor = float(ulp(np.asarray(mag), dtype)) if ulp_floor == "output" else float(ulp(np.asarray(0.0), dtype))
+    floor = floor_value(mag, dtype, ulp_floor)
     denom = np.maximum(ulp(np.where(fin, b, 0.0), dtype), floor)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(a - b) / denom

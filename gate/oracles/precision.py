@@ -46,8 +46,12 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def floor_value(mag: float, dtype: str, ulp_floor: str) -> float:
     """The oracle's absolute ULP floor: the ulp of the largest reference magnitude ``mag``
-    (``ulp_floor='output'``) or the dtype's smallest subnormal (``'dtype'``)."""
-    return float(ulp(np.asarray(float(mag) if ulp_floor == "output" else 0.0), dtype))
+    (``ulp_floor='output'``) or the dtype's smallest subnormal (``'dtype'``). An all-zero
+    reference (a variance of constant rows, a normalised constant) has no magnitude of its
+    own: its errors are counted in ulps of 1, the scale of a normalised output."""
+    if ulp_floor == "output":
+        return float(ulp(np.asarray(float(mag) if mag > 0 else 1.0), dtype))
+    return float(ulp(np.asarray(0.0), dtype))
 
 
 def overflow_bound(dtype: str) -> float:
