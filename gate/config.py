@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jsonschema
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, SetupError
 from .ops.catalog import builtin_defaults
 from .ops.spec import OpSpec
 
@@ -157,7 +157,7 @@ def load_config(path: Optional[os.PathLike] = None, search_from: Optional[Path] 
     if path is not None:
         p = Path(path)
         if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
+            raise SetupError(f"config file {p} does not exist")
         return parse_config(p.read_text(), p, p.parent)
     base = Path(search_from or Path.cwd())
     for name in CONFIG_NAMES:

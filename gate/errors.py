@@ -42,6 +42,12 @@ class ConfigError(GateError):
     pass
 
 
+class SetupError(GateError):
+    """The run cannot judge anything as set up (no git history, the base ref not fetched, the
+    config file missing): unlike a passing glitch, it would stay green on every PR, so the
+    Action fails its step on it whatever ``fail-on`` says (the report marks it ``setup_error``)."""
+
+
 class UnknownOpError(GateError):
     pass
 

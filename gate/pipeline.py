@@ -21,7 +21,7 @@ import numpy as np
 from . import HARNESS_VERSION, __version__
 from .backends import get_backend
 from .config import Config, load_config, parse_config
-from .errors import GateError, Outcome
+from .errors import GateError, Outcome, SetupError
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
 from .judge.decide import GateSettings, decide, overall
@@ -111,6 +111,8 @@ def run_gate(opts: RunOptions) -> V.GateReport:
     except GateError as exc:
         report.outcome, report.reason = Outcome.ERROR.value, str(exc)
         report.errors.append(str(exc))
+        if isinstance(exc, SetupError):
+            report.env["setup_error"] = True
     except Exception as exc:  # a harness fault: still an `error` report, with what was computed
         import traceback
 
@@ -153,12 +155,18 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     try:
         git(repo, "rev-parse", "--git-dir")
     except GateError:
-        raise GateError(f"{repo} is not a git repository (dl-gate run compares a PR's head with its base)") from None
+        raise SetupError(f"{repo} is not a git repository (dl-gate run compares a PR's head with its base)") from None
     cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
     cfg.activate()  # also forgets stale imports of the user's library
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
-    base_sha = git(repo, "rev-parse", "--verify", f"{opts.base}^{{commit}}")
+    try:
+        base_sha = git(repo, "rev-parse", "--verify", f"{opts.base}^{{commit}}")
+    except GateError:
+        shallow = git(repo, "rev-parse", "--is-shallow-repository") == "true"
+        raise SetupError(f"base ref {opts.base} is not in this repository"
+                         + (" (a shallow clone: check out with fetch-depth: 0)" if shallow else
+                            " (fetch it, e.g. actions/checkout with fetch-depth: 0)")) from None
     head_sha = git(repo, "rev-parse", "--verify", f"{opts.head}^{{commit}}")
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha

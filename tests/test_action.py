@@ -80,6 +80,12 @@ def test_fail_on_never():
     assert inputs(**{"fail-on": "never"}).fail_on == []
 
 
+def test_fail_on_empty_is_the_default_and_lists_may_span_lines():
+    # `fail-on: ${{ vars.UNSET }}` must not turn the gate off
+    assert ActionInputs.from_env({"INPUT_FAIL-ON": ""}).fail_on == ["regression"]
+    assert ActionInputs.from_env({"INPUT_FAIL-ON": "regression\nerror"}).fail_on == ["regression", "error"]
+
+
 def test_trust_workspace_appends_git_config():
     env = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.x", "GIT_CONFIG_VALUE_0": "y"}
     trust_workspace(env, "/github/workspace")
@@ -192,12 +198,13 @@ def test_entrypoint_read_only_token_and_transient_errors_do_not_fail_the_gate(jo
 
 def test_entrypoint_gate_mode_reports_an_error_on_every_outcome(job):
     act, fake = job
-    # the workspace is not a git repository: whatever `dl-gate run` does, the run is an error,
-    # and the action still writes JUnit, summary and outputs, with a warning, not a failure
+    # the workspace is not a git repository: the run is an error, and the action still writes
+    # JUnit, summary and outputs; a set-up that can never judge anything fails the step (an
+    # error annotation) whatever fail-on says, or the check would stay green on every PR
     res, out, summary = act.run(None, mode="gate", comment="false")
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 2, res.stderr
     assert out["outcome"] == "error" and out["exit-code"] == "2"
-    assert "::warning title=dl-gate harness error::" in res.stdout
+    assert "::error title=dl-gate setup error::" in res.stdout and "is not a git repository" in res.stdout
     assert summary.startswith("## ⚠️ dl-gate: **error**")
     xml = JUnitXml.fromfile(str(act.ws / "dl-gate-out" / "junit.xml"))
     (case,) = [c for s in xml for c in s]

@@ -28,6 +28,14 @@ def upsert(gh, body, stamp, **kw):
     return upsert_sticky_comment(client(gh), REPO, 7, body, stamp, **kw)
 
 
+def test_a_marker_quoted_inside_another_comment_is_not_ours(gh):
+    # a fork's report text quoted in the default comment carries the gpu key's marker
+    gh.add_comment(7, f"{marker('default')}\nreport says: {marker('gpu')}", "github-actions[bot]")
+    res = upsert(gh, "gpu results", Stamp(SHA1, 1, 1), key="gpu")
+    assert res.action == "created" and len(gh.comments[7]) == 2
+    assert gh.comments[7][0]["body"].endswith(marker("gpu"))  # the default comment was left alone
+
+
 def test_first_run_creates_one_comment_then_rerun_updates_it_in_place(gh):
     r1 = upsert(gh, "regression in softplus", Stamp(SHA1, 100, 1))
     assert r1.action == "created" and r1.id

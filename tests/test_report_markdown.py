@@ -73,6 +73,16 @@ def test_untrusted_text_is_escaped():
     assert "<script>" not in outside and outside.count("<details") == outside.count("</details>")
 
 
+def test_chart_labels_cannot_end_the_mermaid_block():
+    v = regression()
+    v.op = 'lib.x\n```\n@acme/admins ![px](https://evil.example/p.png)\n```mermaid'
+    v.metric = "ulp`\n@x"
+    chart = mermaid_chart(pass_report(verdicts=[v], outcome="regression"))
+    body = chart.split("\n")
+    assert body[0] == "```mermaid" and body[-1] == "```" and all("`" not in ln for ln in body[1:-1])
+    assert "@" not in chart and "![" not in chart and len(body) == 9
+
+
 def big_report(n=3000, failing=12):
     vs = [regression(op=f"lib.fail{i}") for i in range(failing)]
     for i in range(n):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 import time
 import traceback
@@ -75,8 +76,9 @@ class ActionInputs:
         mode = get_input(env, "mode", "gate").lower() or "gate"
         if mode not in MODES:
             raise GateError(f"input mode: expected one of {', '.join(MODES)}, got {mode!r}")
-        fail_raw = get_input(env, "fail-on", "regression").lower()
-        fail_on = [x.strip() for x in fail_raw.replace(" ", ",").split(",") if x.strip()]
+        # an empty value (``fail-on: ${{ vars.UNSET }}``) is the default, never "fail on nothing"
+        fail_raw = get_input(env, "fail-on", "regression").lower() or "regression"
+        fail_on = [x for x in re.split(r"[\s,]+", fail_raw) if x]
         if fail_on in (["never"], ["none"]):
             fail_on = []
         bad = [x for x in fail_on if x not in FAILABLE]
@@ -247,6 +249,8 @@ def run(args) -> int:
     started = time.time()
     try:
         inp = ActionInputs.from_env(env)
+        if inp.config and inp.mode != "publish" and not Path(inp.config).is_file():
+            raise GateError(f"input config: {inp.config} is not a file in the workspace")
         if inp.mode == "publish":
             report = load_report(inp.report)  # untrusted: validated, never executed
     except GateError as exc:
@@ -275,7 +279,9 @@ def run(args) -> int:
             else:
                 report = fallback_report(argv, rc, message, out, inp.mode == "refresh")
     _finish(report, inp, env, workspace)
-    code = report.exit_code if report.outcome in inp.fail_on else 0
+    setup = report.outcome == Outcome.ERROR.value and bool(report.env.get("setup_error"))
+    code = report.exit_code if report.outcome in inp.fail_on or setup else 0
     print(f"dl-gate action: outcome {report.outcome} in {time.time() - started:.0f}s; step exits {code} "
-          f"(fail-on: {', '.join(inp.fail_on) or 'never'})", file=sys.stderr)
+          f"(fail-on: {', '.join(inp.fail_on) or 'never'}"
+          + ("; a setup error fails the step whatever fail-on says" if setup else "") + ")", file=sys.stderr)
     return code

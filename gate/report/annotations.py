@@ -100,10 +100,12 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
                                     f"dl-gate behaviour change: {v.op}", relpath(v.source_file, root), v.source_line))
         elif v.outcome == NEEDS_BASELINE:
             notes.append(Annotation("notice", f"{v.id}: {one_line(v.reason)}", f"dl-gate needs a baseline: {v.op}"))
+    setup = bool(report.env.get("setup_error"))  # the workflow is set up so that nothing can be judged
+    level, title = ("error", "dl-gate setup error") if setup else ("warning", "dl-gate harness error")
     for e in report.errors:
-        notes.append(Annotation("warning", one_line(e), "dl-gate harness error"))
+        notes.append(Annotation(level, one_line(e), title))
     if report.outcome == "error" and not report.errors:
-        notes.append(Annotation("warning", one_line(report.reason), "dl-gate harness error"))
+        notes.append(Annotation(level, one_line(report.reason), title))
     for w in report.warnings:
         notes.append(Annotation("warning", one_line(w), "dl-gate"))
     return notes

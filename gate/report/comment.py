@@ -241,10 +241,13 @@ class GitHubClient:
 
 def find_sticky(client: GitHubClient, repo: str, number: int, key: str = "default",
                 author: str = DEFAULT_AUTHOR) -> List[dict]:
-    """Comments carrying our marker written by ``author`` (oldest first)."""
+    """Comments written by ``author`` whose *first line* is our marker (oldest first). Only the
+    first line counts: report text quoted further down (from an untrusted fork run) may contain
+    another key's marker, and must not make this key update that comment."""
     mark = marker(key)
     return [c for c in client.list_issue_comments(repo, number)
-            if mark in (c.get("body") or "") and ((c.get("user") or {}).get("login") == author)]
+            if (c.get("body") or "").split("\n", 1)[0].strip() == mark
+            and ((c.get("user") or {}).get("login") == author)]
 
 
 def is_stale(ours: Stamp, existing: Optional[Stamp], current_head: Optional[str]) -> bool:

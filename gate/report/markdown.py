@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..judge.verdict import PASS, GateReport, VariantVerdict
 from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, diag, fmt_num, fmt_value, head_for_chart,
-                     icon, is_failing, md_code, md_fence, md_text, minimal_input, ordered, repro_command, short_sha,
-                     suboperation_text, verdict_ratio)
+                     icon, is_failing, md_code, md_fence, md_text, minimal_input, one_line, ordered, repro_command,
+                     short_sha, suboperation_text, verdict_ratio)
 
 FOLD_PASSING_OVER = 15  # more passing rows than this fold into <details>
 CHART_MAX = 24  # variants in the inline chart
@@ -100,6 +101,16 @@ def _chart_value(x: Optional[float], log: bool, inf_as: float) -> float:
     return round(math.log10(1.0 + x), 4) if log else float(f"{x:.4g}")
 
 
+_CHART_SAFE = re.compile(r"[^A-Za-z0-9 ._/:\[\]()=+,-]")
+
+
+def _chart_text(text: Any, max_len: int = 60) -> str:
+    """Text inside the Mermaid block: one line of plain characters only. The report may come
+    from an untrusted fork run, and a newline or backtick there would end the code block and
+    put whatever follows (mentions, images) into the bot's comment."""
+    return _CHART_SAFE.sub("_", one_line(text, max_len))
+
+
 def mermaid_chart(report: GateReport, max_variants: int = CHART_MAX) -> Optional[str]:
     """A Mermaid xychart: head error as bars, base error and threshold as lines, per variant."""
     rows = [v for v in ordered(report) if v.head_error is not None or v.base_error is not None][:max_variants]
@@ -109,8 +120,8 @@ def mermaid_chart(report: GateReport, max_variants: int = CHART_MAX) -> Optional
               if x is not None and not math.isnan(x) and not math.isinf(x) and x > 0]
     heads = [head_for_chart(v) for v in rows]
     log = bool(finite) and (max(finite) / min(finite) > 100 or any(h is not None and math.isinf(h) for h in heads))
-    metric = rows[0].metric or "error"
-    labels = ", ".join('"' + f"{v.op} {v.key}".replace('"', "'").replace("\\", "/")[:60] + '"' for v in rows)
+    metric = _chart_text(rows[0].metric or "error", 20)
+    labels = ", ".join('"' + _chart_text(f"{v.op} {v.key}") + '"' for v in rows)
     y_title = f"log10(1 + {metric})" if log else metric
 
     inf_as = 10 * max(finite) if finite else 1e6  # drawn as the tallest bar, labelled ∞ in the table
