@@ -125,7 +125,13 @@ def workflows():
 
 def test_no_workflow_runs_pr_code_with_a_privileged_token():
     for name, wf in workflows().items():
-        assert "pull_request_target" not in wf["on"], name
+        text = (ROOT / ".github" / "workflows" / name).read_text()
+        if "pull_request_target" in wf["on"]:
+            # only behind a maintainer's approval, with a read-only token and no secrets: the
+            # workflow file is the base branch's, so a PR cannot lift these for its own run
+            assert wf["permissions"] == {"contents": "read"}, name
+            assert all(job.get("environment") for job in wf["jobs"].values()), name
+            assert "secrets." not in text and "github.token" not in text, name
         on = wf["on"]
         if isinstance(on, dict) and isinstance(on.get("pull_request"), dict):
             assert "paths" not in on["pull_request"], f"{name}: a required check skipped by paths stays pending"
@@ -142,7 +148,7 @@ def test_fork_safe_split():
     assert upload["with"]["name"] == "dl-gate-report"
 
     comment = wfs["dl-gate-comment.yml"]
-    assert comment["on"]["workflow_run"]["workflows"] == [gate["name"]]
+    assert comment["on"]["workflow_run"]["workflows"] == [gate["name"], wfs["dl-gate-gpu.yml"]["name"]]
     assert comment["permissions"]["pull-requests"] == "write"
     job = comment["jobs"]["comment"]
     text = (ROOT / ".github" / "workflows" / "dl-gate-comment.yml").read_text()
@@ -164,8 +170,18 @@ def test_gpu_job_runs_the_cuda_image_with_gpus_behind_an_approval_gate():
     assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
     assert job["container"]["options"] == "--gpus all" and "cuda" in job["container"]["image"]
     runs = " ".join(str(s.get("run", "")) for s in job["steps"])
-    assert "dl-gate run" in runs and "dl-gate publish" in runs
+    assert "dl-gate run" in runs and "dl-gate publish" in runs and "--no-comment" in runs
     assert not any(s.get("uses") == "./" for s in job["steps"])  # a docker action would get no GPU
+    # never on its own for a PR: the base branch's workflow file, behind the environment's approval,
+    # with a read-only token; its comment is posted by the workflow_run job from the artifact
+    wfs = workflows()
+    assert list(wfs["dl-gate-gpu.yml"]["on"]) == ["pull_request_target", "workflow_dispatch"]
+    assert wfs["dl-gate-gpu.yml"]["permissions"] == {"contents": "read"}
+    upload = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    gpu_comment = wfs["dl-gate-comment.yml"]["jobs"]["comment-gpu"]
+    download = next(s for s in gpu_comment["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact"))
+    assert download["with"]["name"] == upload["with"]["name"]
+    assert any("--comment-key gpu" in str(s.get("run", "")) for s in gpu_comment["steps"])
 
 
 def test_scheduled_baseline_refresh_opens_a_pr():
