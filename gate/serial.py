@@ -26,6 +26,22 @@ def json_safe(v: Any) -> Any:
     return v
 
 
+def scrub_text(v: Any) -> Any:
+    """``v`` with every string made encodable: a lone surrogate (valid in JSON's ``\\ud800``,
+    invalid in XML and UTF-8) becomes ``?``."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+            return v
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(v, dict):
+        return {scrub_text(k): scrub_text(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [scrub_text(x) for x in v]
+    return v
+
+
 def from_json_safe(v: Any) -> Any:
     if v == "inf":
         return math.inf

@@ -95,3 +95,15 @@ def test_control_characters_and_markup_in_messages_stay_valid_xml(tmp_path):
     path.write_text(text)
     (case,) = cases(path).values()
     assert "<tag" in case.result[0].message
+
+
+def test_a_lone_surrogate_in_an_untrusted_report_still_gives_valid_junit(tmp_path):
+    import json
+
+    from gate.report.schema import load_report
+
+    raw = json.dumps(rich_report().to_dict()).replace('"reason": "', '"reason": "\\ud800 ', 1)
+    (tmp_path / "report.json").write_text(raw)
+    report = load_report(tmp_path / "report.json")
+    path = write_junit(report, tmp_path / "junit.xml")
+    assert JUnitXml.fromfile(str(path)) is not None and "?" in report.reason

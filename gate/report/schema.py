@@ -12,6 +12,7 @@ import jsonschema
 
 from ..errors import GateError
 from ..judge.verdict import VARIANT_OUTCOMES, GateReport
+from ..serial import scrub_text
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024
 RUN_OUTCOMES = ["pass", "regression", "needs-baseline", "error"]
@@ -114,4 +115,4 @@ def load_report(path: os.PathLike) -> GateReport:
         raw = json.loads(p.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise GateError(f"report {p} is not valid JSON: {exc}") from None
-    return validate_report_dict(raw, str(p))
+    return validate_report_dict(scrub_text(raw), str(p))
