@@ -77,6 +77,7 @@ def test_an_older_sha_does_not_overwrite_a_newer_one(gh):
     assert upsert(gh, "result for SHA2", Stamp(SHA2, 200, 1)).action == "created"
     late = upsert(gh, "result for SHA1", Stamp(SHA1, 100, 1))  # the older run finishes last
     assert late.action == "skipped-stale"
+    assert late.message == f"not written: the PR's head is now {SHA2[:12]}, this run is for {SHA1[:12]}"
     assert gh.comments[7][0]["body"].endswith("result for SHA2")
     assert not gh.requests("PATCH")
 
@@ -84,7 +85,9 @@ def test_an_older_sha_does_not_overwrite_a_newer_one(gh):
 def test_without_the_pulls_endpoint_run_order_decides(gh):
     gh.pulls_missing = True
     assert upsert(gh, "newer", Stamp(SHA2, 200, 1)).action == "created"
-    assert upsert(gh, "older", Stamp(SHA1, 100, 1)).action == "skipped-stale"
+    older = upsert(gh, "older", Stamp(SHA1, 100, 1))
+    assert older.action == "skipped-stale"
+    assert older.message == f"not written: the comment shows run 200 attempt 1 for {SHA2[:12]}; this is run 100 attempt 1"
     assert upsert(gh, "newest", Stamp(SHA2, 200, 2)).action == "updated"
     assert gh.comments[7][0]["body"].endswith("newest")
 

@@ -275,12 +275,16 @@ def upsert_sticky_comment(client: GitHubClient, repo: str, number: int, body: st
         current = client.pull_head_sha(repo, number) if check_head else None
         existing = find_sticky(client, repo, number, key, author)
         first = existing[0] if existing else None
-        if is_stale(stamp, Stamp.parse(first["body"]) if first else None, current):
-            newer = current or (Stamp.parse(first["body"]).sha if first else "?")
+        shown = Stamp.parse(first["body"]) if first else None
+        if is_stale(stamp, shown, current):
+            if current and stamp.sha != current:
+                why = f"the PR's head is now {current[:12]}, this run is for {stamp.sha[:12]}"
+            else:
+                later = f"run {shown.run_id} attempt {shown.run_attempt}" if shown else "a later run"
+                why = (f"the comment shows {later} for {shown.sha[:12] if shown else '?'}; this is run "
+                       f"{stamp.run_id} attempt {stamp.run_attempt}")
             return CommentResult("skipped-stale", first.get("html_url") if first else None,
-                                 first.get("id") if first else None,
-                                 f"not written: the comment already shows a newer result ({newer[:12]}), "
-                                 f"this run is for {stamp.sha[:12]}")
+                                 first.get("id") if first else None, f"not written: {why}")
         if first is not None:
             if first.get("body") == full:
                 return CommentResult("unchanged", first.get("html_url"), first.get("id"))
