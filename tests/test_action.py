@@ -50,6 +50,8 @@ def test_mode_to_command():
     assert command_for(inputs(mode="publish", report="r.json"), {}, {}) is None
     inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_NIGHTLY": "true"})
     assert command_for(inp, {}, {}) == ["baseline", "refresh", "--nightly"]
+    inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_NIGHTLY": "true", "INPUT_NIGHTLY-BUDGET": "120"})
+    assert command_for(inp, {}, {}) == ["baseline", "refresh", "--nightly", "--nightly-budget", "120"]
     with pytest.raises(GateError, match="input nightly: only with mode: refresh"):
         ActionInputs.from_env({"INPUT_MODE": "gate", "INPUT_NIGHTLY": "true"})
     with pytest.raises(GateError, match="input nightly: expected true or false"):

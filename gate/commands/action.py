@@ -70,6 +70,7 @@ class ActionInputs:
     comment_key: str = "default"
     comment_author: str = ""
     nightly: bool = False
+    nightly_budget: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "ActionInputs":
@@ -95,7 +96,15 @@ class ActionInputs:
                   token=get_input(env, "token"), comment=_bool(env, "comment", True), fail_on=fail_on,
                   out=get_input(env, "out", "dl-gate-out") or "dl-gate-out", report=get_input(env, "report"),
                   comment_key=get_input(env, "comment-key", "default") or "default",
-                  comment_author=get_input(env, "comment-author"), nightly=_bool(env, "nightly", False))
+                  comment_author=get_input(env, "comment-author"), nightly=_bool(env, "nightly", False),
+                  nightly_budget=get_input(env, "nightly-budget"))
+        if inp.nightly_budget:
+            try:
+                if not 0 < float(inp.nightly_budget) < float("inf"):
+                    raise ValueError
+            except ValueError:
+                raise GateError(f"input nightly-budget: expected a positive number of seconds, "
+                                f"got {inp.nightly_budget!r}") from None
         if inp.nightly and inp.mode != "refresh":
             raise GateError(f"input nightly: only with mode: refresh (got mode: {inp.mode})")
         if inp.mode == "publish" and not inp.report:
@@ -131,7 +140,8 @@ def command_for(inp: ActionInputs, env: Mapping[str, str], event: dict) -> Optio
     if inp.mode == "gate":
         return ["run", "--base", resolve_base_ref(inp, env, event), "--out", inp.out] + common
     if inp.mode == "refresh":
-        return ["baseline", "refresh"] + common + (["--nightly"] if inp.nightly else [])
+        nightly = ["--nightly"] + (["--nightly-budget", inp.nightly_budget] if inp.nightly_budget else [])
+        return ["baseline", "refresh"] + common + (nightly if inp.nightly else [])
     return None
 
 
