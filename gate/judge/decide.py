@@ -285,6 +285,10 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         vv.details["baseline_env"] = row.env if row else None
     vv.outcome = V.PASS
     vv.reason = f"head {_f(head_max_same)} ulp vs base {_f(base_max)} ulp on {pairs} identical inputs (threshold {_f(vv.threshold)})"
+    base_nf = sum(b.metrics.nonfinite for b in base if b.status == OK and b.metrics is not None)
+    vv.base_nonfinite = base_nf
+    if vv.head_nonfinite and base_nf:
+        vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
     return vv
 
 
