@@ -4,6 +4,7 @@ exactly representable in the dtype under test."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import traceback
 from abc import ABC, abstractmethod
@@ -125,19 +126,43 @@ def resolve_callable(path: str) -> Callable:
             where = getattr(importlib.import_module(mod_name), "__file__", None)
             last_err = AttributeError(f"{exc} (imported from {where})" if where else str(exc))
             continue
+        if inspect.isclass(obj):
+            return _operator_of_class(path, obj)
         if not callable(obj):
             raise ConfigError(f"{path} is not callable")
         return obj
     raise ConfigError(f"cannot import callable {path!r}: {last_err}")
 
 
+def _operator_of_class(path: str, cls: type) -> Callable:
+    """What calling the class ``path`` names means as an operator: an ``autograd.Function``'s
+    ``apply``; an instance of a ``nn.Module`` / Keras ``Layer`` built without arguments; anything
+    else (or a constructor that needs arguments) is a one-line error saying what to declare."""
+    bases = {f"{c.__module__}.{c.__name__}" for c in cls.__mro__[1:]}
+    if any(b.startswith("torch.autograd.function.") and b.endswith(".Function") for b in bases):
+        return cls.apply  # type: ignore[attr-defined]
+    if any(b.endswith(".Module") and b.startswith("torch.nn.") or b.endswith(".Layer") for b in bases):
+        try:
+            return cls()
+        except Exception as exc:
+            raise ConfigError(f"{path} is a class whose constructor needs arguments ({type(exc).__name__}: {exc}): "
+                              "declare an instance (module:INSTANCE) or a factory function instead") from None
+    raise ConfigError(f"{path} is a class, not an operator: declare a function, an instance or, for an "
+                      "autograd.Function, its .apply")
+
+
 def flatten(result: Any) -> List[Any]:
-    """Flatten nested tuples/lists/namedtuples of outputs, dropping ``None``."""
+    """Flatten nested tuples/lists/namedtuples/dicts (in their order) of outputs, dropping ``None``."""
     if result is None:
         return []
     if isinstance(result, (list, tuple)):
         out: List[Any] = []
         for r in result:
+            out.extend(flatten(r))
+        return out
+    if isinstance(result, dict):
+        out = []
+        for r in result.values():
             out.extend(flatten(r))
         return out
     return [result]

@@ -256,6 +256,14 @@ class PyIndex:
             if m is not None and not m.error and parts[0] in m.imports and parts[0] not in m.defs:
                 return f"{modname}:{parts[0]}"
         ent = self.resolve_dotted(dotted)
+        if (ent is None or ent.kind == "ext") and "." in dotted.split(":")[-1]:
+            # ``LogSigmoid.apply`` (an autograd.Function), a method a class inherits from the
+            # framework: the class defined here is where the operator's code lives
+            owner = self.resolve_dotted(dotted.rsplit(".", 1)[0])
+            if owner is not None and owner.kind == "def" and \
+                    self.module(owner.module).defs[owner.key].kind == "class":  # type: ignore[union-attr]
+                return owner.node(self)
+            return None
         if ent is None or ent.kind == "ext":
             return None
         return ent.node(self)

@@ -92,7 +92,15 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
                 t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
             say(f"measuring {t.id}")
             findings.append(fuzz_task(t, seed_store=seed_store, isolate=isolate))
-    changes = write_rows(out, findings, frameworks)
+    # a variant where nothing was measured gets no row: a "0 ulp" row would make it look exact
+    unmeasured = [f for f in findings if f.status in ("no-valid-input", "error")
+                  or (f.status == "ok" and f.metrics is None and not f.crashes)]
+    for f in unmeasured:
+        say(f"not recorded: {f.id}: {f.status}: {f.message or 'no input gave a result'}")
+    changes = write_rows(out, [f for f in findings if f not in unmeasured], frameworks)
+    if unmeasured:
+        raise GateError(f"{len(unmeasured)} variant(s) could not be measured, e.g. {unmeasured[0].id}: "
+                        f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written)")
     return changes
 
 

@@ -118,6 +118,9 @@ class VariantRunner:
             ref = self.run_reference(q)
         except Exception as exc:  # the input is outside the operator's domain
             return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
+        if not ref:
+            return q, Evaluation(INVALID, error="the operator returned no tensor or number to compare",
+                                 seconds=time.perf_counter() - t0)
         try:
             out = self.run_low(q)
         except Exception as exc:

@@ -154,6 +154,8 @@ def decide(
         vv.reason = f"baseline recorded in another environment ({row.env.get('version')}, {row.env.get('capability')})"
         vv.base_error = row.ulp
         return vv
+    if head_max is None and not head_crash:
+        return _nothing_compared(vv, head, None)
     vv.base_error, vv.base_nonfinite, vv.base_crash = row.ulp, row.nonfinite, row.crash
     thr = max(floor, m * row.ulp)
     vv.threshold = thr
@@ -259,6 +261,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         return vv
     vv.base_error, vv.head_error = base_max, head_max_same
     vv.threshold = max(floor, m * base_max)
+    if pairs == 0 and identical == 0 and not fixed and behaviour[1] < 0:
+        return _nothing_compared(vv, head, base)
     if behaviour[1] >= 0:
         i = behaviour[1]
         vv.outcome = V.BEHAVIOUR_CHANGE
@@ -289,6 +293,16 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     vv.base_nonfinite = base_nf
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
+    return vv
+
+
+def _nothing_compared(vv: V.VariantVerdict, head, base) -> V.VariantVerdict:
+    """No input gave a result on both sides: that is not a pass (a class declared where an
+    instance was meant, an output the gate cannot read, a domain every input falls outside)."""
+    why = next((r.error for r in head if r.error), None) or next((r.error for r in (base or []) if r.error), None)
+    vv.outcome = V.ERROR
+    vv.reason = "nothing was compared: no input gave a result on " + ("head and base" if base is not None else "head") \
+        + (f" ({why})" if why else "")
     return vv
 
 

@@ -1,0 +1,91 @@
+"""Operators that are not plain functions of tensors (found by acceptance testing): classes,
+dict outputs, and calls that give nothing to compare must never read as a clean pass."""
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+
+from gate.backends.base import resolve_callable
+from gate.errors import ConfigError
+from gate.fuzz.inputs import Candidate
+from gate.fuzz.runner import VariantRunner
+from gate.judge.decide import GateSettings, decide
+from gate.judge.replay import ReplayResult
+from gate.ops.spec import OpSpec
+from gate.plan import Variant
+
+LIB = '''
+import torch
+
+
+class LogSigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return -torch.nn.functional.softplus(-x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class NotAnOp:
+    pass
+
+
+def stats(x):
+    return {"mean": x.mean(dim=-1), "std": x.std(dim=-1)}
+'''
+
+
+@pytest.fixture
+def lib(tmp_path, monkeypatch):
+    name = f"shapes_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(LIB))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_classes_become_operators_or_a_one_line_error(lib):
+    import torch
+
+    assert resolve_callable(f"{lib}:LogSigmoid").__name__ == "apply"  # autograd.Function -> .apply
+    inst = resolve_callable(f"{lib}:Softmax")  # nn.Module built without arguments
+    assert isinstance(inst, torch.nn.Module) and torch.allclose(inst(torch.zeros(2)), torch.full((2,), 0.5))
+    with pytest.raises(ConfigError, match="constructor needs arguments .* declare an instance"):
+        resolve_callable(f"{lib}:Scaled")
+    with pytest.raises(ConfigError, match="is a class, not an operator"):
+        resolve_callable(f"{lib}:NotAnOp")
+
+
+def test_dict_outputs_are_compared(lib):
+    spec = OpSpec.from_dict({"name": "t.stats", "framework": "torch", "callable": f"{lib}:stats",
+                             "inputs": [{"name": "x", "shape": ["N", "D"]}], "dims": {"N": [1, 4], "D": [2, 8]}},
+                            origin="user")
+    _, ev = VariantRunner(spec, Variant("float16")).evaluate(
+        Candidate(dims={"N": 2, "D": 4}, params={}, arrays={"x": np.arange(8.0).reshape(2, 4)}))
+    assert ev.status == "ok" and ev.metrics.numel == 4  # mean and std of two rows
+
+
+def test_nothing_compared_is_an_error_not_a_pass():
+    spec = OpSpec.from_dict({"name": "t.op", "framework": "torch", "callable": "m:f",
+                             "inputs": [{"name": "x", "shape": [2]}]}, origin="user")
+    bad = [ReplayResult("invalid", error="the operator returned no tensor or number to compare")] * 3
+    vv = decide(spec, Variant("float32"), bad, bad, None, "ok", None, GateSettings())
+    assert vv.outcome == "error" and vv.reason.startswith("nothing was compared") and "no tensor" in vv.reason
