@@ -124,6 +124,34 @@ def run_gate(opts: RunOptions) -> V.GateReport:
     return report
 
 
+#: row keys a PR may not narrow for its own run (the base's values are kept as well)
+WIDENED = ("dtypes", "modes", "devices")
+
+
+def _with_base_row(spec: OpSpec, base: OpSpec, report: V.GateReport) -> OpSpec:
+    """The operator row a PR is judged with: the base's thresholds, and the union of the base's
+    and the head's dtypes/modes/devices (a PR cannot drop float16 from its own gate); any other
+    change of the row (domains, dims, params) is reported, since it changes what is searched."""
+    if base.thresholds:
+        spec = spec.replace(thresholds=base.thresholds)
+    widened = {k: tuple(dict.fromkeys(tuple(getattr(spec, k)) + tuple(getattr(base, k)))) for k in WIDENED}
+    if any(widened[k] != tuple(getattr(spec, k)) for k in WIDENED):
+        spec = spec.replace(**widened)
+    h, b = spec.to_dict(), base.to_dict()
+    changed = sorted(k for k in set(h) | set(b)
+                     if k not in WIDENED + ("thresholds", "callable", "sources", "description") and h.get(k) != b.get(k))
+    if changed:
+        report.warnings.append(f"{spec.name}: this PR changes its operator row ({', '.join(changed)}); the run "
+                               "searches the head's row, the base's dtypes, modes and thresholds are kept")
+    return spec
+
+
+def _base_side(spec: OpSpec, base: Optional[OpSpec]) -> OpSpec:
+    if base is not None and base.callable != spec.callable:
+        return spec.replace(callable=base.callable, reference=base.reference)
+    return spec
+
+
 #: what a run writes under its output directory; an earlier run's copies are removed first, so
 #: that repro scripts of another branch never sit next to this run's report
 RUN_OUTPUTS = ("repro", "findings", "report.json", "report.md", "junit.xml", "errors.png")
@@ -216,8 +244,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     planned: List[dict] = []
     for name in names:
         spec = catalog.get(name)
-        if name in base_specs and base_specs[name].thresholds:
-            spec = spec.replace(thresholds=base_specs[name].thresholds)
+        if name in base_specs:
+            spec = _with_base_row(spec, base_specs[name], report)
         backend = get_backend(spec.framework)
         want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
         budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
@@ -267,7 +295,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                      "cands": cands, "head": head_results, "src": sources[spec.name]})
 
     base_results: Dict[str, list] = {}
-    jobs = [ReplayJob(key=w["task"].id, spec=w["spec"], variant=w["task"].variant, candidates=w["cands"])
+    # base runs the operator its own config names (a PR may rename the function)
+    jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
+                      spec=_base_side(w["spec"], base_specs.get(w["spec"].name)))
             for w in work if w["spec"].origin == "user"]
     if jobs:
         say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")

@@ -122,3 +122,16 @@ def test_an_earlier_runs_outputs_are_replaced_but_foreign_files_are_kept(lib_rep
 
     _clear_previous_run(mine)
     assert (mine / "findings" / "notes.txt").exists()
+
+
+def test_a_pr_cannot_narrow_its_own_operator_row(lib_repo, tmp_path):
+    pr(lib_repo, "log1p")  # the regression, and the same PR drops float32 from the op's row
+    cfg = lib_repo / ".dl-gate.yml"
+    text = cfg.read_text().replace("  - name: lib.log1p_masked\n", "  - name: lib.log1p_masked\n    dtypes: [bfloat16]\n")
+    cfg.write_text(text.replace("domain: gt_minus1}", "domain: positive}"))
+    git(lib_repo, "commit", "-q", "-am", "narrow the row")
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", evals=60)
+    # float32 is still gated (the base's dtypes are kept); the domain change is reported
+    assert code == 1 and any(v.outcome == "regression" and v.variant["dtype"] == "float32"
+                             for v in by_op(report, "lib.log1p_masked"))
+    assert any("lib.log1p_masked: this PR changes its operator row (inputs)" in w for w in report.warnings), report.warnings
