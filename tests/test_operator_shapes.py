@@ -89,3 +89,20 @@ def test_nothing_compared_is_an_error_not_a_pass():
     bad = [ReplayResult("invalid", error="the operator returned no tensor or number to compare")] * 3
     vv = decide(spec, Variant("float32"), bad, bad, None, "ok", None, GateSettings())
     assert vv.outcome == "error" and vv.reason.startswith("nothing was compared") and "no tensor" in vv.reason
+
+
+def test_integer_outputs_that_change_on_any_input_are_a_behaviour_change():
+    spec = OpSpec.from_dict({"name": "t.argmax", "framework": "torch", "callable": "m:f",
+                             "inputs": [{"name": "x", "shape": [4]}]}, origin="user")
+
+    def res(idx):
+        out = [np.ones(1), np.array([idx], dtype=np.int64)]
+        from gate.oracles.precision import Metrics
+
+        return ReplayResult("ok", metrics=Metrics(numel=2), outputs=out, reference=out)
+
+    # a tie (an all-constant input, not a control) broken at the last index instead of the first
+    vv = decide(spec, Variant("float32"), [res(3)], [res(0)], None, "ok", None, GateSettings(), controls=[False])
+    assert vv.outcome == "behaviour-change" and "integer outputs" in vv.reason
+    vv = decide(spec, Variant("float32"), [res(0)], [res(0)], None, "ok", None, GateSettings(), controls=[False])
+    assert vv.outcome == "pass"

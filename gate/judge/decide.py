@@ -235,6 +235,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         # itself be inexact, and a changed formula there shows up as a precision difference
         is_control = controls[i] if i < len(controls) else True
         d = ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
+        if d is None and _int_outputs_differ(h, b):
+            d = math.inf  # integer outputs (indices) are exact on any input: a tie now broken differently
         if d is not None and d > BEHAVIOUR_TOLERANCE_ULP and d > behaviour[0]:
             behaviour = (d, i)
     vv.details["pairs"] = pairs
@@ -266,8 +268,12 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     if behaviour[1] >= 0:
         i = behaviour[1]
         vv.outcome = V.BEHAVIOUR_CHANGE
-        vv.reason = (f"head's float64 output differs from base's by {_f(behaviour[0])} {dtype} ulp on the same input "
-                     f"(the function changed; precision did not worsen)")
+        if math.isinf(behaviour[0]):
+            vv.reason = ("head's float64 run returns different integer outputs or shapes than base's on the same "
+                         "input (the function changed; precision did not worsen)")
+        else:
+            vv.reason = (f"head's float64 output differs from base's by {_f(behaviour[0])} {dtype} ulp on the same "
+                         "input (the function changed; precision did not worsen)")
         vv.details["input_index"] = i
         vv.details["behaviour_change"] = settings.behaviour_change
         if i < len(inputs):
@@ -294,6 +300,17 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
     return vv
+
+
+def _int_outputs_differ(h: ReplayResult, b: ReplayResult) -> bool:
+    """Head's and base's float64 runs return different integer outputs (indices, counts)."""
+    if h.reference is None or b.reference is None or len(h.reference) != len(b.reference):
+        return False
+    for x, y in zip(h.reference, b.reference):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype.kind in "iub" and y.dtype.kind in "iub" and (x.shape != y.shape or not np.array_equal(x, y)):
+            return True
+    return False
 
 
 def _nothing_compared(vv: V.VariantVerdict, head, base) -> V.VariantVerdict:
