@@ -52,6 +52,8 @@ CASES = [
      {"mylib.gelu"}),  # reached through the re-export in mylib/__init__.py
     ("constant", lambda r: edit(r, "src/mylib/_helpers.py", "EPS = 1e-6", "EPS = 1e-7"),
      {"mylib.scaled"}),
+    ("module-docstring", lambda r: edit(r, "src/mylib/_helpers.py", "EPS = 1e-6", '"""Numerical helpers."""\nEPS = 1e-6'),
+     set()),
     ("base-class-method", lambda r: edit(r, "src/mylib/layers.py", "return softplus_x(x)", "return softplus_x(x) * 1.0"),
      {"mylib.swish"}),
     # the class, or its inherited .apply (how an autograd.Function is called), reaches backward

@@ -8,6 +8,8 @@ helper, with every caller updated, changes nothing either: a definition deleted 
 added on the other with an identical body is paired as a rename."""
 from __future__ import annotations
 
+import ast
+
 from typing import Dict, List, Optional, Tuple
 
 from .model import ChangedFile, ChangedSymbol
@@ -71,7 +73,11 @@ def _fp(index: PyIndex, mod: PyModule, key: str, renames, mod_renames, drop_name
             return "import->" + canonical(node, renames, mod_renames)
         return "import->" + (ent.key if ent is not None else "?")
     res = _Resolver(index, mod, _cls_of(mod, key), renames, mod_renames)
-    return fingerprint(mod.statements(key), rename=res, drop_name=drop_name)
+    stmts = mod.statements(key)
+    if key == MODULE:  # the module docstring and other bare strings at top level do nothing
+        stmts = [st for st in stmts if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+                                            and isinstance(st.value.value, str))]
+    return fingerprint(stmts, rename=res, drop_name=drop_name)
 
 
 def python_changes(files: List[ChangedFile], base: PyIndex, head: PyIndex) -> Tuple[List[ChangedSymbol], List[str]]:
@@ -169,6 +175,13 @@ def python_changes(files: List[ChangedFile], base: PyIndex, head: PyIndex) -> Tu
         elif broken:
             sym.change = "modified"
             sym.why = "file cannot be parsed on one side"
+        elif key == MODULE and (in_b or in_h) and bm is not None and hm is not None:
+            # module-level statements that exist on one side only (a module docstring added or
+            # removed): compared with "nothing" on the other side, normalised like any symbol
+            fb = _fp(base, bm, key, renames, mod_renames) if in_b else fingerprint([])
+            fh = _fp(head, hm, key, {}, {}) if in_h else fingerprint([])
+            if fb == fh:
+                sym.change, sym.why = "unchanged", FORMAT_ONLY
         elif in_b and in_h:
             fb = _fp(base, bm, key, renames, mod_renames)
             fh = _fp(head, hm, key, {}, {})
