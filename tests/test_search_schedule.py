@@ -177,3 +177,14 @@ def test_allocate_prefers_coverage_gaps_and_bad_history():
 def test_cost_estimate_orders_cheap_before_expensive():
     relu, conv = _tasks(["torch.relu", "torch.conv2d"])
     assert estimate_cost(conv) > estimate_cost(relu) > 0
+
+
+def test_allocate_covers_every_operator_before_a_second_variant_of_any():
+    cat = Catalog(load_builtin(("torch",)))
+    tasks = [Task(op=cat.get(n), variant=Variant(d), budget=Budget(seconds=1.0), seed=0)
+             for n in ("torch.relu", "torch.tanh", "torch.sigmoid") for d in ("float16", "bfloat16", "float32")]
+    alloc = allocate(tasks, 3.0, min_seconds=1.0, cost={t.id: 1e-3 for t in tasks},
+                     history={"torch.relu[float16/cpu/input]": 5.0, "torch.relu[bfloat16/cpu/input]": 4.0})
+    # relu's variants came close last time, but three seconds go to three operators first
+    assert sorted(t.op.name for t in alloc.tasks) == ["torch.relu", "torch.sigmoid", "torch.tanh"]
+    assert alloc.tasks[0].id == "torch.relu[float16/cpu/input]"

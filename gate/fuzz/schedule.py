@@ -195,7 +195,8 @@ def allocate(
     ``history``: task id (or op name) -> last error over its gate threshold (>= 1 means it
     failed or came close); default 0. ``cost``: seconds per evaluation, measured; default
     :func:`estimate_cost`. A task needs ``max(min_seconds, min_evals x cost)`` to be worth
-    running; priority is ``(1 + gap) x (1 + history)``, per unit of that need."""
+    running; priority is ``(1 + gap) x (1 + history)``, per unit of that need, taken round-robin
+    over operators (each operator's best variant first)."""
     if total_seconds <= 0:
         raise ValueError("total budget must be positive")
     coverage, history, cost = dict(coverage or {}), dict(history or {}), dict(cost or {})
@@ -213,7 +214,17 @@ def allocate(
         alloc.gaps[t.id] = gap
         need[t.id] = max(min_seconds, min_evals * c)
         alloc.priority[t.id] = (1.0 + gap) * (1.0 + min(hist, 10.0))
-    order = sorted(tasks, key=lambda t: (-alloc.priority[t.id] / need[t.id], t.id))
+    # round-robin over operators: every operator's most promising variant before any
+    # operator's second one (a budget that covers a few variants covers a few operators)
+    value = {t.id: alloc.priority[t.id] / need[t.id] for t in tasks}
+    rank: Dict[str, int] = {}
+    by_op: Dict[str, List[Task]] = {}
+    for t in tasks:
+        by_op.setdefault(t.op.name, []).append(t)
+    for group in by_op.values():
+        for i, t in enumerate(sorted(group, key=lambda t: (-value[t.id], t.id))):
+            rank[t.id] = i
+    order = sorted(tasks, key=lambda t: (rank[t.id], -value[t.id], t.id))
     left = total_seconds
     chosen: List[Task] = []
     for t in order:
