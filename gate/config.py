@@ -151,16 +151,26 @@ def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = 
     return Config(path=path, root=root.resolve(), raw=raw, ops=ops)
 
 
-def load_config(path: Optional[os.PathLike] = None, search_from: Optional[Path] = None) -> Config:
-    """Load ``path``, or the first ``.dl-gate.yml`` in ``search_from`` (cwd); an empty config
-    (built-in catalogue only) if there is none."""
+def load_config(path: Optional[os.PathLike] = None, search_from: Optional[Path] = None,
+                up_to: Optional[Path] = None) -> Config:
+    """Load ``path``, or the first ``.dl-gate.yml`` in ``search_from`` (cwd) or, with ``up_to``
+    (a repository root), in its parents up to that root; an empty config (built-in catalogue
+    only) if there is none."""
     if path is not None:
         p = Path(path)
         if not p.exists():
             raise SetupError(f"config file {p} does not exist")
         return parse_config(p.read_text(), p, p.parent)
-    base = Path(search_from or Path.cwd())
-    for name in CONFIG_NAMES:
-        if (base / name).exists():
-            return parse_config((base / name).read_text(), base / name, base)
-    return Config(path=None, root=base.resolve(), raw={}, ops=[])
+    base = Path(search_from or Path.cwd()).resolve()
+    dirs = [base]
+    if up_to is not None:
+        top = Path(up_to).resolve()
+        d = base
+        while d != top and top in d.parents:
+            d = d.parent
+            dirs.append(d)
+    for d in dirs:
+        for name in CONFIG_NAMES:
+            if (d / name).exists():
+                return parse_config((d / name).read_text(), d / name, d)
+    return Config(path=None, root=(Path(up_to).resolve() if up_to is not None else base), raw={}, ops=[])

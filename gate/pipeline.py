@@ -181,10 +181,13 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     if not repo.is_dir():
         raise GateError(f"repository {repo} does not exist")
     try:
-        git(repo, "rev-parse", "--git-dir")
+        top = Path(git(repo, "rev-parse", "--show-toplevel")).resolve()
     except GateError:
         raise SetupError(f"{repo} is not a git repository (dl-gate run compares a PR's head with its base)") from None
-    cfg = load_config(opts.config, search_from=repo) if opts.config else load_config(search_from=repo)
+    # run from a subdirectory (or --repo pointing into one): the repository is the whole tree,
+    # the config the nearest one above the directory given
+    start, repo = repo, top
+    cfg = load_config(opts.config) if opts.config else load_config(search_from=start, up_to=top)
     cfg.activate()  # also forgets stale imports of the user's library
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
@@ -196,6 +199,17 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                          + (" (a shallow clone: check out with fetch-depth: 0)" if shallow else
                             " (fetch it, e.g. actions/checkout with fetch-depth: 0)")) from None
     head_sha = git(repo, "rev-parse", "--verify", f"{opts.head}^{{commit}}")
+    checked_out = git(repo, "rev-parse", "HEAD")
+    if checked_out != head_sha:  # the operators are imported from the working tree, not from a ref
+        raise SetupError(f"--head {opts.head} ({head_sha[:10]}) is not the checked-out commit ({checked_out[:10]}): "
+                         "the gate imports the operators from the working tree; check the head out first")
+    status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True).stdout
+    dirty = [ln[3:] for ln in status.splitlines() if ln.strip()]
+    if dirty:
+        report.warnings.append(f"uncommitted changes in the working tree ({', '.join(dirty[:5])}"
+                               + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+                               + f"): the gate runs them, the report names {head_sha[:10]}")
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
     cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"

@@ -135,3 +135,20 @@ def test_a_pr_cannot_narrow_its_own_operator_row(lib_repo, tmp_path):
     assert code == 1 and any(v.outcome == "regression" and v.variant["dtype"] == "float32"
                              for v in by_op(report, "lib.log1p_masked"))
     assert any("lib.log1p_masked: this PR changes its operator row (inputs)" in w for w in report.warnings), report.warnings
+
+
+def test_run_from_a_subdirectory_and_a_head_that_is_not_checked_out(lib_repo, tmp_path, monkeypatch):
+    import json
+
+    from gate.cli import main
+
+    pr(lib_repo, "log1p")
+    out = tmp_path / "sub"
+    monkeypatch.chdir(lib_repo / "lib")  # a user inside the package directory
+    code = main(["run", "--base", "main", "--out", str(out), "--evals", "60", "--dtype", "float32"])
+    assert code == 1 and json.loads((out / "report.json").read_text())["outcome"] == "regression"
+    # --head names another commit than the working tree holds: refused, not judged as the tree
+    git(lib_repo, "checkout", "-q", "main")
+    code = main(["run", "--base", "main", "--head", "pr-log1p", "--repo", str(lib_repo), "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert code == 2 and "is not the checked-out commit" in report["reason"] and report["env"]["setup_error"]
