@@ -113,6 +113,11 @@ def run_gate(opts: RunOptions) -> V.GateReport:
         report.errors.append(str(exc))
         if isinstance(exc, SetupError):
             report.env["setup_error"] = True
+    except SystemExit as exc:  # code the gate imported ended the process (a sys.exit at import or in a runner)
+        msg = (f"the operator library called sys.exit({exc.code!r}) outside an evaluation; run with --isolate "
+               "to contain it")
+        report.outcome, report.reason = Outcome.ERROR.value, msg
+        report.errors.append(msg)
     except Exception as exc:  # a harness fault: still an `error` report, with what was computed
         import traceback
 

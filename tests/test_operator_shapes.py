@@ -50,6 +50,13 @@ class NotAnOp:
 
 def stats(x):
     return {"mean": x.mean(dim=-1), "std": x.std(dim=-1)}
+
+
+def quits(x):
+    import sys
+    if (x < 0).any():
+        sys.exit(3)
+    return x * 2
 '''
 
 
@@ -106,3 +113,14 @@ def test_integer_outputs_that_change_on_any_input_are_a_behaviour_change():
     assert vv.outcome == "behaviour-change" and "integer outputs" in vv.reason
     vv = decide(spec, Variant("float32"), [res(0)], [res(0)], None, "ok", None, GateSettings(), controls=[False])
     assert vv.outcome == "pass"
+
+
+def test_sys_exit_in_the_operator_is_a_crash_not_the_gate_exiting(lib):
+    spec = OpSpec.from_dict({"name": "t.quits", "framework": "torch", "callable": f"{lib}:quits",
+                             "inputs": [{"name": "x", "shape": [3]}]}, origin="user")
+    runner = VariantRunner(spec, Variant("float32"))
+    _, ev = runner.evaluate(Candidate(dims={}, params={}, arrays={"x": np.array([1.0, -1.0, 2.0])}))
+    assert ev.status == "crash" and ev.signature.startswith("SystemExit(3): the operator called sys.exit()")
+    assert f"{lib}.py" in ev.signature
+    _, ok = runner.evaluate(Candidate(dims={}, params={}, arrays={"x": np.array([1.0, 2.0, 3.0])}))
+    assert ok.status == "ok"

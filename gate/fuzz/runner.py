@@ -47,6 +47,16 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
     return out
 
 
+def exit_signature(exc: SystemExit) -> Tuple[str, str]:
+    """A ``sys.exit()`` inside the operator, with the place it was called from."""
+    import traceback as tb
+
+    frames = tb.extract_tb(exc.__traceback__)
+    where = f" in {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} {frames[-1].name}" if frames else ""
+    text = f"SystemExit({exc.code!r}): the operator called sys.exit(){where}"
+    return text, text
+
+
 def exception_signature(exc: BaseException) -> Tuple[str, str]:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first[:300]}", f"{type(exc).__name__}: {first[:160]}"
@@ -116,6 +126,9 @@ class VariantRunner:
         q = cand if quantized else self.quantize(cand)
         try:
             ref = self.run_reference(q)
+        except SystemExit as exc:  # the operator ended the process: a crash, not an invalid input
+            sig, short = exit_signature(exc)
+            return q, Evaluation(CRASH, error=short, signature=sig, seconds=time.perf_counter() - t0)
         except Exception as exc:  # the input is outside the operator's domain
             return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
         if not ref:
@@ -123,6 +136,9 @@ class VariantRunner:
                                  seconds=time.perf_counter() - t0)
         try:
             out = self.run_low(q)
+        except SystemExit as exc:
+            sig, short = exit_signature(exc)
+            return q, Evaluation(CRASH, error=short, signature=sig, seconds=time.perf_counter() - t0)
         except Exception as exc:
             sig, short = exception_signature(exc)
             status = UNSUPPORTED if self.backend.is_unsupported(exc) else CRASH

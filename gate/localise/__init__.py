@@ -40,7 +40,7 @@ def localise_all(report, work: List[dict], ctx: dict) -> None:
     t0 = time.perf_counter()
     try:
         _localise(report, items, ctx)
-    except Exception as exc:  # the stage never takes the verdict down with it
+    except (Exception, SystemExit) as exc:  # the stage never takes the verdict down with it
         msg = f"localisation failed: {type(exc).__name__}: {exc}"
         for w in items:
             if w["verdict"].diagnosis is None:
@@ -109,7 +109,7 @@ def _localise(report, items: List[dict], ctx: dict) -> None:
             say(f"localising {vv.id} ({share.left:.0f}s)")
             try:
                 diag = Localiser(w, ctx, report, session, share, out, shared).run()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 diag = Diagnosis(variant=w["task"].variant.to_dict(),
                                  error=f"{type(exc).__name__}: {exc}",
                                  notes=[traceback.format_exc(limit=4).strip().splitlines()[-1]])

@@ -380,7 +380,7 @@ class _Recorder:
                     stack=[f"{f}:{ln} {fn}" for f, ln, fn in reversed(stack)], inputs=ins)
         try:
             out = func(*args, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             call.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
             self.trace.calls.append(call)
             raise
@@ -548,7 +548,7 @@ def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool 
             args, kwargs = runner.build_call(q, in_dtype, low=True)
             with np.errstate(all="ignore"), rec:
                 runner.backend.call(runner.fn, args, kwargs, mode=mode, dtype=dtype, device=variant.device)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in the operator is a crash like any other
             rec.trace.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
             rec.trace.error_site = _error_site(exc, frames)
         setattr(result, side, rec.trace)
