@@ -133,6 +133,26 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 WIDENED = ("dtypes", "modes", "devices")
 
 
+def _unless_nondeterministic(vv: V.VariantVerdict, w: dict, isolate) -> None:
+    """Before a failing verdict stands: run head once more on the input it rests on. If the
+    operator's own outputs differ between two runs on the same values, head-vs-base
+    differences cannot be told from noise: the verdict becomes an error that says so."""
+    i = vv.details.get("input_index")
+    if i is None or i >= len(w["cands"]) or w["head"][i].status != "ok" or w["head"][i].outputs is None:
+        return
+    again = replay(w["spec"], w["task"].variant, [w["cands"][i]], isolate=isolate)[0]
+    first = w["head"][i]
+    same = again.status == "ok" and again.outputs is not None and len(again.outputs) == len(first.outputs) and all(
+        np.asarray(a).shape == np.asarray(b).shape and np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
+        for a, b in zip(first.outputs, again.outputs))
+    if not same:
+        vv.details["nondeterministic"] = True
+        vv.details["would_be"] = vv.outcome
+        vv.outcome = V.ERROR
+        vv.reason = (f"non-deterministic: head's outputs differ between two runs on the same input, so head vs base "
+                     f"cannot be told from noise (it would have been: {vv.reason})")
+
+
 def _with_base_row(spec: OpSpec, base: OpSpec, report: V.GateReport) -> OpSpec:
     """The operator row a PR is judged with: the base's thresholds, and the union of the base's
     and the head's dtypes/modes/devices (a PR cannot drop float16 from its own gate); any other
@@ -339,6 +359,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
                             f"--device {task.variant.device} --seed {task.seed} "
                             + (f"--evals {finding.evals}" if opts.evals else f"--budget {per_op:g}"))
+        if vv.outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
+            _unless_nondeterministic(vv, w, isolate)
         w["verdict"] = vv
         report.verdicts.append(vv)
         if vv.details.get("warning"):

@@ -20,6 +20,10 @@ def rms_norm(x, eps=1e-6):
     return (xf * torch.rsqrt(ms + eps)).to(x.dtype)
 
 
+def noisy(x):
+    return x + torch.randn_like(x) * 1e-7
+
+
 def log1p_masked(x):
     # 0 * exp(x) is NaN once exp overflows the dtype (x > 88.7 in float32): a NaN base and
     # head share, which the search finds within a few evaluations
@@ -38,6 +42,11 @@ ops:
     sources: [lib/ops.py]
     dims: {N: [1, 8], D: [1, 64]}
     inputs: [{name: x, shape: [N, D]}]
+  - name: lib.noisy
+    callable: lib.ops:noisy
+    sources: [lib/ops.py]
+    dims: {N: [1, 16]}
+    inputs: [{name: x, shape: [N]}]
   - name: lib.log1p_masked
     callable: lib.ops:log1p_masked
     sources: [lib/ops.py]
@@ -47,6 +56,7 @@ ops:
 
 PRS = {
     "log1p": ("torch.log1p(x) + 0", "torch.log(1 + x) + 0"),
+    "noisy": ("x + torch.randn_like(x) * 1e-7", "x + 1e-7 * torch.randn_like(x)"),
     "no_upcast": ("    xf = x.float()\n", "    xf = x\n"),
     "no_eps": ("torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),
 }
@@ -152,3 +162,12 @@ def test_run_from_a_subdirectory_and_a_head_that_is_not_checked_out(lib_repo, tm
     code = main(["run", "--base", "main", "--head", "pr-log1p", "--repo", str(lib_repo), "--out", str(out)])
     report = json.loads((out / "report.json").read_text())
     assert code == 2 and "is not the checked-out commit" in report["reason"] and report["env"]["setup_error"]
+
+
+def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_path):
+    pr(lib_repo, "noisy")  # a benign refactor of an operator that adds random noise
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.noisy", evals=30)
+    (v,) = by_op(report, "lib.noisy")
+    # the verdict that would have failed was checked against a second run of head
+    assert code == 2 and v.outcome == "error", (v.outcome, v.reason)
+    assert v.reason.startswith("non-deterministic") and v.details["nondeterministic"]
