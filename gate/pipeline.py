@@ -133,6 +133,28 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 WIDENED = ("dtypes", "modes", "devices")
 
 
+def _replay_head(spec: OpSpec, variant, cands: list, finding, isolate) -> list:
+    """Head's results on ``cands``. An input the search saw crash or hang in a worker is not
+    run again: its crash record is the result (a hang would cost a full timeout once more)."""
+    from .judge.replay import UNAVAILABLE, ReplayResult
+
+    known = {id(c.candidate): c for c in finding.crashes if c.candidate is not None and isolate is not None}
+    # an operator that hung in the search may hang on any input: each would cost a timeout, and
+    # its hang is already the finding that decides (replayed on base like any input)
+    hangs = isolate is not None and any(c.signature.startswith("timeout") for c in finding.crashes)
+    todo = [] if hangs else [c for c in cands if id(c) not in known]
+    ran = iter(replay(spec, variant, todo, isolate=isolate) if todo else [])
+    out = []
+    for c in cands:
+        if id(c) in known:
+            out.append(ReplayResult("crash", error=known[id(c)].message, signature=known[id(c)].signature))
+        elif hangs:
+            out.append(ReplayResult(UNAVAILABLE, error="not replayed: the operator hangs on head"))
+        else:
+            out.append(next(ran))
+    return out
+
+
 def _unless_nondeterministic(vv: V.VariantVerdict, w: dict, isolate) -> None:
     """Before a failing verdict stands: run head once more on the input it rests on. If the
     operator's own outputs differ between two runs on the same values, head-vs-base
@@ -329,7 +351,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         cands += finding.inputs
         cands += [draw(spec, rng, origin="control") for _ in range(3)]
         cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
-        head_results = replay(spec, task.variant, cands, isolate=isolate)
+        head_results = _replay_head(spec, task.variant, cands, finding, isolate)
         work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
                      "cands": cands, "head": head_results, "src": sources[spec.name]})
 

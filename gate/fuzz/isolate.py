@@ -392,6 +392,7 @@ class IsolatedRunner:
         self.env: Dict[str, Any] = {}
         self.devices: list = [variant.device]
         self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0, "lost": 0}
+        self._warmed = False  # whether a worker of this runner has had its warm-up evaluation
         self._seed: Optional[int] = None
         self._active: Optional[_Worker] = None
         self._ensure_active()  # fails here, in the caller, if the runner cannot be built
@@ -458,7 +459,11 @@ class IsolatedRunner:
             self.stats["lost"] += 1
             self._discard_active()
             worker = self._ensure_active()
-        timeout = self.options.timeout * (self.options.warmup_factor if worker.fresh else 1.0)
+        # only the runner's first worker gets the warm-up allowance: a replacement (after a crash
+        # or a hang) is forked from the warm zygote, and a hanging input must not cost 3x again
+        warm = worker.fresh and not self._warmed
+        timeout = self.options.timeout * (self.options.warmup_factor if warm else 1.0)
+        self._warmed = True
         log_pos = worker.log_size()
         t0 = time.perf_counter()
         try:
