@@ -42,6 +42,11 @@ class ConfigError(GateError):
     pass
 
 
+class Terminated(BaseException):
+    """The run was told to stop (SIGTERM from a CI time limit). A BaseException, so that no
+    operator evaluation's ``except Exception`` swallows it: the run stops and writes its report."""
+
+
 class SetupError(GateError):
     """The run cannot judge anything as set up (no git history, the base ref not fetched, the
     config file missing): unlike a passing glitch, it would stay green on every PR, so the

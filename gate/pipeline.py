@@ -21,7 +21,7 @@ import numpy as np
 from . import HARNESS_VERSION, __version__
 from .backends import get_backend
 from .config import Config, load_config, parse_config
-from .errors import GateError, Outcome, SetupError
+from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
 from .judge.decide import GateSettings, decide, overall
@@ -113,6 +113,9 @@ def run_gate(opts: RunOptions) -> V.GateReport:
         report.errors.append(str(exc))
         if isinstance(exc, SetupError):
             report.env["setup_error"] = True
+    except Terminated as exc:
+        report.outcome, report.reason = Outcome.ERROR.value, str(exc)
+        report.errors.append(str(exc))
     except SystemExit as exc:  # code the gate imported ended the process (a sys.exit at import or in a runner)
         msg = (f"the operator library called sys.exit({exc.code!r}) outside an evaluation; run with --isolate "
                "to contain it")

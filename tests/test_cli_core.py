@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,31 @@ def test_missing_framework_names_the_extra(tmp_path):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'dl-gate[tensorflow]'" in lines[0], res.stderr
+
+
+def test_sigterm_stops_a_run_and_still_writes_the_report(tmp_path):
+    """A CI time limit sends SIGTERM: the run stops (even inside an operator call) and the
+    report and JUnit say so."""
+    import os
+    import signal
+    import time
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                                 "--allow-empty", "-m", "base"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    out = tmp_path / "out"
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-m", "gate.cli", "run", "--base", "main", "--ops", "torch.exp",
+                             "--budget", "300", "--out", str(out)], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": root})
+    deadline = time.time() + 120
+    while not out.exists() and proc.poll() is None and time.time() < deadline:  # the run has started
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    report = json.loads((out / "report.json").read_text())
+    assert proc.returncode == 2 and report["outcome"] == "error" and "SIGTERM" in report["reason"], stderr[-2000:]
+    assert (out / "junit.xml").exists()

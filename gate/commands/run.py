@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import Terminated
 from .common import add_config_arg, add_variant_args, count, seconds, split_list
 from .common import fmt_num as _f
 
@@ -56,7 +57,19 @@ def run(args) -> int:
         from ..example import prepare_example
 
         opts = prepare_example(args.example, opts, say or (lambda s: None))
-    report = run_gate(opts)
+    import faulthandler
+    import signal
+
+    faulthandler.enable()  # a segfault in an operator (without --isolate) leaves a traceback at least
+
+    def terminated(signum, frame):  # a CI timeout: stop, and still write what was computed
+        raise Terminated("terminated by SIGTERM (a CI time limit?): the report holds what was computed so far")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        report = run_gate(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     paths = write_outputs(report, Path(args.out))
     print_report(report)
     print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
