@@ -105,8 +105,8 @@ def new_nonfinite(v: VariantVerdict) -> bool:
 
 
 def head_for_chart(v: VariantVerdict) -> Optional[float]:
-    """The head error as charts draw it: infinite when head has new NaN/Inf outputs."""
-    return math.inf if new_nonfinite(v) else v.head_error
+    """The head error as charts draw it: infinite when head has new NaN/Inf outputs or raises."""
+    return math.inf if new_nonfinite(v) or v.head_crash else v.head_error
 
 
 def fmt_ratio(x: Optional[float]) -> str:
