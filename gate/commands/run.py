@@ -60,7 +60,10 @@ def run(args) -> int:
     import faulthandler
     import signal
 
-    faulthandler.enable()  # a segfault in an operator (without --isolate) leaves a traceback at least
+    try:  # a segfault in an operator (without --isolate) leaves a traceback at least
+        faulthandler.enable(file=sys.__stderr__)
+    except (AttributeError, ValueError, OSError):  # no real stderr (embedded, redirected)
+        pass
 
     def terminated(signum, frame):  # a CI timeout: stop, and still write what was computed
         raise Terminated("terminated by SIGTERM (a CI time limit?): the report holds what was computed so far")
