@@ -1,0 +1,31 @@
+"""CUDA variants: run on a GPU runner (dl-gate-gpu.yml), skipped visibly elsewhere."""
+import pytest
+
+from gate.fuzz import fuzz_task
+from gate.ops.catalog import load_builtin
+from gate.plan import Budget, Task, Variant, variants_for
+
+pytestmark = pytest.mark.gpu
+
+
+def _spec(name):
+    return {s.name: s for s in load_builtin(("torch",))}[name]
+
+
+def test_cuda_variants_are_planned_where_a_gpu_is_present():
+    import torch
+
+    keys = {v.key for v in variants_for(_spec("torch.softmax"), available_devices=["cpu", "cuda"])}
+    assert "float16/cuda/input" in keys and torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("name,dtype", [("torch.softmax", "float16"), ("torch.relu", "bfloat16"),
+                                        ("torch.matmul", "float32")])
+def test_fuzzing_on_cuda_scores_against_a_float64_reference_on_the_same_device(name, dtype):
+    f = fuzz_task(Task(op=_spec(name), variant=Variant(dtype, "cuda"), budget=Budget(evals=60), seed=0))
+    assert f.status == "ok" and f.evals == 60, f.message
+    assert f.env["device_name"] and f.env["capability"].startswith("sm_")
+    if name == "torch.relu":
+        assert f.metrics.ulp == 0.0  # exact on every device
+    again = fuzz_task(Task(op=_spec(name), variant=Variant(dtype, "cuda"), budget=Budget(evals=60), seed=0))
+    assert again.metrics.ulp == f.metrics.ulp  # deterministic for a seed and an evaluation budget
