@@ -24,8 +24,8 @@ from .config import Config, load_config, parse_config
 from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
-from .judge.decide import GateSettings, decide, overall
-from .judge.replay import ReplayJob, replay, replay_in_tree, worktree
+from .judge.decide import GateSettings, base_side, decide, judged_row, overall, recheck_determinism
+from .judge.replay import ReplayJob, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
@@ -130,76 +130,6 @@ def run_gate(opts: RunOptions) -> V.GateReport:
         report.errors.append(msg)
     report.seconds = round(time.perf_counter() - t0, 2)
     return report
-
-
-#: row keys a PR may not narrow for its own run (the base's values are kept as well)
-WIDENED = ("dtypes", "modes", "devices")
-
-
-def _replay_head(spec: OpSpec, variant, cands: list, finding, isolate) -> list:
-    """Head's results on ``cands``. An input the search saw crash or hang in a worker is not
-    run again: its crash record is the result (a hang would cost a full timeout once more)."""
-    from .judge.replay import UNAVAILABLE, ReplayResult
-
-    known = {id(c.candidate): c for c in finding.crashes if c.candidate is not None and isolate is not None}
-    # an operator that hung in the search may hang on any input: each would cost a timeout, and
-    # its hang is already the finding that decides (replayed on base like any input)
-    hangs = isolate is not None and any(c.signature.startswith("timeout") for c in finding.crashes)
-    todo = [] if hangs else [c for c in cands if id(c) not in known]
-    ran = iter(replay(spec, variant, todo, isolate=isolate) if todo else [])
-    out = []
-    for c in cands:
-        if id(c) in known:
-            out.append(ReplayResult("crash", error=known[id(c)].message, signature=known[id(c)].signature))
-        elif hangs:
-            out.append(ReplayResult(UNAVAILABLE, error="not replayed: the operator hangs on head"))
-        else:
-            out.append(next(ran))
-    return out
-
-
-def _unless_nondeterministic(vv: V.VariantVerdict, w: dict, isolate) -> None:
-    """Before a failing verdict stands: run head once more on the input it rests on. If the
-    operator's own outputs differ between two runs on the same values, head-vs-base
-    differences cannot be told from noise: the verdict becomes an error that says so."""
-    i = vv.details.get("input_index")
-    if i is None or i >= len(w["cands"]) or w["head"][i].status != "ok" or w["head"][i].outputs is None:
-        return
-    again = replay(w["spec"], w["task"].variant, [w["cands"][i]], isolate=isolate)[0]
-    first = w["head"][i]
-    same = again.status == "ok" and again.outputs is not None and len(again.outputs) == len(first.outputs) and all(
-        np.asarray(a).shape == np.asarray(b).shape and np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
-        for a, b in zip(first.outputs, again.outputs))
-    if not same:
-        vv.details["nondeterministic"] = True
-        vv.details["would_be"] = vv.outcome
-        vv.outcome = V.ERROR
-        vv.reason = (f"non-deterministic: head's outputs differ between two runs on the same input, so head vs base "
-                     f"cannot be told from noise (it would have been: {vv.reason})")
-
-
-def _with_base_row(spec: OpSpec, base: OpSpec, report: V.GateReport) -> OpSpec:
-    """The operator row a PR is judged with: the base's thresholds, and the union of the base's
-    and the head's dtypes/modes/devices (a PR cannot drop float16 from its own gate); any other
-    change of the row (domains, dims, params) is reported, since it changes what is searched."""
-    if base.thresholds:
-        spec = spec.replace(thresholds=base.thresholds)
-    widened = {k: tuple(dict.fromkeys(tuple(getattr(spec, k)) + tuple(getattr(base, k)))) for k in WIDENED}
-    if any(widened[k] != tuple(getattr(spec, k)) for k in WIDENED):
-        spec = spec.replace(**widened)
-    h, b = spec.to_dict(), base.to_dict()
-    changed = sorted(k for k in set(h) | set(b)
-                     if k not in WIDENED + ("thresholds", "callable", "sources", "description") and h.get(k) != b.get(k))
-    if changed:
-        report.warnings.append(f"{spec.name}: this PR changes its operator row ({', '.join(changed)}); the run "
-                               "searches the head's row, the base's dtypes, modes and thresholds are kept")
-    return spec
-
-
-def _base_side(spec: OpSpec, base: Optional[OpSpec]) -> OpSpec:
-    if base is not None and base.callable != spec.callable:
-        return spec.replace(callable=base.callable, reference=base.reference)
-    return spec
 
 
 #: what a run writes under its output directory; an earlier run's copies are removed first, so
@@ -309,7 +239,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     for name in names:
         spec = catalog.get(name)
         if name in base_specs:
-            spec = _with_base_row(spec, base_specs[name], report)
+            spec, warning = judged_row(spec, base_specs[name])
+            if warning:
+                report.warnings.append(warning)
         backend = get_backend(spec.framework)
         want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
         budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
@@ -354,14 +286,14 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         cands += finding.inputs
         cands += [draw(spec, rng, origin="control") for _ in range(3)]
         cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
-        head_results = _replay_head(spec, task.variant, cands, finding, isolate)
+        head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
         work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
                      "cands": cands, "head": head_results, "src": sources[spec.name]})
 
     base_results: Dict[str, list] = {}
     # base runs the operator its own config names (a PR may rename the function)
     jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
-                      spec=_base_side(w["spec"], base_specs.get(w["spec"].name)))
+                      spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
             for w in work if w["spec"].origin == "user"]
     if jobs:
         say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
@@ -385,7 +317,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                             f"--device {task.variant.device} --seed {task.seed} "
                             + (f"--evals {finding.evals}" if opts.evals else f"--budget {per_op:g}"))
         if vv.outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
-            _unless_nondeterministic(vv, w, isolate)
+            i = vv.details.get("input_index")
+            if i is not None and i < len(w["cands"]):
+                recheck_determinism(vv, w["spec"], task.variant, w["cands"][i], w["head"][i], isolate=isolate)
         w["verdict"] = vv
         report.verdicts.append(vv)
         if vv.details.get("warning"):

@@ -124,3 +124,20 @@ def test_sys_exit_in_the_operator_is_a_crash_not_the_gate_exiting(lib):
     assert f"{lib}.py" in ev.signature
     _, ok = runner.evaluate(Candidate(dims={}, params={}, arrays={"x": np.array([1.0, 2.0, 3.0])}))
     assert ok.status == "ok"
+
+
+def test_head_replay_reuses_what_the_isolated_search_saw_crash_or_hang():
+    from gate.fuzz.finding import Crash
+    from gate.judge.replay import replay_head
+    from gate.ops.catalog import load_builtin
+
+    relu = {s.name: s for s in load_builtin(("torch",))}["torch.relu"]
+    cands = [Candidate(dims={"N": 2, "D": 2}, params={}, arrays={"x": np.full((2, 2), v)}) for v in (1.0, -2.0)]
+    crashed = Crash("SIGSEGV in ops.py:3 f", "SIGSEGV ...", 1, cands[1])
+    res = replay_head(relu, Variant("float32"), cands, [crashed], isolate=object())
+    assert [r.status for r in res] == ["ok", "crash"] and res[1].signature == crashed.signature
+    hung = Crash("timeout after 10s in ops.py:3 f", "a hang", 1, cands[1])
+    res = replay_head(relu, Variant("float32"), cands, [hung], isolate=object())
+    assert [r.status for r in res] == ["unavailable", "crash"]  # nothing run again on a hanging operator
+    res = replay_head(relu, Variant("float32"), cands, [crashed])  # in process: crashes are cheap to re-run
+    assert [r.status for r in res] == ["ok", "ok"]

@@ -32,7 +32,7 @@ from ..oracles.precision import compare
 from ..plan import Variant
 from . import verdict as V
 from .baselines import BaselineRow
-from .replay import UNAVAILABLE, ReplayResult
+from .replay import UNAVAILABLE, ReplayResult, replay
 
 DEFAULT_MULTIPLIERS = {"float16": 3.0, "bfloat16": 3.0, "float32": 2.0, "float64": 2.0}
 DEFAULT_FLOORS = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0, "float64": 8.0}
@@ -300,6 +300,52 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
     return vv
+
+
+#: row keys a PR may not narrow for its own run (the base's values are kept as well)
+WIDENED = ("dtypes", "modes", "devices")
+
+
+def judged_row(spec: OpSpec, base: OpSpec) -> Tuple[OpSpec, Optional[str]]:
+    """The operator row a PR is judged with, and a warning: the base's thresholds, and the union
+    of the base's and the head's dtypes/modes/devices (a PR cannot drop float16 from its own
+    gate); any other change of the row (domains, dims, params) is reported, since it changes
+    what is searched."""
+    if base.thresholds:
+        spec = spec.replace(thresholds=base.thresholds)
+    widened = {k: tuple(dict.fromkeys(tuple(getattr(spec, k)) + tuple(getattr(base, k)))) for k in WIDENED}
+    if any(widened[k] != tuple(getattr(spec, k)) for k in WIDENED):
+        spec = spec.replace(**widened)
+    h, b = spec.to_dict(), base.to_dict()
+    changed = sorted(k for k in set(h) | set(b)
+                     if k not in WIDENED + ("thresholds", "callable", "sources", "description") and h.get(k) != b.get(k))
+    warning = (f"{spec.name}: this PR changes its operator row ({', '.join(changed)}); the run searches the "
+               "head's row, the base's dtypes, modes and thresholds are kept") if changed else None
+    return spec, warning
+
+
+def base_side(spec: OpSpec, base: Optional[OpSpec]) -> OpSpec:
+    """The row base is replayed with: the callable base's own config names (a PR may rename it)."""
+    if base is not None and base.callable != spec.callable:
+        return spec.replace(callable=base.callable, reference=base.reference)
+    return spec
+
+
+def recheck_determinism(vv: V.VariantVerdict, spec: OpSpec, variant: Variant, cand, first: ReplayResult,
+                        isolate=None) -> None:
+    """Before a failing verdict stands: run head once more on the input it rests on. If the
+    operator's outputs differ between two runs on the same values, head-vs-base differences
+    cannot be told from noise: the verdict becomes an error that says so."""
+    if first.status != OK or first.outputs is None:
+        return
+    again = replay(spec, variant, [cand], isolate=isolate)[0]
+    if again.status == OK and same_outputs(first, again):
+        return
+    vv.details["nondeterministic"] = True
+    vv.details["would_be"] = vv.outcome
+    vv.outcome = V.ERROR
+    vv.reason = (f"non-deterministic: head's outputs differ between two runs on the same input, so head vs base "
+                 f"cannot be told from noise (it would have been: {vv.reason})")
 
 
 def _int_outputs_differ(h: ReplayResult, b: ReplayResult) -> bool:

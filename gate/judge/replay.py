@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import GateError
 from ..fuzz.inputs import Candidate
-from ..fuzz.runner import VariantRunner
+from ..fuzz.runner import CRASH, VariantRunner
 from ..ops.spec import OpSpec
 from ..oracles.precision import Metrics
 from ..plan import Variant
@@ -67,6 +67,27 @@ def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
     finally:
         if own and hasattr(runner, "close"):
             runner.close()
+    return out
+
+
+def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate], crashes: Sequence = (),
+                isolate=None) -> List[ReplayResult]:
+    """Head's results on ``candidates``. With isolation, an input the search saw crash or hang
+    (``crashes``: the finding's :class:`~gate.fuzz.finding.Crash` records) is not run again, its
+    record is the result; and an operator that hung is not run on the other inputs either: each
+    would cost a full timeout, and its hang is the finding that decides (replayed on base)."""
+    known = {id(c.candidate): c for c in crashes if c.candidate is not None and isolate is not None}
+    hangs = isolate is not None and any(c.signature.startswith("timeout") for c in crashes)
+    todo = [] if hangs else [c for c in candidates if id(c) not in known]
+    ran = iter(replay(spec, variant, todo, isolate=isolate) if todo else [])
+    out: List[ReplayResult] = []
+    for c in candidates:
+        if id(c) in known:
+            out.append(ReplayResult(CRASH, error=known[id(c)].message, signature=known[id(c)].signature))
+        elif hangs:
+            out.append(ReplayResult(UNAVAILABLE, error="not replayed: the operator hangs on head"))
+        else:
+            out.append(next(ran))
     return out
 
 
