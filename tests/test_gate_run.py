@@ -77,12 +77,14 @@ def git(repo, *args):
                    check=True, capture_output=True)
 
 
-def make_repo(tmp_path: Path, ops_src: str = BASE_OPS, baselines: bool = True) -> Path:
+def make_repo(tmp_path: Path, ops_src: str = BASE_OPS, baselines: bool = True, config: str = CONFIG,
+              package: str = "mylib") -> Path:
+    """A git repository on ``main``: ``package/ops.py`` and ``.dl-gate.yml``, baselines committed."""
     repo = tmp_path / "repo"
-    (repo / "mylib").mkdir(parents=True)
-    (repo / "mylib" / "__init__.py").write_text("")
-    (repo / "mylib" / "ops.py").write_text(ops_src)
-    (repo / ".dl-gate.yml").write_text(CONFIG)
+    (repo / package).mkdir(parents=True)
+    (repo / package / "__init__.py").write_text("")
+    (repo / package / "ops.py").write_text(ops_src)
+    (repo / ".dl-gate.yml").write_text(config)
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "base")

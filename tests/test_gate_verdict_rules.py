@@ -8,7 +8,7 @@
   (a dropped ``eps``: 0/0), found on the all-zeros input replayed on both sides."""
 import pytest
 
-from tests.test_gate_run import by_op, gate, git, refresh
+from tests.test_gate_run import by_op, gate, git, make_repo
 
 OPS = '''
 import torch
@@ -64,18 +64,7 @@ PRS = {
 
 @pytest.fixture(scope="module")
 def lib_repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("rules") / "repo"
-    (repo / "lib").mkdir(parents=True)
-    (repo / "lib" / "__init__.py").write_text("")
-    (repo / "lib" / "ops.py").write_text(OPS)
-    (repo / ".dl-gate.yml").write_text(CONFIG)
-    git(repo.parent, "init", "-q", "-b", "main", str(repo))
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "base")
-    refresh(repo)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "baselines")
-    return repo
+    return make_repo(tmp_path_factory.mktemp("rules"), OPS, config=CONFIG, package="lib")
 
 
 def pr(repo, name):
