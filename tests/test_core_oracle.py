@@ -117,3 +117,14 @@ def test_output_floor_fast_path_matches_the_elementwise_definition():
     per = np.abs(out.astype(np.float64) - ref) / np.maximum(ulp(ref, "float32"), floor)
     assert m.ulp == per.max() and m.worst_index == (int(per.argmax()),)
     assert m.mean_ulp == pytest.approx(per.mean(), rel=1e-12)
+
+
+def test_an_all_zero_reference_counts_in_ulps_of_one():
+    # a variance of constant rows: exactly 0; a kernel returning 1.3e-10 is off by 1.3e-10 on
+    # the scale of a normalised output, not by 1e35 smallest subnormals
+    ref = np.zeros(4)
+    out = np.array([0.0, 1.3e-10, 0.0, 0.0])
+    m = compare([Output(out, "float32")], [Output(ref, "float64")], "float32", "output")
+    assert m.ulp == pytest.approx(1.3e-10 / 2.0**-23)
+    m = compare([Output(out, "float32")], [Output(ref, "float64")], "float32", "dtype")
+    assert m.ulp > 1e30  # an elementwise op near its zero keeps relative ULPs (the dtype floor)
