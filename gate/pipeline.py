@@ -198,6 +198,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
     base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
     catalog = load_catalog(cfg.ops, builtin=cfg.builtin)
+    kernels = _kernels(repo, head_sha, catalog, cfg, report)  # before the operator library is imported
     seed = opts.seed if opts.seed is not None else cfg.seed
     report.seed = seed
 
@@ -212,6 +213,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
         return
     names = [s["op"] for s in selected]
+    if kernels is not None:
+        report.warnings.extend(kernels.warnings(names))
     budget_cfg = cfg.budget
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
     per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
@@ -242,6 +245,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
             spec, warning = judged_row(spec, base_specs[name])
             if warning:
                 report.warnings.append(warning)
+        if kernels is not None:
+            spec = kernels.adjust(spec)  # Triton: on the device its kernels run on
         backend = get_backend(spec.framework)
         want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
         budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
@@ -321,6 +326,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
             if i is not None and i < len(w["cands"]):
                 recheck_determinism(vv, w["spec"], task.variant, w["cands"][i], w["head"][i], isolate=isolate)
         w["verdict"] = vv
+        if kernels is not None:
+            kernels.mark(vv)
         report.verdicts.append(vv)
         if vv.details.get("warning"):
             report.warnings.append(f"{vv.id}: {vv.details['warning']}")
@@ -339,6 +346,18 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
            "selected": selected, "settings": settings, "out": Path(opts.out), "say": say, "isolate": isolate}
     localise_stage(report, work, ctx)
+
+
+def _kernels(repo: Path, head_sha: str, catalog: Catalog, cfg: Config, report: V.GateReport):
+    """Operators that launch Triton kernels: the interpreter on CPU, compiled on CUDA (set up
+    before the library is imported); noted in the report."""
+    from .backends.triton_support import activate
+    from .select.kernels import operator_kernels
+
+    run = activate(operator_kernels(repo, head_sha, catalog, cfg))
+    if run is not None:
+        report.env["triton"] = run.to_dict()
+    return run
 
 
 def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
