@@ -215,6 +215,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     names = [s["op"] for s in selected]
     if kernels is not None:
         report.warnings.extend(kernels.warnings(names))
+    _build(repo, cfg, cfg.raw.get("build"), "head", report, Path(opts.out), say)  # a failure: error, first compiler line
     budget_cfg = cfg.budget
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
     per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
@@ -306,7 +307,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         with worktree(repo, merge_base) as tree:
             if cfg.path:
                 py_path = [str((tree / Path(cfg_rel).parent / p)) for p in py_path]
-            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate)
+            croot = tree / Path(cfg_rel).parent
+            if _build(croot, cfg, (bcfg.raw if bcfg else cfg.raw).get("build"), "base", report, Path(opts.out), say):
+                base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate)
 
     for w in work:
         task, finding = w["task"], w["finding"]
@@ -346,6 +349,29 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
            "selected": selected, "settings": settings, "out": Path(opts.out), "say": say, "isolate": isolate}
     localise_stage(report, work, ctx)
+
+
+def _build(tree: Path, cfg: Config, raw, side: str, report: V.GateReport, out: Path, say) -> bool:
+    """Build the library's extension in ``tree`` as ``raw`` (the side's ``build:``) says, cached
+    by source hash. Head failing is the run's error; base failing leaves base unreplayed (the
+    stored baselines judge). True when there is nothing to build or the build is in place."""
+    from .backends.build import BuildError, BuildSpec, build_tree, write_log
+
+    spec = BuildSpec.from_config(raw, cfg.root)
+    if spec is None:
+        return True
+    try:
+        res = build_tree(tree, spec, side, say)
+    except BuildError as exc:
+        log = write_log(out, side, exc)
+        report.env.setdefault("build", {})[side] = {"error": exc.first_error or str(exc),
+                                                     "log": str(log) if log else None}
+        if side == "head":
+            raise
+        report.warnings.append(f"{exc}; base is not replayed, head is judged against the stored baselines")
+        return False
+    report.env.setdefault("build", {})[side] = res.to_dict()
+    return True
 
 
 def _kernels(repo: Path, head_sha: str, catalog: Catalog, cfg: Config, report: V.GateReport):

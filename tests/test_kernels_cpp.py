@@ -1,0 +1,167 @@
+"""C++ extension operators (issue 15): a torch.utils.cpp_extension library as a real git
+repository (tests/beds/cpp_ext.py), built on head and on base with g++/ninja, cached by source
+hash in one directory for the whole session (a build costs ~35 s here; a cached one, none)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gate.backends.build import BuildSpec, build_tree, cache_key, first_error, input_files
+from gate.cli import main
+from gate.errors import ConfigError
+from gate.judge.verdict import GateReport
+from tests.beds import cpp_ext as C
+from tests.helpers.gitrepo import GitRepo
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("build-cache")
+
+
+@pytest.fixture
+def cached(build_cache, monkeypatch) -> Path:
+    monkeypatch.setenv("DL_GATE_BUILD_CACHE", str(build_cache))
+    return build_cache
+
+
+def _lib(path: Path) -> GitRepo:
+    repo = GitRepo.init(path)
+    repo.write(C.FILES, dedent=False)
+    repo.commit("lnext: layer_norm and rms_norm CPU kernels")
+    return repo
+
+
+# -- no compiler needed -------------------------------------------------------------------------
+def test_the_first_compiler_error_line_is_found_and_made_relative(tmp_path):
+    gcc = (f"In file included from {tmp_path}/csrc/a.h:3,\n"
+           f"{tmp_path}/csrc/a.h:7:1: warning: unused\n"
+           f"{tmp_path}/csrc/ops.cpp:12:5: error: expected ';' before '}}' token\n"
+           f"{tmp_path}/csrc/ops.cpp:20:1: error: later\nninja: build stopped: subcommand failed.\n")
+    assert first_error(gcc, tmp_path) == "csrc/ops.cpp:12:5: error: expected ';' before '}' token"
+    nvcc = "csrc/k.cu(41): error: identifier \"foo\" is undefined\n1 error detected"
+    assert first_error(nvcc) == 'csrc/k.cu(41): error: identifier "foo" is undefined'
+    assert first_error("c1xx: fatal error C1083: Cannot open include file").startswith("c1xx: fatal error C1083")
+    assert first_error("something went wrong\nTraceback...\nRuntimeError: boom") == "RuntimeError: boom"
+
+
+def test_the_build_config_is_a_command_or_a_cpp_extension(tmp_path):
+    assert BuildSpec.from_config(None, tmp_path) is None
+    assert BuildSpec.from_config("pip install -e .", tmp_path).command == "pip install -e ."
+    spec = BuildSpec.from_config({"cpp_extension": {"name": "m._C", "sources": ["a.cpp"]}, "cache": "c"}, tmp_path)
+    assert spec.cpp_extension["name"] == "m._C" and spec.cache == tmp_path / "c"
+    with pytest.raises(ConfigError, match="not both"):
+        BuildSpec.from_config({"command": "make", "cpp_extension": {"name": "x", "sources": ["a"]}}, tmp_path)
+    with pytest.raises(ConfigError, match="needs a name"):
+        BuildSpec.from_config({"cpp_extension": {"name": "x"}}, tmp_path)
+    from gate.config import parse_config
+
+    with pytest.raises(ConfigError, match="build"):
+        parse_config("build: {command: make, flags: 1}\n")
+
+
+def test_the_cache_key_follows_the_build_inputs_only(tmp_path):
+    repo = _lib(tmp_path / "lib")
+    spec = BuildSpec.from_config("python setup.py build_ext --inplace", repo.path)
+    assert input_files(repo.path, spec) == ["csrc/layer_norm.cpp", "setup.py"]
+    key = cache_key(repo.path, spec)
+    (repo.path / "lnext" / "ops.py").write_text(C.OPS + "\n# a comment\n")
+    assert cache_key(repo.path, spec) == key  # Python sources are imported, not built
+    C.apply_pr(repo.path, "benign")
+    assert cache_key(repo.path, spec) != key
+    other = BuildSpec.from_config("python setup.py build_ext --inplace --debug", repo.path)
+    assert cache_key(repo.path, other) != cache_key(repo.path, spec)
+
+
+def test_selection_maps_a_changed_cpp_function_through_pybind11_to_the_python_wrapper(tmp_path):
+    from gate.config import load_config
+    from gate.ops.catalog import load_catalog
+    from gate.select import select_ops
+
+    repo = _lib(tmp_path / "lib")
+    repo.branch("pr")
+    C.apply_pr(repo.path, "one_pass_variance")
+    repo.commit("one pass")
+    cfg = load_config(repo.path / ".dl-gate.yml")
+    sel = select_ops(repo.path, "main", "HEAD", load_catalog(cfg.ops, builtin=()), cfg)
+    assert sel.op_names() == ["lnext.layer_norm"]  # rms_norm_forward shares nothing with it
+    path = sel.selected[0].reasons[0].path
+    assert path[0].endswith("row_moments") and "pybind::layer_norm_forward" in path
+    assert path[-2:] == ["lnext.ops:layer_norm", "lnext.layer_norm"]
+
+
+# -- built with g++ / ninja ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ln_repo(tmp_path_factory, build_cache) -> Path:
+    """``main`` with baselines (its extension built into the shared cache first)."""
+    repo = _lib(tmp_path_factory.mktemp("lnext") / "lnext")
+    spec = BuildSpec.from_config("python setup.py build_ext --inplace", repo.path)
+    spec.cache = build_cache
+    build_tree(repo.path, spec, "base")
+    code = "import sys; from gate.cli import main; sys.exit(main(['baseline', 'refresh', '--evals', '150', '--seed', '0']))"
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=repo.path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    repo.commit("baselines")
+    return repo.path
+
+
+def _pr(ln_repo: Path, tmp_path: Path, name: str) -> GitRepo:
+    dst = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ln_repo), str(dst)], check=True)
+    repo = GitRepo(dst)
+    repo.branch(f"pr-{name}")
+    C.apply_pr(dst, name)
+    repo.commit(name)
+    return repo
+
+
+def _gate(repo: Path, out: Path, monkeypatch):
+    monkeypatch.chdir(repo)
+    code = main(["run", "--base", "main", "--out", str(out), "--evals", "150", "--seed", "0"])
+    report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
+    assert report.exit_code == code
+    return code, report
+
+
+@pytest.mark.slow
+def test_the_planted_one_pass_variance_regression_fails_with_a_repro(ln_repo, tmp_path, cached, monkeypatch):
+    repo = _pr(ln_repo, tmp_path, "one_pass_variance")
+    code, report = _gate(repo.path, tmp_path / "out", monkeypatch)
+    assert (code, report.outcome) == (1, "regression"), report.reason
+    assert report.env["build"]["base"]["cached"] is True  # main's build, from the fixture
+    assert report.env["build"]["head"]["cached"] is False
+    (v,) = report.verdicts
+    assert v.op == "lnext.layer_norm" and v.outcome == "regression" and v.head_error > 1e4 * max(v.base_error, 1)
+    assert v.diagnosis["changed_code"][0]["symbol"] == "row_moments"
+    script = v.diagnosis["repro_script"]
+    res = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
+    assert res.returncode == 1, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_a_benign_change_to_the_extension_passes(ln_repo, tmp_path, cached, monkeypatch):
+    repo = _pr(ln_repo, tmp_path, "benign")
+    code, report = _gate(repo.path, tmp_path / "out", monkeypatch)
+    assert [s["op"] for s in report.selected] == ["lnext.layer_norm"]
+    assert (code, report.outcome) == (0, "pass"), [(v.id, v.outcome, v.reason) for v in report.verdicts]
+
+
+@pytest.mark.slow
+def test_a_head_that_does_not_compile_is_an_error_naming_the_first_compiler_error(ln_repo, tmp_path, cached,
+                                                                                   monkeypatch):
+    repo = _pr(ln_repo, tmp_path, "broken")
+    code, report = _gate(repo.path, tmp_path / "out", monkeypatch)
+    assert report.outcome == "error" and code != 0
+    assert report.reason.startswith("build failed on head (exit 1): csrc/layer_norm.cpp:")
+    assert "error: expected" in report.reason, report.reason
+    assert Path(report.env["build"]["head"]["log"]).is_file()
+    spec = BuildSpec.from_config("python setup.py build_ext --inplace", repo.path)
+    assert not (cached / cache_key(repo.path, spec)).exists()  # a failure is never cached: the next run builds again
