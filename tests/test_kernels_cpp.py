@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gate.backends.build import BuildSpec, build_tree, cache_key, first_error, input_files
-from gate.cli import main
 from gate.errors import ConfigError
 from gate.judge.verdict import GateReport
 from tests.beds import cpp_ext as C
@@ -124,11 +123,14 @@ def _pr(ln_repo: Path, tmp_path: Path, name: str) -> GitRepo:
 
 
 def _gate(repo: Path, out: Path, monkeypatch):
-    monkeypatch.chdir(repo)
-    code = main(["run", "--base", "main", "--out", str(out), "--evals", "150", "--seed", "0"])
+    """A fresh process per run, as the CLI runs: two builds of one extension in one process
+    would share its exported symbols (torch loads with RTLD_GLOBAL), the second running the first's code."""
+    res = subprocess.run([sys.executable, "-W", "ignore", "-m", "gate.cli", "run", "--base", "main", "--out", str(out),
+                          "--evals", "150", "--seed", "0"], cwd=repo, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
-    assert report.exit_code == code
-    return code, report
+    assert report.exit_code == res.returncode, res.stderr[-2000:]
+    return res.returncode, report
 
 
 @pytest.mark.slow
@@ -139,7 +141,9 @@ def test_the_planted_one_pass_variance_regression_fails_with_a_repro(ln_repo, tm
     assert report.env["build"]["base"]["cached"] is True  # main's build, from the fixture
     assert report.env["build"]["head"]["cached"] is False
     (v,) = report.verdicts
-    assert v.op == "lnext.layer_norm" and v.outcome == "regression" and v.head_error > 1e4 * max(v.base_error, 1)
+    assert v.op == "lnext.layer_norm" and v.outcome == "regression"
+    # the squared sum overflows (NaN where base is finite) or cancels (error far above base's)
+    assert "new NaN/Inf" in v.reason or "ulp >" in v.reason, v.reason
     assert v.diagnosis["changed_code"][0]["symbol"] == "row_moments"
     script = v.diagnosis["repro_script"]
     res = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
