@@ -101,7 +101,7 @@ def test_selection_maps_a_changed_cpp_function_through_pybind11_to_the_python_wr
 def ln_repo(tmp_path_factory, build_cache) -> Path:
     """``main`` with baselines (its extension built into the shared cache first)."""
     repo = _lib(tmp_path_factory.mktemp("lnext") / "lnext")
-    spec = BuildSpec.from_config("python setup.py build_ext --inplace", repo.path)
+    spec = BuildSpec.from_config("pip install -e .", repo.path)
     spec.cache = build_cache
     build_tree(repo.path, spec, "base")
     code = "import sys; from gate.cli import main; sys.exit(main(['baseline', 'refresh', '--evals', '150', '--seed', '0']))"
@@ -140,6 +140,8 @@ def test_the_planted_one_pass_variance_regression_fails_with_a_repro(ln_repo, tm
     assert (code, report.outcome) == (1, "regression"), report.reason
     assert report.env["build"]["base"]["cached"] is True  # main's build, from the fixture
     assert report.env["build"]["head"]["cached"] is False
+    listed = subprocess.run([sys.executable, "-m", "pip", "list"], capture_output=True, text=True).stdout
+    assert "lnext" not in listed  # `pip install -e .` built in place, installed nothing here
     (v,) = report.verdicts
     assert v.op == "lnext.layer_norm" and v.outcome == "regression"
     # the squared sum overflows (NaN where base is finite) or cancels (error far above base's)
@@ -167,5 +169,5 @@ def test_a_head_that_does_not_compile_is_an_error_naming_the_first_compiler_erro
     assert report.reason.startswith("build failed on head (exit 1): csrc/layer_norm.cpp:")
     assert "error: expected" in report.reason, report.reason
     assert Path(report.env["build"]["head"]["log"]).is_file()
-    spec = BuildSpec.from_config("python setup.py build_ext --inplace", repo.path)
+    spec = BuildSpec.from_config("pip install -e .", repo.path)
     assert not (cached / cache_key(repo.path, spec)).exists()  # a failure is never cached: the next run builds again

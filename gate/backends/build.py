@@ -189,6 +189,9 @@ def _run(cmd, tree: Path, timeout: float, shell: bool) -> subprocess.CompletedPr
     bindir = str(Path(sys.executable).parent)  # `python`/`pip` in the command: the gate's interpreter
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2))))
+    # builds use the gate's environment (torch is there), also pip calls nested in setuptools'
+    # develop (pip reads PIP_NO_BUILD_ISOLATION inverted: 0 turns isolation off)
+    env.setdefault("PIP_NO_BUILD_ISOLATION", "0")
     try:
         return subprocess.run(cmd, cwd=str(tree), shell=shell, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as exc:
