@@ -26,9 +26,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# git: the gate diffs the pull request against the merge-base with its base ref.
+# git: the gate diffs the pull request against the merge-base with its base ref; g++ and make:
+# it builds a library's C++ extension on both sides (`build:` in .dl-gate.yml, docs/kernels.md).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git \
+ && apt-get install -y --no-install-recommends git g++ make \
  && rm -rf /var/lib/apt/lists/*
 
 # The frameworks first (the slow, rarely changing layer): torch from the index given by
@@ -39,7 +40,8 @@ RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_
 WORKDIR /opt/dl-gate
 COPY pyproject.toml README.md ./
 COPY gate ./gate
-RUN pip install --no-cache-dir "/opt/dl-gate[plot,opinfo,export]" \
+# triton: Triton kernels run in its interpreter on CPU; ninja: torch.utils.cpp_extension builds
+RUN pip install --no-cache-dir "/opt/dl-gate[plot,opinfo,export,triton,cpp]" \
  && dl-gate --version
 
 ENTRYPOINT ["dl-gate", "action"]

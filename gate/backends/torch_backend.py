@@ -18,6 +18,28 @@ DTYPES = {
 NAMES = {v: k for k, v in DTYPES.items()}
 
 
+@contextlib.contextmanager
+def cuda_math(mode: Optional[str]):
+    """CUDA math flags for one call: ``tf32`` lets float32 matmuls and convolutions run in TF32,
+    ``reduced`` lets float16/bfloat16 matmuls reduce in reduced precision; every other mode runs
+    with both off (full-precision accumulation), so that each flag is judged as its own variant.
+    ``None`` (not on CUDA): nothing is touched. The previous settings come back afterwards."""
+    if mode is None:
+        yield
+        return
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (m.allow_tf32, c.allow_tf32, m.allow_fp16_reduced_precision_reduction,
+             m.allow_bf16_reduced_precision_reduction)
+    tf32, reduced = mode == "tf32", mode == "reduced"
+    try:
+        m.allow_tf32 = c.allow_tf32 = tf32
+        m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = reduced
+        yield
+    finally:
+        (m.allow_tf32, c.allow_tf32, m.allow_fp16_reduced_precision_reduction,
+         m.allow_bf16_reduced_precision_reduction) = saved
+
+
 class TorchBackend(Backend):
     name = "torch"
     unsupported_patterns = (
@@ -99,7 +121,7 @@ class TorchBackend(Backend):
         ctx = contextlib.nullcontext()
         if mode == "operator" and dtype in ("float16", "bfloat16"):
             ctx = torch.autocast(device_type=device, dtype=DTYPES[dtype])
-        with torch.no_grad(), ctx:
+        with torch.no_grad(), ctx, cuda_math(mode if device == "cuda" else None):
             out = fn(*args, **kwargs)
         if device == "cuda":
             torch.cuda.synchronize()
