@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.backends.build import BuildSpec, build_tree, cache_key, first_error, input_files
+from gate.backends.build import BuildError, BuildSpec, build_tree, cache_key, first_error, input_files
 from gate.errors import ConfigError
 from gate.judge.verdict import GateReport
 from tests.beds import cpp_ext as C
@@ -171,3 +171,38 @@ def test_a_head_that_does_not_compile_is_an_error_naming_the_first_compiler_erro
     assert Path(report.env["build"]["head"]["log"]).is_file()
     spec = BuildSpec.from_config("pip install -e .", repo.path)
     assert not (cached / cache_key(repo.path, spec)).exists()  # a failure is never cached: the next run builds again
+
+
+MINI_C = r'''#include <Python.h>
+
+static PyObject* twice(PyObject* self, PyObject* arg) {
+  double v = PyFloat_AsDouble(arg);
+  if (v == -1.0 && PyErr_Occurred()) return NULL;
+  return PyFloat_FromDouble(2.0 * v);
+}
+
+static PyMethodDef methods[] = {{"twice", twice, METH_O, "2 x"}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&mod); }
+'''
+
+
+def test_a_cpp_extension_is_built_into_its_package_and_restored_from_the_cache(tmp_path, monkeypatch):
+    """The ``cpp_extension`` recipe (torch.utils.cpp_extension.load), on a source that needs only
+    Python.h (seconds to compile): built once, placed as ``mini/_C*.so``, then restored."""
+    repo = GitRepo.init(tmp_path / "mini")
+    repo.write({"mini/__init__.py": "", "csrc/mini.cpp": MINI_C}, dedent=False)
+    repo.commit("mini")
+    spec = BuildSpec.from_config({"cpp_extension": {"name": "mini._C", "sources": ["csrc/mini.cpp"]},
+                                  "cache": str(tmp_path / "cache")}, repo.path)
+    first = build_tree(repo.path, spec, "head")
+    assert not first.cached and len(first.files) == 1 and first.files[0].startswith("mini/_C")
+    check = [sys.executable, "-c", "import mini._C as c; assert c.twice(1.5) == 3.0"]
+    assert subprocess.run(check, cwd=repo.path).returncode == 0
+    (repo.path / first.files[0]).unlink()
+    again = build_tree(repo.path, spec, "head")
+    assert again.cached and again.files == first.files and again.key == first.key
+    assert subprocess.run(check, cwd=repo.path).returncode == 0
+    (repo.path / "csrc/mini.cpp").write_text(MINI_C.replace("return NULL;", "return NULL"))
+    with pytest.raises(BuildError, match=r"build failed on head .*csrc/mini\.cpp:\d+:\d+: error"):
+        build_tree(repo.path, spec, "head")
