@@ -206,3 +206,23 @@ def test_a_cpp_extension_is_built_into_its_package_and_restored_from_the_cache(t
     (repo.path / "csrc/mini.cpp").write_text(MINI_C.replace("return NULL;", "return NULL"))
     with pytest.raises(BuildError, match=r"build failed on head .*csrc/mini\.cpp:\d+:\d+: error"):
         build_tree(repo.path, spec, "head")
+
+
+def test_pybind11_module_definitions_are_registrations_of_the_functions_they_bind():
+    from gate.changes.cpp import CppFile
+
+    src = b'''#include <torch/extension.h>
+namespace ops { torch::Tensor fwd(torch::Tensor x); torch::Tensor bwd(torch::Tensor g); }
+torch::Tensor helper(torch::Tensor x, int k);
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &ops::fwd, "forward");
+  m.def("backward", ops::bwd);
+  m.def("scaled", py::overload_cast<torch::Tensor, int>(&helper), py::arg("x"), py::arg("k") = 2);
+  m.def("lambda_op", [](torch::Tensor x) { return helper(x, 3); });
+  m.attr("version") = "1";
+}
+'''
+    regs = {r.ops[0]: (r.kind, r.names, r.start) for r in CppFile("csrc/ops.cpp", src).registrations}
+    assert regs == {"pybind::forward": ("pybind_def", ["fwd"], 5), "pybind::backward": ("pybind_def", ["bwd"], 6),
+                    "pybind::scaled": ("pybind_def", ["helper"], 7),
+                    "pybind::lambda_op": ("pybind_def", ["helper"], 8)}
