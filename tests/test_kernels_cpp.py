@@ -147,6 +147,9 @@ def test_the_planted_one_pass_variance_regression_fails_with_a_repro(ln_repo, tm
     # the squared sum overflows (NaN where base is finite) or cancels (error far above base's)
     assert "new NaN/Inf" in v.reason or "ulp >" in v.reason, v.reason
     assert v.diagnosis["changed_code"][0]["symbol"] == "row_moments"
+    # localisation's base worker runs base's own build too (restored from the cache)
+    status = next(r for r in v.diagnosis["base_vs_head"] if r["name"] == "status")
+    assert status == {"name": "status", "base": "ok", "head": "ok"}, v.diagnosis["base_vs_head"]
     script = v.diagnosis["repro_script"]
     res = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
     assert res.returncode == 1, res.stdout + res.stderr
