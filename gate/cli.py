@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervised command re-runs itself in a child
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CODES[Outcome.ERROR]

@@ -52,10 +52,12 @@ class RunOptions:
     isolate: Optional[bool] = None  # default: the config's gate.isolate
     eval_timeout: Optional[float] = None  # default: the config's gate.eval_timeout, else 10 s
     progress: Optional[Callable[[str], None]] = None
+    #: called with (the report so far, the progress line) at each step: the supervisor's state
+    checkpoint: Optional[Callable[[V.GateReport, str], None]] = None
 
 
 def git(repo: Path, *args: str) -> str:
-    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, encoding="utf-8", errors="replace")
     if res.returncode != 0:
         msg = (res.stderr.strip().splitlines() or ["git failed"])[-1]
         raise GateError(f"git {' '.join(args)}: {msg}")
@@ -63,7 +65,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def base_config(repo: Path, rev: str, rel: str) -> Optional[Config]:
-    res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"], capture_output=True, text=True)
+    res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"], capture_output=True, encoding="utf-8", errors="replace")
     if res.returncode != 0:
         return None
     return parse_config(res.stdout, Path(f"{rel}@{rev[:10]}"), root=repo)
@@ -100,12 +102,17 @@ def _selection(opts: RunOptions, cfg: Config, catalog: Catalog, base_sha: str, h
 
 def run_gate(opts: RunOptions) -> V.GateReport:
     t0 = time.perf_counter()
-    say = opts.progress or (lambda s: None)
     report = V.GateReport(outcome=Outcome.ERROR.value, reason="", seed=opts.seed)
+
+    def say(line: str) -> None:
+        if opts.progress:
+            opts.progress(line)
+        if opts.checkpoint:
+            opts.checkpoint(report, line)
     report.env["gate_version"] = __version__
     report.env["harness"] = HARNESS_VERSION
     try:
-        _clear_previous_run(Path(opts.out))
+        clear_previous_run(Path(opts.out))
         make_output_dir(opts.out)
         _run(opts, report, say)
     except GateError as exc:
@@ -137,7 +144,7 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 RUN_OUTPUTS = ("repro", "findings", "report.json", "report.md", "junit.xml", "errors.png")
 
 
-def _clear_previous_run(out: Path) -> None:
+def clear_previous_run(out: Path) -> None:
     """Only where an earlier dl-gate run left its report.json (never in a directory of the user's)."""
     try:
         prev = json.loads((out / "report.json").read_text())
@@ -168,6 +175,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     # the config the nearest one above the directory given
     start, repo = repo, top
     cfg = load_config(opts.config) if opts.config else load_config(search_from=start, up_to=top)
+    cfg_outside = cfg.path is not None and top not in cfg.path.resolve().parents
+    if cfg_outside:  # a config kept outside the repository: its paths are the repository's
+        cfg = load_config(opts.config, root=top)
     cfg.activate()  # also forgets stale imports of the user's library
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
@@ -184,7 +194,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         raise SetupError(f"--head {opts.head} ({head_sha[:10]}) is not the checked-out commit ({checked_out[:10]}): "
                          "the gate imports the operators from the working tree; check the head out first")
     status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True).stdout
+                            capture_output=True, encoding="utf-8", errors="replace").stdout
     dirty = [ln[3:] for ln in status.splitlines() if ln.strip()]
     if dirty:
         report.warnings.append(f"uncommitted changes in the working tree ({', '.join(dirty[:5])}"
@@ -192,8 +202,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                                + f"): the gate runs them, the report names {head_sha[:10]}")
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
-    cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"
-    bcfg = base_config(repo, base_sha, cfg_rel)
+    if cfg_outside:  # not in the PR's tree: the same file judges both sides
+        cfg_rel, bcfg = None, cfg
+    else:
+        cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"
+        bcfg = base_config(repo, base_sha, cfg_rel)
     # the PR cannot loosen its own gate: settings (and op thresholds) come from the base
     settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
     base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
@@ -300,7 +313,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
         with worktree(repo, merge_base) as tree:
             if cfg.path:
-                py_path = [str((tree / Path(cfg_rel).parent / p)) for p in py_path]
+                py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
             base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate)
 
     for w in work:

@@ -117,9 +117,9 @@ def test_an_earlier_runs_outputs_are_replaced_but_foreign_files_are_kept(lib_rep
     mine = tmp_path / "mine"
     (mine / "findings").mkdir(parents=True)
     (mine / "findings" / "notes.txt").write_text("keep\n")
-    from gate.pipeline import _clear_previous_run
+    from gate.pipeline import clear_previous_run
 
-    _clear_previous_run(mine)
+    clear_previous_run(mine)
     assert (mine / "findings" / "notes.txt").exists()
 
 

@@ -65,24 +65,42 @@ class IsolateOptions:
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
     zygote: bool = True  # fork workers from a warm zygote (False: a fresh interpreter each)
+    #: address-space limit of a worker (MiB): an operator that allocates past it gets a
+    #: MemoryError in its worker instead of the machine's OOM killer; None: 80% of the memory
+    memory_mb: Optional[int] = None
 
     def to_dict(self) -> dict:
         return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
-                "zygote": self.zygote}
+                "zygote": self.zygote, "memory_mb": self.memory_mb}
+
+    def memory_limit(self) -> Optional[int]:
+        """Bytes a worker may map (the option, else 80% of physical memory; None if unknown)."""
+        if self.memory_mb is not None:
+            return int(self.memory_mb) * 1024 * 1024
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+            return None
 
 
 def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
                     gate_cfg: Optional[dict] = None) -> Optional[IsolateOptions]:
-    """Options from a flag and the config's ``gate.isolate`` / ``gate.eval_timeout`` (the flag
-    wins); ``None`` when evaluations run in-process."""
+    """Options from a flag and the config's ``gate.isolate`` / ``gate.eval_timeout`` /
+    ``gate.eval_memory_mb`` (the flag wins); isolation is on unless turned off (trusted code
+    only); ``None`` when evaluations run in-process."""
     g = dict(gate_cfg or {})
-    on = enabled if enabled is not None else bool(g.get("isolate", False))
+    on = enabled if enabled is not None else bool(g.get("isolate", True))
     timeout = timeout if timeout is not None else g.get("eval_timeout")
     if timeout is not None and float(timeout) <= 0:
         raise GateError("the evaluation timeout must be a positive number of seconds")
     if not on:
         return None
-    return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
+    kw: Dict[str, Any] = {}
+    if timeout is not None:
+        kw["timeout"] = float(timeout)
+    if g.get("eval_memory_mb") is not None:
+        kw["memory_mb"] = int(g["eval_memory_mb"])
+    return IsolateOptions(**kw)
 
 
 def _child_env() -> Dict[str, str]:
@@ -277,7 +295,8 @@ class _Worker:
         self.env: Optional[dict] = None
         self.devices: list = []
         # sent now, answered when the worker has imported the framework and built the runner
-        self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant}))
+        self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant,
+                               "memory": options.memory_limit()}))
 
     def receive(self, timeout: float) -> Tuple[str, Any]:
         try:
@@ -482,7 +501,9 @@ class IsolatedRunner:
             where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["timeouts"] += 1
             signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
-            message = f"{signature} (a hang); the worker was killed and replaced"
+            allowance = (f" (the {self.options.timeout:g}s evaluation limit x{self.options.warmup_factor:g}: a "
+                         "worker's first evaluation may compile)") if warm else ""
+            message = f"{signature}{allowance} (a hang); the worker was killed and replaced"
         else:
             name, why = _describe_exit(worker.exit_code())
             where = _innermost_frame(worker.log_tail(log_pos))
@@ -559,6 +580,21 @@ def _die_with_parent() -> None:
             pass
 
 
+def _limit_memory(limit: Optional[int]) -> None:
+    """The worker's address space: an allocation past it fails in the operator (MemoryError)."""
+    if not limit:
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX, or not allowed
+        pass
+
+
 def worker_main(rfd: int, wfd: int) -> int:
     import faulthandler
     import traceback
@@ -582,6 +618,7 @@ def worker_main(rfd: int, wfd: int) -> int:
             info = msg[1]
             # the parent's import path, in the parent's order (the user's library first)
             sys.path[:] = list(info["sys_path"]) + [p for p in sys.path if p not in info["sys_path"]]
+            _limit_memory(info.get("memory"))
             try:
                 from .registry import build_runner
 

@@ -105,7 +105,7 @@ def worktree(repo: Path, rev: str) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-base-"))
     path = tmp / "tree"
     res = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), rev],
-                         capture_output=True, text=True)
+                         capture_output=True, encoding="utf-8", errors="replace")
     if res.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise GateError(f"cannot check out base {rev}: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else 'git worktree failed'}")
@@ -138,7 +138,7 @@ def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[Replay
         env["PYTHONPATH"] = gate_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             res = subprocess.run([sys.executable, "-m", "gate.judge.replay_worker", str(work)], cwd=str(tree),
-                                 capture_output=True, text=True, timeout=timeout, env=env)
+                                 capture_output=True, encoding="utf-8", errors="replace", timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise GateError(f"base replay timed out after {timeout:.0f}s") from None
         if res.returncode != 0 or not (work / "response.json").exists():
