@@ -314,7 +314,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         with worktree(repo, merge_base) as tree:
             if cfg.path:
                 py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
-            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate)
+            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=repo)
 
     for w in work:
         task, finding = w["task"], w["finding"]

@@ -24,6 +24,12 @@ def noisy(x):
     return x + torch.randn_like(x) * 1e-7
 
 
+def entropy_noisy(x):
+    import numpy as np  # an unseeded generator: OS entropy, different on every call
+
+    return x + torch.from_numpy(np.random.default_rng().standard_normal(x.shape)).to(x.dtype) * 1e-7
+
+
 def log1p_masked(x):
     # 0 * exp(x) is NaN once exp overflows the dtype (x > 88.7 in float32): a NaN base and
     # head share, which the search finds within a few evaluations
@@ -47,6 +53,11 @@ ops:
     sources: [lib/ops.py]
     dims: {N: [1, 16]}
     inputs: [{name: x, shape: [N]}]
+  - name: lib.entropy_noisy
+    callable: lib.ops:entropy_noisy
+    sources: [lib/ops.py]
+    dims: {N: [1, 16]}
+    inputs: [{name: x, shape: [N]}]
   - name: lib.log1p_masked
     callable: lib.ops:log1p_masked
     sources: [lib/ops.py]
@@ -57,6 +68,7 @@ ops:
 PRS = {
     "log1p": ("torch.log1p(x) + 0", "torch.log(1 + x) + 0"),
     "noisy": ("x + torch.randn_like(x) * 1e-7", "x + 1e-7 * torch.randn_like(x)"),
+    "entropy": ("standard_normal(x.shape)).to(x.dtype) * 1e-7", "standard_normal(x.shape)).to(x.dtype) * 1.0e-7"),
     "no_upcast": ("    xf = x.float()\n", "    xf = x\n"),
     "no_eps": ("torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),
 }
@@ -153,10 +165,19 @@ def test_run_from_a_subdirectory_and_a_head_that_is_not_checked_out(lib_repo, tm
     assert code == 2 and "is not the checked-out commit" in report["reason"] and report["env"]["setup_error"]
 
 
-def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_path):
-    pr(lib_repo, "noisy")  # a benign refactor of an operator that adds random noise
+def test_a_seeded_random_operator_is_compared_on_the_same_random_stream(lib_repo, tmp_path):
+    pr(lib_repo, "noisy")  # a benign refactor of an operator that adds torch's random noise
+    # head's and base's workers are forked from one zygote and seeded alike: the same inputs
+    # see the same random numbers on both sides, so the refactor is judged as what it is
     code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.noisy", evals=30)
     (v,) = by_op(report, "lib.noisy")
+    assert code == 0 and v.outcome == "pass", (v.outcome, v.reason)
+
+
+def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_path):
+    pr(lib_repo, "entropy")  # a benign refactor of an operator whose noise comes from OS entropy
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.entropy_noisy", evals=30)
+    (v,) = by_op(report, "lib.entropy_noisy")
     # the verdict that would have failed was checked against a second run of head
     assert code == 2 and v.outcome == "error", (v.outcome, v.reason)
     assert v.reason.startswith("non-deterministic") and v.details["nondeterministic"]

@@ -2,6 +2,7 @@
 precision error against float64, print a table, save the worst inputs for replay."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,11 +27,11 @@ def register(sub) -> None:
     p.add_argument("--oracle", action="append", metavar="ORACLE",
                    help=f"oracle(s) to run (repeatable or comma-separated; 'all' for every one that applies): "
                         f"{', '.join(FUZZ_ORACLES)} (default: the config's gate.oracles, else precision)")
-    p.add_argument("--isolate", action="store_true", default=None,
-                   help="evaluate in a worker process: a segfault, abort or hang becomes a crash finding "
-                        "(default: the config's gate.isolate)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="evaluate in worker processes: an exit, segfault, abort or hang becomes a crash finding "
+                        "(the default; --no-isolate for trusted code; config gate.isolate)")
     p.add_argument("--eval-timeout", type=seconds, metavar="SECONDS",
-                   help="with --isolate: seconds one evaluation may take before it counts as a hang "
+                   help="seconds one isolated evaluation may take before it counts as a hang "
                         "(default: the config's gate.eval_timeout, else 10)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
     p.add_argument("--scheduler", default="uct", choices=["uct", "uniform"],

@@ -68,10 +68,15 @@ class IsolateOptions:
     #: address-space limit of a worker (MiB): an operator that allocates past it gets a
     #: MemoryError in its worker instead of the machine's OOM killer; None: 80% of the memory
     memory_mb: Optional[int] = None
+    #: the worker's import path and working directory (default: this process's): the base
+    #: replay's workers import the operator library from the base worktree
+    sys_path: Optional[Tuple[str, ...]] = None
+    cwd: Optional[str] = None
 
     def to_dict(self) -> dict:
         return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
-                "zygote": self.zygote, "memory_mb": self.memory_mb}
+                "zygote": self.zygote, "memory_mb": self.memory_mb,
+                "sys_path": list(self.sys_path) if self.sys_path is not None else None, "cwd": self.cwd}
 
     def memory_limit(self) -> Optional[int]:
         """Bytes a worker may map (the option, else 80% of physical memory; None if unknown)."""
@@ -295,8 +300,9 @@ class _Worker:
         self.env: Optional[dict] = None
         self.devices: list = []
         # sent now, answered when the worker has imported the framework and built the runner
-        self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant,
-                               "memory": options.memory_limit()}))
+        self.tx.send(("init", {"sys_path": list(options.sys_path if options.sys_path is not None else sys.path),
+                               "spec": spec, "variant": variant, "memory": options.memory_limit(),
+                               "cwd": options.cwd}))
 
     def receive(self, timeout: float) -> Tuple[str, Any]:
         try:
@@ -619,6 +625,8 @@ def worker_main(rfd: int, wfd: int) -> int:
             # the parent's import path, in the parent's order (the user's library first)
             sys.path[:] = list(info["sys_path"]) + [p for p in sys.path if p not in info["sys_path"]]
             _limit_memory(info.get("memory"))
+            if info.get("cwd"):
+                os.chdir(info["cwd"])
             try:
                 from .registry import build_runner
 

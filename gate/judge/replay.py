@@ -116,11 +116,38 @@ def worktree(repo: Path, rev: str) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _inside(path: str, root: Optional[Path]) -> bool:
+    if root is None:
+        return False
+    try:
+        p, r = Path(path).resolve(), Path(root).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return p == r or r in p.parents
+
+
+def _replay_isolated(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob], isolate,
+                     head_root: Optional[Path]) -> Dict[str, List[ReplayResult]]:
+    from dataclasses import replace as _replace
+
+    lib = [str((Path(tree) / p).resolve()) for p in (python_path or ["."])]
+    # what ``python -m`` in the tree would have: the library's directories, the tree, then this
+    # process's path without the working directory and anything of head's checkout
+    rest = [p for p in sys.path if p not in ("", ".") and not _inside(p, head_root) and not _inside(p, tree)]
+    opts = _replace(isolate, sys_path=tuple(dict.fromkeys([*lib, str(Path(tree).resolve()), *rest])),
+                    cwd=str(tree))
+    return {job.key: replay(job.spec, job.variant, job.candidates, isolate=opts) for job in jobs}
+
+
 def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob],
-                   timeout: float = 600.0, isolate=None) -> Dict[str, List[ReplayResult]]:
-    """Run ``jobs`` in a fresh interpreter whose operator library is imported from ``tree``."""
+                   timeout: float = 600.0, isolate=None, head_root: Optional[Path] = None) -> Dict[str, List[ReplayResult]]:
+    """Run ``jobs`` with the operator library imported from ``tree``: in isolated workers forked
+    by the same warm zygote as head's (their import path the tree's, nothing of ``head_root``),
+    or, without isolation, in a fresh interpreter."""
     if not jobs:
         return {}
+    if isolate is not None:
+        return _replay_isolated(tree, python_path, jobs, isolate, head_root)
     work = Path(tempfile.mkdtemp(prefix="dl-gate-replay-"))
     try:
         req = {"root": str(tree), "python_path": list(python_path), "jobs": [],

@@ -360,10 +360,13 @@ class Localiser:
         from .trace import culprit, trace_op
 
         spec, variant = self.spec, self.variant
-        if self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND:
+        if (self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND
+                and _ends_a_process(self.target.crash_signature)):
             # tracing runs the operator in this process: an isolated gate does not do that on an
-            # input that crashed its worker
-            diag.notes.append("sub-operations are not traced for a crash when evaluations are isolated")
+            # input that killed or hung its worker (an exception it raised is traced: the run's
+            # process is supervised, and the view or index that raised is the answer)
+            diag.notes.append("sub-operations are not traced for a crash that ends its process when evaluations "
+                              "are isolated")
             return []
         try:
             f64 = self.target.kind == BEHAVIOUR
@@ -464,3 +467,10 @@ def _values(a: np.ndarray) -> str:
     if a.ndim == 0:
         return _num(a)
     return "[" + ", ".join(_values(x) for x in a) + "]"
+
+
+def _ends_a_process(sig) -> bool:
+    """A crash signature of a worker that died or hung (not an exception the operator raised)."""
+    import re
+
+    return sig is None or bool(re.match(r"(SIG[A-Z]+|exit code|timeout after|signal #|worker lost)", str(sig)))
