@@ -442,8 +442,11 @@ class IsolatedRunner:
                 worker.call(("seed", self._seed), self.options.start_timeout)
         return self._active
 
-    def _discard_active(self) -> None:
+    def _discard_active(self, kill: bool = False) -> None:
+        """Close the worker (``kill``: at once, for one that hung or died: no polite exit)."""
         if self._active is not None:
+            if kill:
+                self._active.kill()
             self._active.close()
             self._active = None
 
@@ -516,7 +519,7 @@ class IsolatedRunner:
             self.stats["crashes"] += 1
             signature = name + (f" in {where}" if where else "")
             message = why + (f" in {where}" if where else "") + "; the worker died and was replaced"
-        self._discard_active()
+        self._discard_active(kill=True)
         ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
                         extra={"isolated": True})
         return cand, ev

@@ -105,7 +105,13 @@ class Localiser:
         start = Check(q0, variant, holds0, h0, b0, self.target.severity(h0, b0, variant.dtype) if holds0 else 0.0)
         if not self.use_base and self.w.get("base") is not None:
             diag.notes.append("base could not run this operator: judged against the baseline row instead")
-        if holds0 is not True:
+        # a hang: every probe of it costs the evaluation timeout, and a smaller input or another
+        # parameter rarely tells more than where it hung (the signature's frame): not shrunk
+        hang = kind == CRASH_KIND and str(self.target.crash_signature or "").startswith("timeout after")
+        if hang:
+            diag.notes.append("a hang: the input as found, parameters not varied (each probe would cost the "
+                              "evaluation timeout); where it hung is in the crash signature")
+        if holds0 is not True and not hang:
             # the judge saw it on this input: re-ask both sides once (a flaky answer or a rule detail)
             again = self.check([(variant, q0)])[0]
             if again.holds:
@@ -116,7 +122,7 @@ class Localiser:
 
         # 1-2. minimal input -----------------------------------------------------------------
         minimal = start
-        if start.holds:
+        if start.holds and not hang:
             if self.deadline.expired():
                 diag.truncated = True
                 diag.notes.append("budget spent before shrinking: the input as found")
@@ -127,7 +133,9 @@ class Localiser:
         diag.minimal_input = self._describe_input(cand, diag.found_input_elements)
 
         # 1. variant and parameter ----------------------------------------------------------
-        if self.deadline.expired():
+        if hang:
+            pass
+        elif self.deadline.expired():
             diag.truncated = True
             diag.notes.append("budget spent before varying parameters")
         else:
