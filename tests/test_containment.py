@@ -157,3 +157,25 @@ def test_without_isolation_a_hang_is_stopped_at_the_deadline(repo, tmp_path):
     assert res.returncode == 2 and report["outcome"] == "error", (res.returncode, report["reason"])
     assert "deadline of 20s" in report["reason"], report["reason"]
     assert took < 20 + 25, took
+
+
+def test_sigint_of_the_gate_still_writes_the_report(repo, tmp_path):
+    """Ctrl-C (or a CI runner's SIGINT) reaches the supervisor: the run is stopped and the
+    report says why, with what was computed so far."""
+    import signal
+
+    pr = branch(repo, tmp_path, "hang", ["hang"])
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "gate.cli", "run", "--base", "main", "--out", str(out), "--evals", "4",
+                             "--ops", "lib.hang", "--no-isolate"], cwd=pr, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait until the run is inside the operator
+        if "fuzzing lib.hang" in line:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=60)
+    report = outputs(out)
+    assert proc.returncode == 2 and report["outcome"] == "error", (proc.returncode, report["reason"])
+    assert "SIGINT" in report["reason"] and report["selected"], report["reason"]
