@@ -225,6 +225,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
         return
     names = [s["op"] for s in selected]
+    from .fuzz.isolate import isolate_options, prestart
+
+    isolate = isolate_options(opts.isolate, opts.eval_timeout, cfg.gate)  # crashes and hangs stay in a worker
+    if isolate is not None:
+        prestart({catalog.get(n).framework for n in names}, isolate)
     budget_cfg = cfg.budget
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
     per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
@@ -236,9 +241,6 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     devices = opts.devices or gate_cfg.get("devices")
     strategy = opts.strategy or gate_cfg.get("strategy", "linf")
     oracles = opts.oracles or gate_cfg.get("oracles")
-    from .fuzz.isolate import isolate_options
-
-    isolate = isolate_options(opts.isolate, opts.eval_timeout, gate_cfg)  # crashes and hangs stay in a worker
 
     from .fuzz import fuzz_task
     from .fuzz.inputs import degenerate_inputs, draw

@@ -145,7 +145,22 @@ class _Zygote:
             child.close()
         self.conn = Connection(parent.detach())
         self.lock = threading.Lock()
-        self._request(("preload", list(preload)), start_timeout)
+        # the framework import runs while the gate goes on (it is answered before the first fork)
+        self.start_timeout = start_timeout
+        self._preloaded = False
+        self.conn.send(("preload", list(preload)))
+
+    def _await_preload(self) -> None:
+        if self._preloaded:
+            return
+        with self.lock:
+            try:
+                if not self.conn.poll(self.start_timeout):
+                    raise GateError(f"the isolation zygote did not start within {self.start_timeout:g}s")
+                self.conn.recv()
+            except (EOFError, OSError) as exc:
+                raise GateError(f"the isolation zygote is gone ({type(exc).__name__})") from None
+            self._preloaded = True
 
     def _request(self, msg: tuple, timeout: float, fds: Tuple[int, ...] = ()) -> Any:
         from multiprocessing.reduction import send_handle
@@ -165,6 +180,7 @@ class _Zygote:
         return self.proc.poll() is None
 
     def fork(self, rfd: int, wfd: int, timeout: float) -> "_Forked":
+        self._await_preload()
         reply = self._request(("fork",), timeout, fds=(rfd, wfd))
         return _Forked(int(reply[1]), self)
 
@@ -226,6 +242,19 @@ class _Forked:
 
 _ZYGOTES: Dict[Tuple[str, ...], _Zygote] = {}
 _ZYGOTE_LOCK = threading.Lock()
+
+
+def prestart(frameworks, options: Optional["IsolateOptions"] = None) -> None:
+    """Start the zygotes of ``frameworks`` now, so that their framework import overlaps with the
+    gate's own work (selection, planning) instead of delaying the first evaluation."""
+    options = options or IsolateOptions()
+    if not options.zygote:
+        return
+    for fw in sorted(set(frameworks)):
+        try:
+            _zygote(PRELOAD.get(fw, ()), options.start_timeout)
+        except (GateError, OSError):  # the first runner will say what is wrong
+            pass
 
 
 def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]:
