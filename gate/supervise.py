@@ -248,5 +248,8 @@ def verdict_of_run(result: dict, out: Path):
         why += f"; its last step: {last}"
     report.outcome, report.reason = Outcome.ERROR.value, why
     report.errors.append(why)
+    # nothing was judged to the end: like a setup error, this fails the Action's step whatever
+    # its fail-on input says (the code under test must not be able to make it green)
+    report.env["run_incomplete"] = True
     report.seconds = round(result["seconds"], 2)
     return report, False

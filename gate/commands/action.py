@@ -187,7 +187,9 @@ def fallback_report(argv: List[str], rc: int, message: str, out: Path, refresh: 
     if refresh and rc == 0:
         return GateReport(outcome="pass", reason="baselines refreshed")
     reason = message or f"`dl-gate {' '.join(argv[:2])}` exited with code {rc} without writing {out}/report.json"
-    return _error_report(reason)
+    report = _error_report(reason)
+    report.env["run_incomplete"] = True  # whatever the exit code said: fails the step
+    return report
 
 
 def trust_workspace(env: dict, workspace: Optional[str]) -> None:
@@ -290,8 +292,11 @@ def run(args) -> int:
                 report = fallback_report(argv, rc, message, out, inp.mode == "refresh")
     _finish(report, inp, env, workspace)
     setup = report.outcome == Outcome.ERROR.value and bool(report.env.get("setup_error"))
-    code = report.exit_code if report.outcome in inp.fail_on or setup else 0
+    incomplete = report.outcome == Outcome.ERROR.value and bool(report.env.get("run_incomplete"))
+    code = report.exit_code if report.outcome in inp.fail_on or setup or incomplete else 0
     print(f"dl-gate action: outcome {report.outcome} in {time.time() - started:.0f}s; step exits {code} "
           f"(fail-on: {', '.join(inp.fail_on) or 'never'}"
-          + ("; a setup error fails the step whatever fail-on says" if setup else "") + ")", file=sys.stderr)
+          + ("; a setup error fails the step whatever fail-on says" if setup else "")
+          + ("; a run that ended without its report fails the step whatever fail-on says" if incomplete else "")
+          + ")", file=sys.stderr)
     return code
