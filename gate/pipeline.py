@@ -6,6 +6,7 @@ verdict computed so far, so a JUnit file and the report are always written.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -25,7 +26,7 @@ from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
 from .judge.decide import GateSettings, base_side, decide, judged_row, overall, recheck_determinism
-from .judge.replay import ReplayJob, replay_head, replay_in_tree, worktree
+from .judge.replay import ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
@@ -242,8 +243,6 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     strategy = opts.strategy or gate_cfg.get("strategy", "linf")
     oracles = opts.oracles or gate_cfg.get("oracles")
 
-    from .fuzz import fuzz_task
-    from .fuzz.inputs import degenerate_inputs, draw
     from .fuzz.schedule import allocate
     from .fuzz.seeds import SeedStore
 
@@ -286,36 +285,25 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
         + f", seed {seed}")
 
-    work: List[dict] = []
-    sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
-    for task in run_tasks:
-        p = by_id[task.id]
-        spec, row, status = p["spec"], p["row"], p["status"]
-        if spec.name not in sources:
-            sources[spec.name] = op_source(spec, repo)
-        corpus = store.corpus(row) if row is not None and status == "ok" else []
-        say(f"fuzzing {task.id}")
-        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store, isolate=isolate)
-        rng = np.random.default_rng(task.rng_seed() + [1])
-        cands = list(corpus)
-        cands += finding.inputs
-        cands += [draw(spec, rng, origin="control") for _ in range(3)]
-        cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
-        head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
-        work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
-                     "cands": cands, "head": head_results, "src": sources[spec.name]})
-
+    # base's worktree is there from the start: the search asks base about the NaN/Inf it finds
+    # (gate.judge.contrast), and every input is replayed there afterwards
+    user_tasks = [t for t in run_tasks if by_id[t.id]["spec"].origin == "user"]
+    py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
     base_results: Dict[str, list] = {}
-    # base runs the operator its own config names (a PR may rename the function)
-    jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
-                      spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
-            for w in work if w["spec"].origin == "user"]
-    if jobs:
-        say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
-        py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
-        with worktree(repo, merge_base) as tree:
-            if cfg.path:
-                py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(worktree(repo, merge_base)) if user_tasks else None
+        if tree is not None and cfg.path:
+            py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
+        base_isolate = base_isolate_options(tree, py_path, isolate, repo) if tree is not None and isolate else None
+        sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
+        work = [_fuzz_one(task, by_id[task.id], store, repo, seed_store, isolate, base_isolate,
+                          base_specs.get(by_id[task.id]["spec"].name), say, sources) for task in run_tasks]
+        # base runs the operator its own config names (a PR may rename the function)
+        jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
+                          spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
+                for w in work if w["spec"].origin == "user"]
+        if jobs:
+            say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
             base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=repo)
 
     for w in work:
@@ -354,6 +342,40 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
            "selected": selected, "settings": settings, "out": Path(opts.out), "say": say, "isolate": isolate}
     localise_stage(report, work, ctx)
+
+
+def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate, base_isolate,
+              base_spec: Optional[OpSpec], say, sources: Dict[str, Tuple[Optional[str], Optional[int]]]) -> dict:
+    """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
+    every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
+    from .fuzz import fuzz_task
+    from .fuzz.inputs import degenerate_inputs, draw
+    from .judge.contrast import contrast_runner
+
+    spec, row, status = planned["spec"], planned["row"], planned["status"]
+    if spec.name not in sources:
+        sources[spec.name] = op_source(spec, repo)
+    corpus = store.corpus(row) if row is not None and status == "ok" else []
+    say(f"fuzzing {task.id}")
+    runner = None
+    if base_isolate is not None and spec.origin == "user" and task.variant.oracle == "precision":
+        runner = contrast_runner(spec, base_side(spec, base_spec), task.variant, isolate, base_isolate)
+    try:
+        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store, isolate=isolate, runner=runner)
+    finally:
+        if runner is not None:
+            finding_stats = dict(runner.stats)
+            runner.close()
+    if runner is not None:
+        finding.coverage["contrast"] = finding_stats
+    rng = np.random.default_rng(task.rng_seed() + [1])
+    cands = list(corpus)
+    cands += finding.inputs
+    cands += [draw(spec, rng, origin="control") for _ in range(3)]
+    cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
+    head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
+    return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
+            "cands": cands, "head": head_results, "src": sources[spec.name]}
 
 
 def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:

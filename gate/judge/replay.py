@@ -126,16 +126,21 @@ def _inside(path: str, root: Optional[Path]) -> bool:
     return p == r or r in p.parents
 
 
-def _replay_isolated(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob], isolate,
-                     head_root: Optional[Path]) -> Dict[str, List[ReplayResult]]:
+def base_isolate_options(tree: Path, python_path: Sequence[str], isolate, head_root: Optional[Path]):
+    """``isolate`` for workers that import the operator library from ``tree`` (forked by the
+    same zygote as head's): the library's directories, the tree, then this process's import
+    path without the working directory and anything of head's checkout (what ``python -m`` in
+    the tree would have), the tree as working directory."""
     from dataclasses import replace as _replace
 
     lib = [str((Path(tree) / p).resolve()) for p in (python_path or ["."])]
-    # what ``python -m`` in the tree would have: the library's directories, the tree, then this
-    # process's path without the working directory and anything of head's checkout
     rest = [p for p in sys.path if p not in ("", ".") and not _inside(p, head_root) and not _inside(p, tree)]
-    opts = _replace(isolate, sys_path=tuple(dict.fromkeys([*lib, str(Path(tree).resolve()), *rest])),
-                    cwd=str(tree))
+    return _replace(isolate, sys_path=tuple(dict.fromkeys([*lib, str(Path(tree).resolve()), *rest])), cwd=str(tree))
+
+
+def _replay_isolated(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob], isolate,
+                     head_root: Optional[Path]) -> Dict[str, List[ReplayResult]]:
+    opts = base_isolate_options(tree, python_path, isolate, head_root)
     return {job.key: replay(job.spec, job.variant, job.candidates, isolate=opts) for job in jobs}
 
 
