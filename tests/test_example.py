@@ -36,6 +36,10 @@ def test_the_regression_example_fails_and_localises_every_failing_row(tmp_path):
         assert "does not reproduce" not in notes and "undetermined" not in json.dumps(d), (v["op"], v["variant"], notes)
         assert any(c.get("file") == "oplib/_helpers.py" for c in d.get("changed_code") or []), (v["op"], d.get("changed_code"))
         assert d.get("repro_script") and Path(d["repro_script"]).exists()
+    # a new NaN where head's own float64 run is NaN too reproduces (against base's stored output)
+    res = subprocess.run([sys.executable, failing[0]["diagnosis"]["repro_script"]], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
 
 
 @pytest.mark.slow

@@ -185,7 +185,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     pairs = 0
     identical = moved_ref = 0  # inputs with bit-identical outputs; of those, with a moved reference
     ref_moved = 0.0  # the largest move of the float64 run within the threshold (not a behaviour change)
-    by_output = variant.oracle == "precision"  # outputs are the operator's own at the variant dtype
+    # outputs are the operator's own (or its gradients) at the variant dtype
+    by_output = variant.oracle in ("precision", "grad")
     for i, (h, b) in enumerate(zip(head, base)):
         if b.status == UNAVAILABLE:
             continue

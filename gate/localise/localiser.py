@@ -450,7 +450,8 @@ class Localiser:
         paths = write_repro(self.out / "repro", stem, spec, variant, chk.cand, kind=kind, threshold=thr, threshold_why=why,
                             repo=Path(self.ctx["repo"]), python_path=self.shared.get("head_python_path") or ["."],
                             reason=self.vv.reason, ftz=ftz, summary=diag.minimal_input,
-                            base_reference=chk.base.reference if kind == BEHAVIOUR and chk.base is not None else None)
+                            base_reference=chk.base.reference if kind == BEHAVIOUR and chk.base is not None else None,
+                            base_outputs=chk.base.outputs if chk.base is not None and chk.base.status == "ok" else None)
         diag.repro_script, diag.repro_data, diag.repro_command = paths["script"], paths["data"], paths["command"]
 
     def _save(self, diag: Diagnosis) -> None:

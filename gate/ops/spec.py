@@ -149,6 +149,8 @@ class LayoutSpec:
     permute: Mapping[str, tuple] = field(default_factory=dict)
     out_permute: Optional[tuple] = None
     memory_format: Optional[str] = None
+    #: added by default (not declared): planned at one dtype only, to keep the default cheap
+    auto: bool = False
 
     @classmethod
     def from_dict(cls, name: str, raw: Mapping) -> "LayoutSpec":
@@ -158,6 +160,7 @@ class LayoutSpec:
             permute={k: tuple(v) for k, v in dict(raw.get("permute", {})).items()},
             out_permute=tuple(raw["out_permute"]) if raw.get("out_permute") is not None else None,
             memory_format=raw.get("memory_format"),
+            auto=bool(raw.get("auto", False)),
         )
 
     def to_dict(self) -> dict:
@@ -166,6 +169,7 @@ class LayoutSpec:
             "permute": {k: list(v) for k, v in self.permute.items()},
             "out_permute": list(self.out_permute) if self.out_permute else None,
             "memory_format": self.memory_format,
+            **({"auto": True} if self.auto else {}),
         }
 
 
@@ -285,7 +289,13 @@ class OpSpec:
             )
         dims_raw = merged.get("dims") or {}
         dims = tuple((str(k), tuple(v) if isinstance(v, (list, tuple)) else (v, v)) for k, v in dims_raw.items())
-        layouts_raw = merged.get("layouts") or {}
+        layouts_raw = merged.get("layouts")
+        user_torch = origin == "user" and merged.get("framework") == "torch"
+        if layouts_raw is None and user_torch and any(len(t.get("shape") or ()) >= 1 for t in merged.get("inputs") or ()):
+            # what real callers pass: non-contiguous tensors (a transposed or sliced view); a
+            # `.view(-1)` that breaks on them is found by default ("layouts: {}" turns it off)
+            layouts_raw = {"noncontiguous": {"memory_format": "noncontiguous", "auto": True}}
+        layouts_raw = layouts_raw or {}
         try:
             spec = cls(
                 name=str(name),
@@ -308,7 +318,8 @@ class OpSpec:
                 twin=merged.get("twin"),
                 opinfo=merged.get("opinfo"),
                 batch_dim=merged.get("batch_dim"),
-                grad=bool(merged.get("grad", False)),
+                # user torch operators: gradients are checked by default ("grad: false" turns it off)
+                grad=bool(merged.get("grad", user_torch)),
                 oracles=tuple(merged["oracles"]) if merged.get("oracles") is not None else None,
                 oracle_args={str(k): dict(v or {}) for k, v in dict(merged.get("oracle_args") or {}).items()},
                 tags=tuple(merged.get("tags", ())),
