@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ops import expr
-from ..ops.spec import Domain, OpSpec, TensorSpec
+from ..ops.spec import Domain, ImportRef, OpSpec, TensorSpec
 from ..oracles.precision import ulp
 
 
@@ -81,7 +81,9 @@ def _fmt(v: Any) -> str:
 def _jsonify(params: Mapping[str, Any]) -> dict:
     out = {}
     for k, v in params.items():
-        if isinstance(v, tuple):
+        if isinstance(v, ImportRef):
+            out[k] = {"__import__": str(v)}
+        elif isinstance(v, tuple):
             out[k] = {"__tuple__": [_jsonify({"x": x})["x"] for x in v]}
         elif isinstance(v, float) and not math.isfinite(v):
             out[k] = {"__float__": repr(v)}
@@ -101,6 +103,8 @@ def _unjsonify(params: Mapping[str, Any]) -> dict:
             out[k] = tuple(_unjsonify({"x": x})["x"] for x in v["__tuple__"])
         elif isinstance(v, dict) and "__float__" in v:
             out[k] = float(v["__float__"])
+        elif isinstance(v, dict) and "__import__" in v:
+            out[k] = ImportRef(v["__import__"])
         else:
             out[k] = v
     return out

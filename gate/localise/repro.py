@@ -21,7 +21,7 @@ import numpy as np
 from ..backends.base import FLOAT_FORMATS
 from ..fuzz.inputs import Candidate
 from ..fuzz.oracle_base import float_input_names
-from ..ops.spec import OpSpec
+from ..ops.spec import ImportRef, OpSpec
 from ..plan import Variant
 
 _COMMON = r'''
@@ -98,14 +98,16 @@ def resolve(path):
 
 
 def build(dtype, low):
-    args, kwargs = [], dict(PARAMS)
+    args = []
+    kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
     if low:
         kwargs.update(LAYOUT_PARAMS)
     for name, keyword in INPUTS:
         arr = DATA["in_" + name]
         if low and name in PERMUTE:
             arr = np.ascontiguousarray(np.transpose(arr, PERMUTE[name]))
-        t = to_native(arr, dtype, MEMORY_FORMAT if low else None)
+        own = INPUT_DTYPES.get(name) if dtype != "float64" else None  # an input that keeps its dtype
+        t = to_native(arr, own or dtype, MEMORY_FORMAT if low else None)
         if keyword:
             kwargs[name] = t
         else:
@@ -384,7 +386,9 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
         "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "REFERENCE": spec.reference,
         "INPUTS": [(t.name, t.keyword) for t in spec.inputs if t.name in cand.arrays],
         "FLOAT_INPUTS": float_input_names(spec),
-        "PARAMS": dict(cand.params), "DTYPE": variant.dtype,
+        "INPUT_DTYPES": {t.name: t.dtype for t in spec.inputs if t.dtype and t.kind == "float"},
+        "PARAMS": {k: ({"__import__": str(v)} if isinstance(v, ImportRef) else v) for k, v in cand.params.items()},
+        "DTYPE": variant.dtype,
         "INPUT_DTYPE": "float32" if variant.mode == "operator" else variant.dtype,
         "MODE": variant.mode, "DEVICE": variant.device, "ORACLE": variant.oracle,
         "MEMORY_FORMAT": lay.memory_format if lay else None,

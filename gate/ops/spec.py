@@ -75,6 +75,11 @@ class TensorSpec:
     kind: str = "float"  # float | index | bool
     keyword: bool = False  # pass as keyword argument instead of positionally
     index_hi: Any = None  # for kind=index: exclusive upper bound expression
+    #: a float input that keeps this dtype whatever the variant's (mixed precision)
+    dtype: Optional[str] = None
+
+    def dtype_at(self, variant_dtype: str) -> str:
+        return self.dtype or variant_dtype
 
     @classmethod
     def from_dict(cls, raw: Mapping) -> "TensorSpec":
@@ -87,6 +92,7 @@ class TensorSpec:
             kind=str(raw.get("kind", "float")),
             keyword=bool(raw.get("keyword", False)),
             index_hi=raw.get("index_hi"),
+            dtype=raw.get("dtype"),
         )
 
     def to_dict(self) -> dict:
@@ -97,7 +103,58 @@ class TensorSpec:
             "kind": self.kind,
             "keyword": self.keyword,
             "index_hi": self.index_hi,
+            **({"dtype": self.dtype} if self.dtype else {}),
         }
+
+
+class ImportRef(str):
+    """A parameter value given by import path (``{import: pkg.Enum.A}``): an enum member or any
+    object a JSON value cannot be. It travels as its path and is resolved where the operator is
+    called (:func:`resolve_params`)."""
+
+    def __repr__(self) -> str:
+        return f"<{str(self)}>"
+
+
+def _import_value(raw: Any) -> Any:
+    if isinstance(raw, Mapping) and set(raw) == {"import"}:
+        return ImportRef(str(raw["import"]))
+    return raw
+
+
+def resolve_params(params: Mapping[str, Any], op: str = "") -> dict:
+    """``params`` with every :class:`ImportRef` replaced by the object it names; one-line
+    :class:`ConfigError` naming the operator, the parameter and the path when it cannot."""
+    import importlib
+
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, ImportRef):
+            path = str(v)
+            mod, _, attr = path.partition(":") if ":" in path else (None, None, None)
+            obj = None
+            try:
+                if mod is not None:
+                    obj = importlib.import_module(mod)
+                    for part in attr.split("."):
+                        obj = getattr(obj, part)
+                else:
+                    parts = path.split(".")
+                    for i in range(len(parts) - 1, 0, -1):
+                        try:
+                            obj = importlib.import_module(".".join(parts[:i]))
+                        except ImportError:
+                            continue
+                        for part in parts[i:]:
+                            obj = getattr(obj, part)
+                        break
+                    else:
+                        raise ImportError(f"no module in {path}")
+            except (ImportError, AttributeError) as exc:
+                raise ConfigError(f"{op}: parameter {k}: cannot import {path} ({type(exc).__name__}: {exc})") from None
+            v = obj
+        out[k] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -116,13 +173,16 @@ class ParamSpec:
     def from_dict(cls, name: str, raw: Any) -> "ParamSpec":
         if not isinstance(raw, Mapping):  # a bare constant
             return cls(name=name, choices=(raw,), kind="choice", default=raw)
+        if "import" in raw:  # an object by import path (an enum member)
+            ref = _import_value({"import": raw["import"]})
+            return cls(name=name, choices=(ref,), kind="choice", default=ref)
         if "expr" in raw:
             return cls(name=name, kind="expr", expr=raw["expr"])
         if "choices" in raw:
-            choices = tuple(raw["choices"])
+            choices = tuple(_import_value(c) for c in raw["choices"])
             if not choices:
                 raise ConfigError(f"parameter {name!r} has no choices")
-            return cls(name=name, choices=choices, kind="choice", default=raw.get("default", choices[0]))
+            return cls(name=name, choices=choices, kind="choice", default=_import_value(raw.get("default", choices[0])))
         if "range" in raw:
             lo, hi = raw["range"]
             kind = "int" if isinstance(lo, int) and isinstance(hi, int) and not raw.get("float") else "float"
@@ -135,7 +195,10 @@ class ParamSpec:
         if self.kind == "expr":
             return {"expr": self.expr}
         if self.kind == "choice":
-            return {"choices": list(self.choices or ()), "default": self.default}
+            def out(v):
+                return {"import": str(v)} if isinstance(v, ImportRef) else v
+
+            return {"choices": [out(c) for c in self.choices or ()], "default": out(self.default)}
         return {"range": [self.lo, self.hi], "default": self.default, "float": self.kind == "float"}
 
 
