@@ -349,7 +349,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
     every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
     from .fuzz import fuzz_task
-    from .fuzz.inputs import degenerate_inputs, draw
+    from .fuzz.inputs import degenerate_inputs, draw, structured_inputs
     from .judge.contrast import contrast_runner
 
     spec, row, status = planned["spec"], planned["row"], planned["status"]
@@ -372,7 +372,9 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     cands = list(corpus)
     cands += finding.inputs
     cands += [draw(spec, rng, origin="control") for _ in range(3)]
-    cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
+    like = cands[-1]
+    cands += degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows
+    cands += structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
     head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
     return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
             "cands": cands, "head": head_results, "src": sources[spec.name]}

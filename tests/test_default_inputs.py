@@ -122,3 +122,28 @@ def test_a_refactor_passes_with_the_default_variants(lib_repo, tmp_path):
     for seed in range(2):
         code, report = gate(lib_repo, tmp_path, "--ops", "lib.safe_norm,lib.flatten_norm", seed=seed, evals=30)
         assert code == 0, [(v.id, v.outcome, v.reason) for v in report.verdicts]
+
+
+def test_structured_rows_are_replayed_on_both_sides_and_stay_in_the_domain(lib_repo):
+    """Peaked rows, ties and a wide dynamic range join the all-zeros and constant inputs that
+    every variant is judged on (random draws almost never produce them)."""
+    import numpy as np
+
+    from gate.config import load_config
+    from gate.fuzz.inputs import draw, structured_inputs
+    from gate.ops.spec import Domain
+
+    spec = next(s for s in load_config(lib_repo / ".dl-gate.yml").ops if s.name == "lib.safe_norm")
+    like = draw(spec, np.random.default_rng(0))
+    peaked, ties, wide = structured_inputs(spec, like)
+    rows = peaked.arrays["x"].reshape(-1, peaked.arrays["x"].shape[-1])
+    if rows.shape[1] > 1:
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        assert np.all(top2[:, 1] - top2[:, 0] > 10)  # one dominant value per row
+    assert all(len(np.unique(r)) <= 2 for r in ties.arrays["x"].reshape(-1, ties.arrays["x"].shape[-1]))
+    mags = np.abs(wide.arrays["x"])
+    assert mags.size < 4 or mags.max() / mags.min() > 1e3
+    positive = spec.replace(inputs=(spec.inputs[0].__class__(name="x", shape=spec.inputs[0].shape,
+                                                              domain=Domain(lo=0.0, hi=1.0)),))
+    for c in structured_inputs(positive, like):
+        assert np.all((c.arrays["x"] > 0) & (c.arrays["x"] < 1)), c.origin

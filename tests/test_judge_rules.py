@@ -90,3 +90,16 @@ def test_a_stability_fix_that_rounds_a_little_worse_elsewhere_is_reported_not_fa
     # ... but a fix that also loses 20x the threshold still fails
     v = judge(spec, [rr([2.0000002], [2.0], ulp=1000.0), fixed[0]], [rr([2.0], [2.0], ulp=24.0), fixed[1]])
     assert v.outcome == V.REGRESSION and math.isfinite(v.head_error), (v.outcome, v.reason)
+
+
+def test_a_failing_new_nan_row_reads_nan_in_the_report_even_when_base_had_nan_elsewhere(spec):
+    """Report rows agree with the verdict: base's NaN at another element of the same input does
+    not turn head's new NaN into a "x0" ratio and a zero bar."""
+    from gate.report.common import head_for_chart, verdict_ratio
+
+    head = [rr([np.nan, np.nan, 1.0], [1.0, 1.0, 1.0], ulp=0.0, nonfinite=2)]
+    base = [rr([1.0, np.nan, 1.0], [1.0, 1.0, 1.0], ulp=0.5, nonfinite=1)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.REGRESSION and v.details["kind"] == "nonfinite"
+    assert verdict_ratio(v) == "NaN/Inf" and math.isinf(head_for_chart(v))
+    assert v.head_nonfinite == 1 and "on 1 elements" in v.reason  # one count, in the table and the reason

@@ -335,6 +335,42 @@ def degenerate_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
     return out
 
 
+def structured_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
+    """Rows real data has and random draws rarely do, from ``like`` (its dims and params): one
+    dominant value per row (softmax/entmax/top-k inputs after training: peaked), ties (every
+    row of two repeated values: argmax/sort/bisection tie-breaking), and a wide dynamic range
+    (magnitudes from 1e-6 to 1e6 in one row: cancellation, scaling). Values are kept inside
+    each input's domain."""
+    out = []
+    rng = np.random.default_rng(0x5EED)
+    for tag in ("peaked", "ties", "wide"):
+        arrays = {}
+        for t in spec.inputs:
+            a = like.arrays.get(t.name)
+            if a is None or t.kind != "float" or a.size == 0:
+                continue
+            a = np.array(a, dtype=np.float64)
+            scale = max(t.domain.scale, 1e-3)
+            if tag == "peaked":
+                rows = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+                rows[:] = rng.standard_normal(rows.shape) * scale
+                rows[np.arange(rows.shape[0]), rng.integers(rows.shape[1], size=rows.shape[0])] += 30.0 * scale
+                b = rows.reshape(a.shape)
+            elif tag == "ties":
+                b = np.where(rng.random(a.shape) < 0.5, scale, -scale)
+            else:
+                b = rng.choice([-1.0, 1.0], size=a.shape) * 10.0 ** rng.uniform(-6, 6, size=a.shape)
+            lo, hi = t.domain.lo, t.domain.hi
+            if lo is not None or hi is not None:  # inside the open domain
+                span = (hi - lo) if lo is not None and hi is not None else max(abs(lo if lo is not None else hi), 1.0)
+                eps = 1e-3 * span
+                b = np.clip(b, None if lo is None else lo + eps, None if hi is None else hi - eps)
+            arrays[t.name] = b
+        if arrays:
+            out.append(like.derive(f"structured:{tag}", **arrays))
+    return out
+
+
 def edge_values(domain: Domain, dtype: str = "float32") -> np.ndarray:
     """Scalar edge values of ``dtype`` inside ``domain``: tiny magnitudes, subnormals, values
     next to ±1 and the largest float below 1, exp/square overflow edges, near-overflow

@@ -279,7 +279,12 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         vv.outcome, vv.reason = V.REGRESSION, worst[2]
         vv.head_error = h.metrics.ulp if h.metrics else None
         vv.base_error = b.metrics.ulp if b.metrics else None
-        vv.head_nonfinite = max(h.metrics.nonfinite if h.metrics else 0, new_nonfinite(h, b))
+        kind = ("crash" if _failed(h) else "nonfinite" if worst[2].startswith("new NaN/Inf")
+                else "int" if worst[2].startswith("integer outputs") else "precision")
+        vv.details["kind"] = kind  # what the report draws: one kind, one NaN count, per verdict
+        nf_new = new_nonfinite(h, b) if by_output else 0
+        vv.head_nonfinite = (nf_new or (h.metrics.nonfinite if h.metrics else 0)) if kind == "nonfinite" else \
+            (h.metrics.nonfinite if h.metrics else 0)
         vv.base_nonfinite = b.metrics.nonfinite if b.metrics else 0
         vv.threshold = max(floor, m * (vv.base_error or 0.0))
         vv.head_crash = h.error if _failed(h) else None
