@@ -88,7 +88,7 @@ def test_action_is_a_docker_action_whose_inputs_the_entrypoint_reads():
     assert action["runs"] == {"using": "docker", "image": "Dockerfile"}
     values = {"mode": "refresh", "config": "c.yml", "base-ref": "origin/dev", "budget": "5", "token": "t",
               "comment": "false", "comment-key": "gpu", "comment-author": "dl-gate-app[bot]", "fail-on": "error",
-              "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120"}
+              "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120", "per-op": "7"}
     assert set(action["inputs"]) == set(values)
     default = ActionInputs.from_env({})
     for name, spec in action["inputs"].items():

@@ -72,3 +72,17 @@ def progress_enabled() -> bool:
     from ..cli import in_ci
 
     return sys.stderr.isatty() and not in_ci()
+
+
+def write_json(dest: Optional[str], doc) -> None:
+    """``--json FILE`` as every command spells it: ``-`` (or the bare switch) prints to stdout."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(doc, indent=1, default=str)
+    if not dest or dest == "-":
+        print(text)
+        return
+    path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")

@@ -2,6 +2,7 @@
 precision error against float64, print a table, save the worst inputs for replay."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,11 +17,13 @@ from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fuzz", help="fuzz operators for their worst precision error")
+    p = sub.add_parser("fuzz", help="fuzz operators for their worst precision error", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate fuzz torch.softmax --per-op 5 --dtype float16 --json out.json")
     p.add_argument("ops", nargs="+", metavar="OP", help="operator name(s), see `dl-gate ops`")
     add_config_arg(p)
     add_variant_args(p)
-    p.add_argument("--budget", type=seconds, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
+    p.add_argument("--budget", type=seconds, metavar="SECONDS", help="total seconds, shared by the operators")
+    p.add_argument("--per-op", type=seconds, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
     p.add_argument("--evals", type=count, metavar="N", help="evaluations per operator (deterministic budget)")
     p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP), random or spread (max - min)")
     p.add_argument("--oracle", action="append", metavar="ORACLE",
@@ -71,7 +74,9 @@ def run(args) -> int:
     specs = [catalog.get(n) for n in args.ops]
     seed = args.seed if args.seed is not None else cfg.seed
     # --budget and/or --evals as given; neither: 10 seconds per operator
-    per_op = Budget(seconds=args.budget if (args.budget or not args.evals) else None, evals=args.evals)
+    # --per-op (or --budget shared by the operators) and/or --evals as given; none: 10 s per operator
+    secs = args.per_op or (args.budget / len(specs) if args.budget else None)
+    per_op = Budget(seconds=secs if (secs or not args.evals) else None, evals=args.evals)
     if per_op.seconds is None and per_op.evals is None:
         per_op = Budget(seconds=10.0)
     tasks = []

@@ -13,12 +13,15 @@ from .common import add_config_arg, load, split_list
 
 def register(sub) -> None:
     p = sub.add_parser("harvest", help="record operator calls made by the project's tests as fuzzing seeds",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate harvest --ops mylib.fused_gelu -- python -m pytest -x tests/ops",
                        description="Run COMMAND (e.g. pytest tests/) recording the calls of the configured "
                                    "operators, and store them as seeds under the baselines directory.")
     add_config_arg(p)
     p.add_argument("--out", metavar="DIR", help="seed store directory (default: <baselines>/seeds)")
-    p.add_argument("--op", action="append", metavar="OP",
+    p.add_argument("--ops", action="append", metavar="OP",
                    help="operator(s) to record (default: every operator declared in the config)")
+    p.add_argument("--op", action="append", dest="ops", help=argparse.SUPPRESS)  # deprecated spelling of --ops
     p.add_argument("--max-calls", type=int, default=256, metavar="N",
                    help="distinct calls recorded per operator (default 256)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the test command")
@@ -38,7 +41,7 @@ def run(args) -> int:
     if args.max_calls <= 0:
         raise GateError("--max-calls must be a positive number")
     cfg, catalog = load(args)
-    names = split_list(args.op)
+    names = split_list(args.ops)
     specs = [catalog.get(n) for n in names] if names else list(cfg.ops)
     if not specs:
         raise GateError("no operators to record: declare ops in .dl-gate.yml or pass --op")

@@ -3,6 +3,7 @@ deployment-path differentials within one budget; prints the rows worth a look, t
 figures and export failures grouped by converter function."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -15,7 +16,8 @@ from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
-    p = sub.add_parser("nightly", help="graph fuzzing and export differentials (the scheduled run)")
+    p = sub.add_parser("nightly", help="graph fuzzing and export differentials (the scheduled run)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate nightly --budget 300 --ops torch.softmax --json nightly.json")
     add_config_arg(p)
     p.add_argument("--budget", type=seconds, default=300.0, metavar="SECONDS", help="total seconds (default 300)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0)")
@@ -24,7 +26,8 @@ def register(sub) -> None:
     p.add_argument("--dtype", action="append", metavar="DTYPE", help="graph dtypes (default float16)")
     p.add_argument("--share", metavar="graphs=F,export=F", help="budget split (default graphs=0.5,export=0.5)")
     p.add_argument("--graphs", type=int, metavar="N", help="evaluate exactly N graphs (reproducible) instead of a time share")
-    p.add_argument("--op", action="append", metavar="OP", help="only these operators (graphs and exports)")
+    p.add_argument("--ops", action="append", metavar="OP", help="only these operators (graphs and exports)")
+    p.add_argument("--op", action="append", dest="ops", help=argparse.SUPPRESS)  # deprecated spelling of --ops
     p.add_argument("--export-path", action="append", metavar="PATH", help="only these deployment paths")
     p.add_argument("--all", action="store_true", help="print every row, not only the ones worth a look")
     p.add_argument("--json", metavar="FILE", help="write the run (rows, coverage, groups) as JSON")
@@ -95,7 +98,7 @@ def run(args) -> int:
 
     print(f"dl-gate nightly: seed {seed}, budget {args.budget:g}s, arm {args.arm}, frameworks {', '.join(frameworks)}",
           file=sys.stderr)
-    specs = catalog.select(split_list(args.op)) if args.op else list(catalog)
+    specs = catalog.select(split_list(args.ops)) if args.ops else list(catalog)
     res = nightly(specs, budget_seconds=args.budget, seed=seed, frameworks=frameworks,
                   share=parse_share(args.share), arm=args.arm, dtypes=dtypes, max_graphs=args.graphs,
                   export_paths=split_list(args.export_path), progress=say)

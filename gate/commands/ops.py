@@ -1,16 +1,18 @@
 """``dl-gate ops``: list the operator catalogue (never imports a framework)."""
 from __future__ import annotations
 
+import argparse
 import json
 
-from .common import add_config_arg, load
+from .common import add_config_arg, load, write_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ops", help="list the operator catalogue")
+    p = sub.add_parser("ops", help="list the operator catalogue", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  dl-gate ops --framework torch\n  dl-gate ops --json ops.json")
     add_config_arg(p)
     p.add_argument("--framework", choices=["torch", "tensorflow"], help="only this framework's operators")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the catalogue as JSON to FILE ('-' or no FILE: stdout)")
     p.set_defaults(func=run)
 
 
@@ -18,7 +20,7 @@ def run(args) -> int:
     _, catalog = load(args)
     specs = [s for s in catalog if not args.framework or s.framework == args.framework]
     if args.json:
-        print(json.dumps([s.to_dict() for s in specs], indent=2))
+        write_json(args.json, [s.to_dict() for s in specs])
         return 0
     width = max((len(s.name) for s in specs), default=10)
     print(f"{'operator':{width}}  {'kind':13} {'dtypes':32} {'origin':7} callable")

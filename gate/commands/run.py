@@ -1,6 +1,7 @@
 """``dl-gate run``: the gate's main job on a pull request (or ``--example``: on the bundled one)."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -11,7 +12,10 @@ from .common import fmt_num as _f
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report")
+    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  dl-gate run --base origin/main --budget 120 --per-op 20\n"
+                              "  dl-gate run --example regression")
     p.add_argument("--base", metavar="REF", help="the PR's base (default: origin/$GITHUB_BASE_REF in Actions)")
     p.add_argument("--head", metavar="REF", default="HEAD", help="the PR's head (default HEAD)")
     p.add_argument("--repo", metavar="DIR", default=".", help="repository root (default .)")
