@@ -3,6 +3,7 @@ check-jsonschema's built-in GitHub schemas, hadolint), each shown to catch a bro
 properties the gate's safety rests on (fork-safe split, approval gate, no path filters)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -123,13 +124,29 @@ def workflows():
     return {p.name: load(p) for p in WORKFLOWS}
 
 
+def perms(wf, job):
+    """The permissions a job runs with: its own, else the workflow's."""
+    return wf["jobs"][job].get("permissions", wf.get("permissions"))
+
+
+def test_least_privilege_per_job_and_actions_pinned_by_sha():
+    for name, wf in workflows().items():
+        assert wf.get("permissions") == {}, f"{name}: permissions are granted per job, none at workflow level"
+        for job_name, job in wf["jobs"].items():
+            assert "permissions" in job, f"{name}: job {job_name} declares no permissions"
+            for step in job.get("steps", []):
+                uses = str(step.get("uses", ""))
+                if uses and not uses.startswith("./"):
+                    assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", uses), f"{name}: {uses} is not pinned by SHA"
+
+
 def test_no_workflow_runs_pr_code_with_a_privileged_token():
     for name, wf in workflows().items():
         text = (ROOT / ".github" / "workflows" / name).read_text()
         if "pull_request_target" in wf["on"]:
             # only behind a maintainer's approval, with a read-only token and no secrets: the
             # workflow file is the base branch's, so a PR cannot lift these for its own run
-            assert wf["permissions"] == {"contents": "read"}, name
+            assert all(perms(wf, j) == {"contents": "read"} for j in wf["jobs"]), name
             assert all(job.get("environment") for job in wf["jobs"].values()), name
             assert "secrets." not in text and "github.token" not in text, name
         on = wf["on"]
@@ -140,7 +157,7 @@ def test_no_workflow_runs_pr_code_with_a_privileged_token():
 def test_fork_safe_split():
     wfs = workflows()
     gate = wfs["dl-gate-fork.yml"]
-    assert "pull_request" in gate["on"] and gate["permissions"] == {"contents": "read"}
+    assert "pull_request" in gate["on"] and perms(gate, "gate") == {"contents": "read"}
     steps = gate["jobs"]["gate"]["steps"]
     action = next(s for s in steps if s.get("uses") == "./")
     assert action["with"]["comment"] == "false"
@@ -149,7 +166,7 @@ def test_fork_safe_split():
 
     comment = wfs["dl-gate-comment.yml"]
     assert comment["on"]["workflow_run"]["workflows"] == [gate["name"], wfs["dl-gate-gpu.yml"]["name"]]
-    assert comment["permissions"]["pull-requests"] == "write"
+    assert perms(comment, "comment")["pull-requests"] == "write"
     job = comment["jobs"]["comment"]
     text = (ROOT / ".github" / "workflows" / "dl-gate-comment.yml").read_text()
     assert "head_sha" not in text and "head_branch" not in text  # never checks out the PR's code
@@ -176,7 +193,7 @@ def test_gpu_job_runs_the_cuda_image_with_gpus_behind_an_approval_gate():
     # with a read-only token; its comment is posted by the workflow_run job from the artifact
     wfs = workflows()
     assert list(wfs["dl-gate-gpu.yml"]["on"]) == ["pull_request_target", "workflow_dispatch"]
-    assert wfs["dl-gate-gpu.yml"]["permissions"] == {"contents": "read"}
+    assert perms(wfs["dl-gate-gpu.yml"], "gpu") == {"contents": "read"}
     upload = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     gpu_comment = wfs["dl-gate-comment.yml"]["jobs"]["comment-gpu"]
     download = next(s for s in gpu_comment["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact"))
@@ -190,7 +207,7 @@ def test_scheduled_baseline_refresh_opens_a_pr():
     steps = wf["jobs"]["refresh"]["steps"]
     assert next(s for s in steps if s.get("uses") == "./")["with"]["mode"] == "refresh"
     assert "gh pr create" in " ".join(str(s.get("run", "")) for s in steps)
-    assert wf["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert perms(wf, "refresh") == {"contents": "write", "pull-requests": "write"}
 
 
 def test_ci_runs_the_tests_and_the_linters():
