@@ -48,6 +48,26 @@ def test_actionlint_passes_on_every_workflow():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_zizmor_finds_nothing_unjustified():
+    # offline: no GitHub API calls; every finding left is ignored in the file with its reason
+    res = run([tool("zizmor"), "--offline", "--format", "plain", "--no-progress", "."])
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = " ".join((ROOT / ".github" / "workflows" / p.name).read_text() for p in WORKFLOWS)
+    for ignore in re.findall(r"# zizmor: ignore\[[\w-]+\](.*)", text):
+        assert ignore.strip(), "a zizmor ignore without a reason"
+
+
+def test_zizmor_catches_a_tag_pinned_action_and_workflow_level_write(tmp_path):
+    wf = tmp_path / ".github" / "workflows"
+    wf.mkdir(parents=True)
+    (wf / "bad.yml").write_text(
+        "on: pull_request\npermissions:\n  pull-requests: write\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
+        "    steps:\n      - uses: actions/checkout@v5\n")
+    res = run([tool("zizmor"), "--offline", "--format", "plain", "--no-progress", "--persona", "pedantic", "."],
+              cwd=tmp_path)
+    assert res.returncode != 0 and "unpinned-uses" in res.stdout and "excessive-permissions" in res.stdout, res.stdout
+
+
 def test_actionlint_and_shellcheck_catch_mistakes(tmp_path):
     (tmp_path / ".github" / "workflows").mkdir(parents=True)
     (tmp_path / ".github" / "workflows" / "bad.yml").write_text(
