@@ -106,7 +106,11 @@ def test_hadolint_passes_on_the_dockerfile_and_catches_mistakes(tmp_path):
 # -- the action ----------------------------------------------------------------------------------
 def test_action_is_a_docker_action_whose_inputs_the_entrypoint_reads():
     action = yaml.safe_load((ROOT / "action.yml").read_text())
-    assert action["runs"] == {"using": "docker", "image": "Dockerfile"}
+    assert action["runs"]["using"] == "docker"
+    # the prebuilt image by reference, at this version (release.yml pins it by digest on the tag)
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert re.fullmatch(rf"docker://ghcr\.io/[\w.-]+/dl-gate:{re.escape(version)}-cpu(@sha256:[0-9a-f]{{64}})?",
+                        action["runs"]["image"]), action["runs"]["image"]
     values = {"mode": "refresh", "config": "c.yml", "base-ref": "origin/dev", "budget": "5", "token": "t",
               "comment": "false", "comment-key": "gpu", "comment-author": "dl-gate-app[bot]", "fail-on": "error",
               "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120", "per-op": "7"}
@@ -135,8 +139,21 @@ def test_docs_cover_every_input_and_output():
 def test_dockerfile_variants_and_entrypoint():
     text = (ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["dl-gate", "action"]' in text
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text and "ARG TF_PACKAGE=tensorflow-cpu" in text
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    assert 'ARG TF_PACKAGE=""' in text  # the default (the action's image) is torch only
+    # two stages: only the venv reaches the final image (no pip cache, no build leftovers)
+    assert text.count("\nFROM ") == 2 and "COPY --from=build /opt/venv /opt/venv" in text
+    assert "PIP_NO_CACHE_DIR=1" in text
     assert "\nUSER " not in text  # Docker actions must run as the image's default user (root)
+
+
+def test_release_publishes_every_variant_and_pins_the_action_by_digest():
+    rel = load(ROOT / ".github" / "workflows" / "release.yml")
+    run_text = " ".join(str(s.get("run", "")) for s in rel["jobs"]["release"]["steps"])
+    for variant in ("build cpu ", "build cpu-all ", "build cuda "):
+        assert variant in run_text
+    assert "RepoDigests" in run_text and 'git tag "v${VERSION}"' in run_text
+    assert "image: ${PINNED}" in run_text
 
 
 # -- the workflows --------------------------------------------------------------------------------
