@@ -86,3 +86,28 @@ def write_json(dest: Optional[str], doc) -> None:
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
+
+
+def print_table(headers, rows, *, file=None, title: Optional[str] = None) -> None:
+    """Every console table of the CLI, rendered by rich: columns sized to the content, long cells
+    (reasons, inputs) wrapped at word boundaries instead of cut, plain text (no colour, no box
+    characters that a log viewer would mangle) when the output is not a terminal."""
+    import shutil
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file or sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    width = shutil.get_terminal_size((200, 24)).columns if tty else 200
+    console = Console(file=out, width=width, no_color=not tty, highlight=False, soft_wrap=False,
+                      force_terminal=tty, emoji=False, markup=False)
+    table = Table(*headers, box=box.SIMPLE_HEAD if tty else box.ASCII2, title=title, show_edge=False,
+                  pad_edge=False, header_style="bold" if tty else "")
+    for col in table.columns[:-1]:
+        col.overflow = "fold"
+    table.columns[-1].overflow = "fold"
+    for r in rows:
+        table.add_row(*[str(c) for c in r])
+    console.print(table)

@@ -13,6 +13,7 @@ from ..errors import GateError
 from ..plan import FUZZ_ORACLES, Budget, plan, validate_variant_filters
 from ..report import make_output_dir
 from .common import add_config_arg, add_variant_args, count, load, progress_enabled, seconds, split_list
+from .common import print_table as table
 from .common import fmt_num as fmt
 
 
@@ -125,7 +126,8 @@ def run(args) -> int:
 
 
 def print_table(findings) -> None:
-    rows = [("variant", "status", "evals", "max ulp", "max abs", "max rel", "nan/inf", "crash", "worst input")]
+    header = ("variant", "status", "evals", "max ulp", "max abs", "max rel", "nan/inf", "crash", "worst input")
+    rows = []
     for f in findings:
         m = f.metrics
         # with a NaN/Inf as the worst input, the error columns show the worst finite error found
@@ -134,11 +136,9 @@ def print_table(findings) -> None:
             f.id, f.status, str(f.evals),
             fmt(e.ulp) if e else "-", fmt(e.abs) if e else "-", fmt(e.rel) if e else "-",
             ("shape!" if m.shape_mismatch else str(m.nonfinite)) if m else "-", str(sum(c.count for c in f.crashes)),
-            (f.best.summary() if f.best else (f.message or ""))[:80],
+            (f.best.summary() if f.best else (f.message or "")),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    table(header, rows)
     for f in findings:
         for c in f.crashes:
             print(f"crash in {f.id}: {c.signature} (x{c.count}): {c.message}")

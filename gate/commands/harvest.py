@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import GateError
-from .common import add_config_arg, load, split_list
+from .common import add_config_arg, load, print_table, split_list
 
 
 def register(sub) -> None:
@@ -52,14 +52,12 @@ def run(args) -> int:
           file=sys.stderr)
     report = harvest(command, specs, store, cwd=Path.cwd(), python_path=py_path, resolve=resolve_callable,
                      max_calls=args.max_calls)
-    width = max(len(s.name) for s in specs)
-    print(f"{'operator':{width}}  calls  new seeds  skipped")
+    rows = []
     for s in specs:
         skipped = report.skipped.get(s.name, {})
-        print(f"{s.name:{width}}  {report.recorded.get(s.name, 0):5d}  {report.stored.get(s.name, 0):9d}  "
-              f"{sum(skipped.values())}")
-        for reason, n in sorted(skipped.items(), key=lambda x: -x[1])[:5]:
-            print(f"{'':{width}}    skipped x{n}: {reason}")
+        why = "; ".join(f"x{n}: {reason}" for reason, n in sorted(skipped.items(), key=lambda x: -x[1])[:5])
+        rows.append((s.name, report.recorded.get(s.name, 0), report.stored.get(s.name, 0), sum(skipped.values()), why))
+    print_table(("operator", "calls", "new seeds", "skipped", "why skipped"), rows)
     for e in report.errors[:10]:
         print(f"recording error: {e}", file=sys.stderr)
     print(f"\nseeds stored under {out}/ (index: {out / 'index.json'})")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES
-from .common import add_config_arg, load, seconds, split_list
+from .common import add_config_arg, load, print_table, seconds, split_list
 from .common import fmt_num as fmt
 
 
@@ -102,15 +102,13 @@ def run(args) -> int:
     res = nightly(specs, budget_seconds=args.budget, seed=seed, frameworks=frameworks,
                   share=parse_share(args.share), arm=args.arm, dtypes=dtypes, max_graphs=args.graphs,
                   export_paths=split_list(args.export_path), progress=say)
-    rows = [("row", "status", "evals", "max ulp", "nan/inf", "crash", "detail")]
+    rows = []
     shown = [f for f in res.findings if args.all or worth_a_look(f)]
     for f in shown:
         m = f.metrics
         rows.append((f.id, f.status, str(f.evals), fmt(m.ulp) if m else "-", str(m.nonfinite) if m else "-",
-                     str(sum(c.count for c in f.crashes)), detail(f)[:140]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+                     str(sum(c.count for c in f.crashes)), detail(f)))
+    print_table(("row", "status", "evals", "max ulp", "nan/inf", "crash", "detail"), rows)
     n_graph = sum(1 for f in res.findings if f.variant.oracle == "graph")
     n_export = len(res.findings) - n_graph
     print(f"\n{len(shown)} of {len(res.findings)} rows shown ({n_graph} graph, {n_export} export)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import add_config_arg, load, write_json
+from .common import add_config_arg, load, print_table, write_json
 
 
 def register(sub) -> None:
@@ -22,10 +22,9 @@ def run(args) -> int:
     if args.json:
         write_json(args.json, [s.to_dict() for s in specs])
         return 0
-    width = max((len(s.name) for s in specs), default=10)
-    print(f"{'operator':{width}}  {'kind':13} {'dtypes':32} {'origin':7} callable")
-    for s in sorted(specs, key=lambda s: (s.origin != "user", s.framework, s.name)):
-        print(f"{s.name:{width}}  {s.kind:13} {','.join(s.dtypes):32} {s.origin:7} {s.callable}")
+    print_table(("operator", "kind", "dtypes", "origin", "callable"),
+                [(s.name, s.kind, ",".join(s.dtypes), s.origin, s.callable)
+                 for s in sorted(specs, key=lambda s: (s.origin != "user", s.framework, s.name))])
     counts = {}
     for s in specs:
         counts[s.framework] = counts.get(s.framework, 0) + 1

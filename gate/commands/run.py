@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import Terminated
-from .common import add_config_arg, add_variant_args, count, seconds, split_list
+from .common import add_config_arg, add_variant_args, count, print_table, seconds, split_list
 from .common import fmt_num as _f
 
 
@@ -110,12 +110,10 @@ def print_report(report) -> None:
         print(f"  selected {s['op']}: {why}")
     if not report.verdicts:
         return
-    rows = [("operator[variant]", "outcome", "base", "head", "threshold", "reason")]
+    rows = []
     for v in report.verdicts:
         head = f"nan/inf x{v.head_nonfinite}" if v.head_nonfinite else ("raises" if v.head_crash else _f(v.head_error))
-        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason[:110]))
-    w = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  " + "  ".join(c.ljust(x) for c, x in zip(r[:5], w)) + "  " + r[5])
+        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason))
+    print_table(("operator[variant]", "outcome", "base", "head", "threshold", "reason"), rows)
     if report.not_covered:
         print(f"  not covered (budget): {', '.join(report.not_covered)}")
