@@ -274,3 +274,29 @@ def test_ops_json_file_and_operators_by_import_path(capsys, tmp_path):
     assert cat.get("torch.nn.modules.conv.F.conv2d").name == "torch.conv2d"
     with pytest.raises(UnknownOpError, match="unknown operator 'torch.nn.functional.no_such_op'"):
         cat.get("torch.nn.functional.no_such_op")
+
+
+def test_progress_is_rich_on_a_terminal_and_plain_lines_elsewhere(monkeypatch, capsys):
+    import io
+
+    from gate.commands import common
+
+    with common.Progress() as say:  # pytest's stderr is no terminal: one line per message
+        say("selected 2 operator(s)")
+        say("fuzzing torch.relu[float32/cpu/input]")
+    assert capsys.readouterr().err.splitlines() == ["dl-gate: selected 2 operator(s)",
+                                                    "dl-gate: fuzzing torch.relu[float32/cpu/input]"]
+    monkeypatch.setenv("CI", "true")  # in CI, even on a terminal: no progress display
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert common.progress_enabled() is False
+    monkeypatch.delenv("CI")
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    fake = io.StringIO()
+    monkeypatch.setattr(common, "progress_enabled", lambda: True)
+    monkeypatch.setattr(common.sys, "stderr", fake)
+    with common.Progress() as say:
+        assert say.live is not None  # the rich status line
+        say("selected 2 operator(s)")
+        say("fuzzing torch.relu[float32/cpu/input]")  # updates the status line in place only
+    text = fake.getvalue()
+    assert "dl-gate: selected 2 operator(s)" in text and "dl-gate: fuzzing" not in text

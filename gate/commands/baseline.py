@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 
 from ..errors import GateError
 from ..plan import validate_variant_filters
-from .common import add_config_arg, add_variant_args, count, load, seconds, split_list
+from .common import Progress, add_config_arg, add_variant_args, count, load, seconds, split_list
 
 
 def register(sub) -> None:
@@ -133,7 +133,18 @@ def run_refresh(args) -> int:
     shard = parse_shard(args.shard)
     out = Path(args.out) if args.out else cfg.baselines_dir
     seed = args.seed if args.seed is not None else cfg.seed
-    say = lambda s: print(f"dl-gate: {s}", file=sys.stderr)  # noqa: E731
+    say = Progress()  # rich on a terminal, one line per message in CI
+    changes = []
+    with say:
+        changes = _refresh(args, cfg, out, seed, shard, say)
+    for c in changes:
+        print(c.line())
+    n = {k: sum(c.kind == k for c in changes) for k in ("added", "changed", "unchanged")}
+    print(f"\n{out}: {n['added']} added, {n['changed']} changed, {n['unchanged']} unchanged row(s)")
+    return 0
+
+
+def _refresh(args, cfg, out, seed, shard, say) -> list:
     changes = []
     if cfg.ops or args.ops or not args.nightly:
         changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.per_op, total=args.budget, evals=args.evals, seed=seed,
@@ -141,11 +152,7 @@ def run_refresh(args) -> int:
                                     devices=split_list(args.device), modes=split_list(args.mode))
     if args.nightly:
         changes += refresh_nightly(cfg, budget=args.nightly_budget, seed=seed, out=out, say=say)
-    for c in changes:
-        print(c.line())
-    n = {k: sum(c.kind == k for c in changes) for k in ("added", "changed", "unchanged")}
-    print(f"\n{out}: {n['added']} added, {n['changed']} changed, {n['unchanged']} unchanged row(s)")
-    return 0
+    return changes
 
 
 def run_merge(args) -> int:

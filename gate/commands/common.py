@@ -111,3 +111,44 @@ def print_table(headers, rows, *, file=None, title: Optional[str] = None) -> Non
     for r in rows:
         table.add_row(*[str(c) for c in r])
     console.print(table)
+
+
+class Progress:
+    """What ``run`` and ``baseline refresh`` say while they work. On a terminal (not in CI): a
+    rich status line (spinner, the current step, elapsed time) that the per-variant steps
+    update in place, with every other message printed above it; in CI or when stderr is not a
+    terminal: one plain ``dl-gate: …`` line per message, no progress display. Use it as a
+    context manager, and call it with each message."""
+
+    STEPS = ("fuzzing ", "measuring ", "replaying ", "localising ")
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.live = None
+
+    def __enter__(self):
+        if not self.quiet and progress_enabled():
+            from rich.console import Console
+            from rich.progress import Progress as _Progress
+            from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.live = _Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=Console(file=sys.stderr), transient=True)
+            self.live.start()
+            self.task = self.live.add_task("dl-gate: starting", total=None)
+        return self
+
+    def __call__(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.live is None:
+            print(f"dl-gate: {message}", file=sys.stderr)
+            return
+        self.live.update(self.task, description=f"dl-gate: {message}")
+        if not message.startswith(self.STEPS):
+            self.live.console.print(f"dl-gate: {message}", markup=False, highlight=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

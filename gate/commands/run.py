@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import Terminated
-from .common import add_config_arg, add_variant_args, count, print_table, seconds, split_list
+from .common import Progress, add_config_arg, add_variant_args, count, print_table, seconds, split_list
 from .common import fmt_num as _f
 
 
@@ -48,7 +48,8 @@ def _default_base() -> str | None:
 def run(args) -> int:
     from ..pipeline import RunOptions, run_gate
 
-    say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else None
+    progress = Progress(quiet=bool(os.environ.get("DL_GATE_QUIET")))  # rich on a terminal, lines in CI
+    say = None if progress.quiet else progress
     opts = RunOptions(
         repo=Path(args.repo), base=args.base or _default_base(), head=args.head,
         config=Path(args.config) if args.config else None, out=Path(args.out),
@@ -74,7 +75,8 @@ def run(args) -> int:
 
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        report = run_gate(opts)
+        with progress:
+            report = run_gate(opts)
     finally:
         signal.signal(signal.SIGTERM, previous)
     paths = write_outputs(report, Path(args.out))
