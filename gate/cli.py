@@ -34,7 +34,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dl-gate", description="CI regression gate for deep-learning operators.")
+    parser = _Parser(prog="dl-gate", description="CI regression gate for deep-learning operators.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="examples:\n  dl-gate run --example regression\n"
+                            "  dl-gate run --base origin/main --budget 120\n  dl-gate COMMAND --help")
     parser.add_argument("--version", action="version", version=f"dl-gate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:

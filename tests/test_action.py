@@ -47,6 +47,8 @@ def test_mode_to_command():
                                          "--budget", "300"]
     inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_CONFIG": "c.yml", "INPUT_BUDGET": "3600"})
     assert command_for(inp, {}, {}) == ["baseline", "refresh", "--config", "c.yml", "--budget", "3600"]
+    inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_PER-OP": "60"})  # one grammar: --per-op
+    assert command_for(inp, {}, {}) == ["baseline", "refresh", "--per-op", "60"]
     assert command_for(inputs(mode="publish", report="r.json"), {}, {}) is None
     inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_NIGHTLY": "true"})
     assert command_for(inp, {}, {}) == ["baseline", "refresh", "--nightly"]
@@ -70,6 +72,7 @@ def test_base_ref_defaults():
     ({"INPUT_MODE": "fuzz"}, "input mode"),
     ({"INPUT_FAIL-ON": "regresion"}, "input fail-on"),
     ({"INPUT_BUDGET": "-5"}, "input budget"),
+    ({"INPUT_PER-OP": "nan"}, "input per-op"),
     ({"INPUT_COMMENT": "maybe"}, "input comment"),
     ({"INPUT_MODE": "publish"}, "input report"),
 ])

@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 
 from ..errors import Terminated
-from .common import add_config_arg, add_variant_args, count, seconds, split_list
+from .common import Progress, add_config_arg, add_variant_args, count, print_table, seconds, split_list
 from .common import fmt_num as _f
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report")
+    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  dl-gate run --base origin/main --budget 120 --per-op 20\n"
+                              "  dl-gate run --example regression")
     p.add_argument("--base", metavar="REF", help="the PR's base (default: origin/$GITHUB_BASE_REF in Actions)")
     p.add_argument("--head", metavar="REF", default="HEAD", help="the PR's head (default HEAD)")
     p.add_argument("--repo", metavar="DIR", default=".", help="repository root (default .)")
@@ -54,7 +57,8 @@ def run(args) -> int:
         return _supervise(args)
     from ..pipeline import RunOptions, run_gate
 
-    say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else None
+    progress = Progress(quiet=bool(os.environ.get("DL_GATE_QUIET")))  # rich on a terminal, lines in CI
+    say = None if progress.quiet else progress
     opts = RunOptions(
         repo=Path(args.repo), base=args.base or _default_base(), head=args.head,
         config=Path(args.config) if args.config else None, out=Path(args.out),
@@ -81,7 +85,8 @@ def run(args) -> int:
 
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        report = run_gate(opts)
+        with progress:
+            report = run_gate(opts)
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_outputs(report, Path(args.out))
@@ -170,12 +175,10 @@ def print_report(report) -> None:
         print(f"  selected {s['op']}: {why}")
     if not report.verdicts:
         return
-    rows = [("operator[variant]", "outcome", "base", "head", "threshold", "reason")]
+    rows = []
     for v in report.verdicts:
         head = f"nan/inf x{v.head_nonfinite}" if v.head_nonfinite else ("raises" if v.head_crash else _f(v.head_error))
-        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason[:110]))
-    w = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  " + "  ".join(c.ljust(x) for c, x in zip(r[:5], w)) + "  " + r[5])
+        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason))
+    print_table(("operator[variant]", "outcome", "base", "head", "threshold", "reason"), rows)
     if report.not_covered:
         print(f"  not covered (budget): {', '.join(report.not_covered)}")
