@@ -110,6 +110,8 @@ class Supervisor:
         os.close(fd)
         env = dict(os.environ)
         env[STATE_ENV] = self.state
+        if sys.stderr.isatty():  # the run's progress display: its stderr is a pipe to this terminal
+            env["DL_GATE_TERMINAL"] = "1"
         root = str(Path(__file__).resolve().parents[1])  # the directory holding ``gate``
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.t0 = time.monotonic()

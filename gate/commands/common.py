@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Optional
 
@@ -71,7 +72,9 @@ def fmt_num(x) -> str:
 def progress_enabled() -> bool:
     from ..cli import in_ci
 
-    return sys.stderr.isatty() and not in_ci()
+    # the run process of a supervised `dl-gate run` writes to a pipe the supervisor relays to
+    # its terminal: the supervisor says so (DL_GATE_TERMINAL)
+    return (sys.stderr.isatty() or os.environ.get("DL_GATE_TERMINAL") == "1") and not in_ci()
 
 
 def write_json(dest: Optional[str], doc) -> None:
@@ -133,7 +136,8 @@ class Progress:
             from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
 
             self.live = _Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=Console(file=sys.stderr), transient=True)
+                                  console=Console(file=sys.stderr, force_terminal=os.environ.get("DL_GATE_TERMINAL") == "1" or None),
+                                  transient=True)
             self.live.start()
             self.task = self.live.add_task("dl-gate: starting", total=None)
         return self

@@ -482,4 +482,8 @@ def _ends_a_process(sig) -> bool:
     """A crash signature of a worker that died or hung (not an exception the operator raised)."""
     import re
 
-    return sig is None or bool(re.match(r"(SIG[A-Z]+|exit code|timeout after|signal #|worker lost)", str(sig)))
+    if sig is None or re.match(r"(backward: )?(SIG[A-Z]+|exit code|timeout after|signal #|worker lost)", str(sig)):
+        return True
+    # an allocation that failed under the worker's memory limit would not fail in this process:
+    # it would grow until the machine's OOM killer ends the run
+    return bool(re.search(r"MemoryError|out of memory|can't allocate|bad_alloc", str(sig), re.I))
