@@ -34,7 +34,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dl-gate", description="CI regression gate for deep-learning operators.")
+    parser = _Parser(prog="dl-gate", description="CI regression gate for deep-learning operators.",
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="examples:\n  dl-gate run --example regression\n"
+                            "  dl-gate run --base origin/main --budget 120\n  dl-gate COMMAND --help")
     parser.add_argument("--version", action="version", version=f"dl-gate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -45,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervised command re-runs itself in a child
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CODES[Outcome.ERROR]

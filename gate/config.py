@@ -87,26 +87,37 @@ class Config:
         importlib.invalidate_caches()
 
 
+def read_text(path: Path) -> str:
+    """A config file's text; one line naming the file when it is not UTF-8 text."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): save the config as UTF-8") from None
+
+
 def _schema() -> dict:
     return json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
 
 
 def _line_of(node: yaml.Node, path: Sequence[Any]) -> Optional[int]:
     """Line (1-based) of the YAML node at ``path`` (deepest existing one)."""
-    cur = node
+    cur, mark = node, (node.start_mark if node is not None else None)
     for key in path:
         nxt = None
         if isinstance(cur, yaml.MappingNode):
             for k, v in cur.value:
                 if k.value == str(key):
-                    nxt = v
+                    nxt, mark = v, k.start_mark  # the key's line: a block value starts on the next one
                     break
         elif isinstance(cur, yaml.SequenceNode) and isinstance(key, int) and key < len(cur.value):
             nxt = cur.value[key]
+            mark = nxt.start_mark
         if nxt is None:
             break
         cur = nxt
-    return cur.start_mark.line + 1 if cur is not None else None
+    return mark.line + 1 if mark is not None else None
 
 
 def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = None) -> Config:
@@ -156,15 +167,15 @@ def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = 
 
 
 def load_config(path: Optional[os.PathLike] = None, search_from: Optional[Path] = None,
-                up_to: Optional[Path] = None) -> Config:
-    """Load ``path``, or the first ``.dl-gate.yml`` in ``search_from`` (cwd) or, with ``up_to``
-    (a repository root), in its parents up to that root; an empty config (built-in catalogue
-    only) if there is none."""
+                up_to: Optional[Path] = None, root: Optional[Path] = None) -> Config:
+    """Load ``path`` (its paths relative to ``root``, else to its directory), or the first
+    ``.dl-gate.yml`` in ``search_from`` (cwd) or, with ``up_to`` (a repository root), in its
+    parents up to that root; an empty config (built-in catalogue only) if there is none."""
     if path is not None:
         p = Path(path)
-        if not p.exists():
-            raise SetupError(f"config file {p} does not exist")
-        return parse_config(p.read_text(), p, p.parent)
+        if not p.is_file():
+            raise SetupError(f"config file {p} does not exist" if not p.exists() else f"config file {p} is not a file")
+        return parse_config(read_text(p), p, root or p.parent)
     base = Path(search_from or Path.cwd()).resolve()
     dirs = [base]
     if up_to is not None:
@@ -176,5 +187,5 @@ def load_config(path: Optional[os.PathLike] = None, search_from: Optional[Path] 
     for d in dirs:
         for name in CONFIG_NAMES:
             if (d / name).exists():
-                return parse_config((d / name).read_text(), d / name, d)
+                return parse_config(read_text(d / name), d / name, d)
     return Config(path=None, root=(Path(up_to).resolve() if up_to is not None else base), raw={}, ops=[])

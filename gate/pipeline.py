@@ -6,6 +6,7 @@ verdict computed so far, so a JUnit file and the report are always written.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -25,7 +26,7 @@ from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
 from .judge.decide import GateSettings, base_side, decide, judged_row, overall, recheck_determinism
-from .judge.replay import ReplayJob, replay_head, replay_in_tree, worktree
+from .judge.replay import ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
@@ -52,10 +53,12 @@ class RunOptions:
     isolate: Optional[bool] = None  # default: the config's gate.isolate
     eval_timeout: Optional[float] = None  # default: the config's gate.eval_timeout, else 10 s
     progress: Optional[Callable[[str], None]] = None
+    #: called with (the report so far, the progress line) at each step: the supervisor's state
+    checkpoint: Optional[Callable[[V.GateReport, str], None]] = None
 
 
 def git(repo: Path, *args: str) -> str:
-    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, encoding="utf-8", errors="replace")
     if res.returncode != 0:
         msg = (res.stderr.strip().splitlines() or ["git failed"])[-1]
         raise GateError(f"git {' '.join(args)}: {msg}")
@@ -63,7 +66,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def base_config(repo: Path, rev: str, rel: str) -> Optional[Config]:
-    res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"], capture_output=True, text=True)
+    res = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{rel}"], capture_output=True, encoding="utf-8", errors="replace")
     if res.returncode != 0:
         return None
     return parse_config(res.stdout, Path(f"{rel}@{rev[:10]}"), root=repo)
@@ -100,12 +103,17 @@ def _selection(opts: RunOptions, cfg: Config, catalog: Catalog, base_sha: str, h
 
 def run_gate(opts: RunOptions) -> V.GateReport:
     t0 = time.perf_counter()
-    say = opts.progress or (lambda s: None)
     report = V.GateReport(outcome=Outcome.ERROR.value, reason="", seed=opts.seed)
+
+    def say(line: str) -> None:
+        if opts.progress:
+            opts.progress(line)
+        if opts.checkpoint:
+            opts.checkpoint(report, line)
     report.env["gate_version"] = __version__
     report.env["harness"] = HARNESS_VERSION
     try:
-        _clear_previous_run(Path(opts.out))
+        clear_previous_run(Path(opts.out))
         make_output_dir(opts.out)
         _run(opts, report, say)
     except GateError as exc:
@@ -137,7 +145,7 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 RUN_OUTPUTS = ("repro", "findings", "report.json", "report.md", "junit.xml", "errors.png")
 
 
-def _clear_previous_run(out: Path) -> None:
+def clear_previous_run(out: Path) -> None:
     """Only where an earlier dl-gate run left its report.json (never in a directory of the user's)."""
     try:
         prev = json.loads((out / "report.json").read_text())
@@ -168,6 +176,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     # the config the nearest one above the directory given
     start, repo = repo, top
     cfg = load_config(opts.config) if opts.config else load_config(search_from=start, up_to=top)
+    cfg_outside = cfg.path is not None and top not in cfg.path.resolve().parents
+    if cfg_outside:  # a config kept outside the repository: its paths are the repository's
+        cfg = load_config(opts.config, root=top)
     cfg.activate()  # also forgets stale imports of the user's library
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
@@ -184,7 +195,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         raise SetupError(f"--head {opts.head} ({head_sha[:10]}) is not the checked-out commit ({checked_out[:10]}): "
                          "the gate imports the operators from the working tree; check the head out first")
     status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True).stdout
+                            capture_output=True, encoding="utf-8", errors="replace").stdout
     dirty = [ln[3:] for ln in status.splitlines() if ln.strip()]
     if dirty:
         report.warnings.append(f"uncommitted changes in the working tree ({', '.join(dirty[:5])}"
@@ -192,8 +203,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                                + f"): the gate runs them, the report names {head_sha[:10]}")
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
-    cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"
-    bcfg = base_config(repo, base_sha, cfg_rel)
+    if cfg_outside:  # not in the PR's tree: the same file judges both sides
+        cfg_rel, bcfg = None, cfg
+    else:
+        cfg_rel = str(cfg.path.resolve().relative_to(repo)) if cfg.path else ".dl-gate.yml"
+        bcfg = base_config(repo, base_sha, cfg_rel)
     # the PR cannot loosen its own gate: settings (and op thresholds) come from the base
     settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
     base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
@@ -216,6 +230,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     if kernels is not None:
         report.warnings.extend(kernels.warnings(names))
     _build(repo, cfg, cfg.raw.get("build"), "head", report, Path(opts.out), say)  # a failure: error, first compiler line
+    from .fuzz.isolate import isolate_options, prestart
+
+    isolate = isolate_options(opts.isolate, opts.eval_timeout, cfg.gate)  # crashes and hangs stay in a worker
+    if isolate is not None:
+        prestart({catalog.get(n).framework for n in names}, isolate)
     budget_cfg = cfg.budget
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
     per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
@@ -227,12 +246,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     devices = opts.devices or gate_cfg.get("devices")
     strategy = opts.strategy or gate_cfg.get("strategy", "linf")
     oracles = opts.oracles or gate_cfg.get("oracles")
-    from .fuzz.isolate import isolate_options
 
-    isolate = isolate_options(opts.isolate, opts.eval_timeout, gate_cfg)  # crashes and hangs stay in a worker
-
-    from .fuzz import fuzz_task
-    from .fuzz.inputs import degenerate_inputs, draw
     from .fuzz.schedule import allocate
     from .fuzz.seeds import SeedStore
 
@@ -277,39 +291,32 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
         + f", seed {seed}")
 
-    work: List[dict] = []
-    sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
-    for task in run_tasks:
-        p = by_id[task.id]
-        spec, row, status = p["spec"], p["row"], p["status"]
-        if spec.name not in sources:
-            sources[spec.name] = op_source(spec, repo)
-        corpus = store.corpus(row) if row is not None and status == "ok" else []
-        say(f"fuzzing {task.id}")
-        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store, isolate=isolate)
-        rng = np.random.default_rng(task.rng_seed() + [1])
-        cands = list(corpus)
-        cands += finding.inputs
-        cands += [draw(spec, rng, origin="control") for _ in range(3)]
-        cands += degenerate_inputs(spec, cands[-1])  # all zeros, one constant: where a dropped guard shows
-        head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
-        work.append({"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
-                     "cands": cands, "head": head_results, "src": sources[spec.name]})
-
+    # base's worktree is there from the start: the search asks base about the NaN/Inf it finds
+    # (gate.judge.contrast), and every input is replayed there afterwards
+    user_tasks = [t for t in run_tasks if by_id[t.id]["spec"].origin == "user"]
+    py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
     base_results: Dict[str, list] = {}
-    # base runs the operator its own config names (a PR may rename the function)
-    jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
-                      spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
-            for w in work if w["spec"].origin == "user"]
-    if jobs:
-        say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
-        py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
-        with worktree(repo, merge_base) as tree:
-            if cfg.path:
-                py_path = [str((tree / Path(cfg_rel).parent / p)) for p in py_path]
-            croot = tree / Path(cfg_rel).parent
-            if _build(croot, cfg, (bcfg.raw if bcfg else cfg.raw).get("build"), "base", report, Path(opts.out), say):
-                base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate)
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(worktree(repo, merge_base)) if user_tasks else None
+        if tree is not None and cfg.path:
+            py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
+        # base's extension is built in its worktree (cached by source hash); one that does not
+        # build leaves base unreplayed: head is judged against the stored baselines
+        if tree is not None and not _build(tree / (Path(cfg_rel).parent if cfg_rel else Path()), cfg,
+                                           (bcfg.raw if bcfg else cfg.raw).get("build"), "base", report,
+                                           Path(opts.out), say):
+            tree = None
+        base_isolate = base_isolate_options(tree, py_path, isolate, repo) if tree is not None and isolate else None
+        sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
+        work = [_fuzz_one(task, by_id[task.id], store, repo, seed_store, isolate, base_isolate,
+                          base_specs.get(by_id[task.id]["spec"].name), say, sources) for task in run_tasks]
+        # base runs the operator its own config names (a PR may rename the function)
+        jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
+                          spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
+                for w in work if w["spec"].origin == "user"]
+        if jobs and tree is not None:
+            say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
+            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=repo)
 
     for w in work:
         task, finding = w["task"], w["finding"]
@@ -384,6 +391,42 @@ def _kernels(repo: Path, head_sha: str, catalog: Catalog, cfg: Config, report: V
     if run is not None:
         report.env["triton"] = run.to_dict()
     return run
+
+
+def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate, base_isolate,
+              base_spec: Optional[OpSpec], say, sources: Dict[str, Tuple[Optional[str], Optional[int]]]) -> dict:
+    """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
+    every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
+    from .fuzz import fuzz_task
+    from .fuzz.inputs import degenerate_inputs, draw, structured_inputs
+    from .judge.contrast import contrast_runner
+
+    spec, row, status = planned["spec"], planned["row"], planned["status"]
+    if spec.name not in sources:
+        sources[spec.name] = op_source(spec, repo)
+    corpus = store.corpus(row) if row is not None and status == "ok" else []
+    say(f"fuzzing {task.id}")
+    runner = None
+    if base_isolate is not None and spec.origin == "user" and task.variant.oracle == "precision":
+        runner = contrast_runner(spec, base_side(spec, base_spec), task.variant, isolate, base_isolate)
+    try:
+        finding = fuzz_task(task, seeds=corpus, seed_store=seed_store, isolate=isolate, runner=runner)
+    finally:
+        if runner is not None:
+            finding_stats = dict(runner.stats)
+            runner.close()
+    if runner is not None:
+        finding.coverage["contrast"] = finding_stats
+    rng = np.random.default_rng(task.rng_seed() + [1])
+    cands = list(corpus)
+    cands += finding.inputs
+    cands += [draw(spec, rng, origin="control") for _ in range(3)]
+    like = cands[-1]
+    cands += degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows
+    cands += structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
+    head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
+    return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
+            "cands": cands, "head": head_results, "src": sources[spec.name]}
 
 
 def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:

@@ -47,6 +47,8 @@ def test_mode_to_command():
                                          "--budget", "300"]
     inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_CONFIG": "c.yml", "INPUT_BUDGET": "3600"})
     assert command_for(inp, {}, {}) == ["baseline", "refresh", "--config", "c.yml", "--budget", "3600"]
+    inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_PER-OP": "60"})  # one grammar: --per-op
+    assert command_for(inp, {}, {}) == ["baseline", "refresh", "--per-op", "60"]
     assert command_for(inputs(mode="publish", report="r.json"), {}, {}) is None
     inp = ActionInputs.from_env({"INPUT_MODE": "refresh", "INPUT_NIGHTLY": "true"})
     assert command_for(inp, {}, {}) == ["baseline", "refresh", "--nightly"]
@@ -70,6 +72,7 @@ def test_base_ref_defaults():
     ({"INPUT_MODE": "fuzz"}, "input mode"),
     ({"INPUT_FAIL-ON": "regresion"}, "input fail-on"),
     ({"INPUT_BUDGET": "-5"}, "input budget"),
+    ({"INPUT_PER-OP": "nan"}, "input per-op"),
     ({"INPUT_COMMENT": "maybe"}, "input comment"),
     ({"INPUT_MODE": "publish"}, "input report"),
 ])
@@ -214,6 +217,32 @@ def test_entrypoint_gate_mode_reports_an_error_on_every_outcome(job):
     res, out, _ = act.run(None, mode="gate", comment="false", fail_on="error")
     assert res.returncode == 2
     assert not fake.requests("POST")
+
+
+def test_entrypoint_a_run_ended_by_the_code_under_test_fails_the_step(job):
+    """A PR whose library calls os._exit(0) when imported ends the gate's run process before it
+    writes a report: the supervisor's error report fails the step whatever fail-on says."""
+    from tests.test_gate_run import git
+
+    act, fake = job
+    (act.ws / "lib").mkdir()
+    (act.ws / "lib" / "__init__.py").write_text("")
+    (act.ws / "lib" / "ops.py").write_text("import torch\n\n\ndef half(x):\n    return x * 0.5\n")
+    (act.ws / ".dl-gate.yml").write_text(
+        "version: 1\nframework: torch\nbuiltin: false\nops:\n  - name: lib.half\n    callable: lib.ops:half\n"
+        "    sources: [lib/ops.py]\n    inputs: [{name: x, shape: [4]}]\n")
+    git(act.tmp, "init", "-q", "-b", "main", str(act.ws))
+    git(act.ws, "add", "-A")
+    git(act.ws, "commit", "-q", "-m", "base")
+    git(act.ws, "update-ref", "refs/remotes/origin/main", "main")
+    git(act.ws, "checkout", "-q", "-b", "pr")
+    (act.ws / "lib" / "ops.py").write_text("import os\nimport torch\n\nos._exit(0)\n\n\ndef half(x):\n    return x * 0.5\n")
+    git(act.ws, "commit", "-q", "-am", "exit at import")
+    res, out, _ = act.run(None, mode="gate", comment="false", budget="5")
+    assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
+    assert out["outcome"] == "error" and "before writing its report" in res.stdout + res.stderr
+    assert "a run that ended without its report fails the step" in res.stderr
+    assert (act.ws / "dl-gate-out" / "junit.xml").exists()
 
 
 def test_entrypoint_rejects_an_invalid_artifact(job):

@@ -217,3 +217,86 @@ def test_sigterm_stops_a_run_and_still_writes_the_report(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert proc.returncode == 2 and report["outcome"] == "error" and "SIGTERM" in report["reason"], stderr[-2000:]
     assert (out / "junit.xml").exists()
+
+
+def _subparsers(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                for inner, p in _subparsers(sub):
+                    yield f"{name} {inner}", p
+
+
+def test_every_help_has_an_example_and_one_grammar_for_budgets_ops_and_json():
+    from gate.cli import build_parser
+
+    parser = build_parser()
+    assert "example" in parser.format_help()
+    seen = 0
+    for name, sub in _subparsers(parser):
+        if name == "baseline":  # a group: its actions carry the examples
+            continue
+        text = sub.format_help()
+        assert "example" in text and " dl-gate " in text.split("example", 1)[1], name
+        opts = {o for a in sub._actions for o in a.option_strings if a.help != "==SUPPRESS=="}
+        assert "--op" not in opts, name  # --ops everywhere (--op only as a hidden old spelling)
+        budget = [a for a in sub._actions if "--budget" in a.option_strings]
+        if budget:
+            assert budget[0].help.startswith("total"), name
+        per_op = [a for a in sub._actions if "--per-op" in a.option_strings]
+        assert all("per operator" in a.help for a in per_op), name
+        js = [a for a in sub._actions if "--json" in a.option_strings]
+        assert all(a.metavar == "FILE" for a in js), name  # --json FILE everywhere
+        seen += 1
+    assert seen >= 10
+    # the old spellings still parse, into the new destinations
+    args = parser.parse_args(["nightly", "--op", "torch.relu", "--ops", "torch.tanh"])
+    assert args.ops == ["torch.relu", "torch.tanh"]
+    args = parser.parse_args(["baseline", "refresh", "--budget", "60", "--per-op", "5"])
+    assert (args.budget, args.per_op) == (60.0, 5.0)
+
+
+def test_ops_json_file_and_operators_by_import_path(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "ops", "--json", str(tmp_path / "ops.json"))
+    assert code == 0 and out == ""
+    rows = json.loads((tmp_path / "ops.json").read_text())
+    assert any(r["name"] == "torch.softmax" for r in rows)
+
+    from gate.ops.catalog import UnknownOpError, load_catalog
+
+    cat = load_catalog([], builtin=("torch",))
+    # the row's callable, as written, and an import path naming the same function object
+    assert cat.get("torch.nn.functional.softmax").name == "torch.softmax"
+    assert cat.get("torch.nn.functional.conv2d").name == "torch.conv2d"
+    assert cat.get("torch.nn.modules.conv.F.conv2d").name == "torch.conv2d"
+    with pytest.raises(UnknownOpError, match="unknown operator 'torch.nn.functional.no_such_op'"):
+        cat.get("torch.nn.functional.no_such_op")
+
+
+def test_progress_is_rich_on_a_terminal_and_plain_lines_elsewhere(monkeypatch, capsys):
+    import io
+
+    from gate.commands import common
+
+    with common.Progress() as say:  # pytest's stderr is no terminal: one line per message
+        say("selected 2 operator(s)")
+        say("fuzzing torch.relu[float32/cpu/input]")
+    assert capsys.readouterr().err.splitlines() == ["dl-gate: selected 2 operator(s)",
+                                                    "dl-gate: fuzzing torch.relu[float32/cpu/input]"]
+    monkeypatch.setenv("CI", "true")  # in CI, even on a terminal: no progress display
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert common.progress_enabled() is False
+    monkeypatch.delenv("CI")
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    fake = io.StringIO()
+    monkeypatch.setattr(common, "progress_enabled", lambda: True)
+    monkeypatch.setattr(common.sys, "stderr", fake)
+    with common.Progress() as say:
+        assert say.live is not None  # the rich status line
+        say("selected 2 operator(s)")
+        say("fuzzing torch.relu[float32/cpu/input]")  # updates the status line in place only
+    text = fake.getvalue()
+    assert "dl-gate: selected 2 operator(s)" in text and "dl-gate: fuzzing" not in text

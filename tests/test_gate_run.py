@@ -165,7 +165,10 @@ def test_behaviour_change_fails_by_default_and_warns_when_configured(base_repo, 
     code, report = gate(repo, tmp_path)
     assert code == 1
     assert any(v.outcome == "behaviour-change" for v in by_op(report, "mylib.smooth"))
-    assert not any(v.outcome == "regression" for v in report.verdicts)
+    # doubling the output also overflows where base's output did not (x > 32752 in float16):
+    # the search, which asks base about every NaN/Inf it meets, may find that new Inf too
+    assert all(v.outcome != "regression" or v.reason.startswith("new NaN/Inf") for v in report.verdicts), \
+        [(v.id, v.reason) for v in report.verdicts]
     # the setting is read from the base: a PR that relaxes it does not relax its own gate
     cfg = repo / ".dl-gate.yml"
     cfg.write_text(cfg.read_text().replace("gate: {dtypes: [float16, float32]}",

@@ -10,6 +10,13 @@ import pytest
 
 from tests.test_gate_run import by_op, gate, git, make_repo
 
+
+def main_variants(report, op):
+    """The operator's precision verdicts at its default layout (not the default non-contiguous
+    layout or gradient variants every user operator also gets)."""
+    return [v for v in by_op(report, op)
+            if v.variant.get("layout", "default") == "default" and v.variant.get("oracle", "precision") == "precision"]
+
 OPS = '''
 import torch
 
@@ -22,6 +29,12 @@ def rms_norm(x, eps=1e-6):
 
 def noisy(x):
     return x + torch.randn_like(x) * 1e-7
+
+
+def entropy_noisy(x):
+    import numpy as np  # an unseeded generator: OS entropy, different on every call
+
+    return x + torch.from_numpy(np.random.default_rng().standard_normal(x.shape)).to(x.dtype) * 1e-7
 
 
 def log1p_masked(x):
@@ -47,6 +60,11 @@ ops:
     sources: [lib/ops.py]
     dims: {N: [1, 16]}
     inputs: [{name: x, shape: [N]}]
+  - name: lib.entropy_noisy
+    callable: lib.ops:entropy_noisy
+    sources: [lib/ops.py]
+    dims: {N: [1, 16]}
+    inputs: [{name: x, shape: [N]}]
   - name: lib.log1p_masked
     callable: lib.ops:log1p_masked
     sources: [lib/ops.py]
@@ -57,6 +75,7 @@ ops:
 PRS = {
     "log1p": ("torch.log1p(x) + 0", "torch.log(1 + x) + 0"),
     "noisy": ("x + torch.randn_like(x) * 1e-7", "x + 1e-7 * torch.randn_like(x)"),
+    "entropy": ("standard_normal(x.shape)).to(x.dtype) * 1e-7", "standard_normal(x.shape)).to(x.dtype) * 1.0e-7"),
     "no_upcast": ("    xf = x.float()\n", "    xf = x\n"),
     "no_eps": ("torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),
 }
@@ -88,7 +107,7 @@ def test_a_shared_nan_does_not_hide_a_new_precision_loss(lib_repo, tmp_path):
 def test_identical_outputs_are_not_a_regression_when_only_the_reference_moved(lib_repo, tmp_path):
     pr(lib_repo, "no_upcast")  # float32 input: x.float() is a no-op, but it cast base's float64 reference down
     code, report = gate(lib_repo, tmp_path, "--dtype", "float32", evals=60)
-    (v,) = by_op(report, "lib.rms_norm")
+    (v,) = main_variants(report, "lib.rms_norm")
     assert code == 0 and v.outcome in ("pass", "improvement"), (v.outcome, v.reason)
     assert v.details["identical_outputs"] > 0
     assert any("equals base's bit for bit" in w for w in report.warnings), report.warnings
@@ -97,7 +116,7 @@ def test_identical_outputs_are_not_a_regression_when_only_the_reference_moved(li
 def test_nan_where_base_was_finite_is_new_even_when_float64_is_nan(lib_repo, tmp_path):
     pr(lib_repo, "no_eps")  # an all-zeros row: 0 * rsqrt(0) = NaN in float64 too
     code, report = gate(lib_repo, tmp_path, "--dtype", "float32", evals=20)
-    (v,) = by_op(report, "lib.rms_norm")
+    (v,) = main_variants(report, "lib.rms_norm")
     assert code == 1 and v.outcome == "regression", (v.outcome, v.reason)
     assert "head returns NaN/Inf" in v.reason and "base's output is finite" in v.reason
     assert v.head_nonfinite > 0
@@ -117,9 +136,9 @@ def test_an_earlier_runs_outputs_are_replaced_but_foreign_files_are_kept(lib_rep
     mine = tmp_path / "mine"
     (mine / "findings").mkdir(parents=True)
     (mine / "findings" / "notes.txt").write_text("keep\n")
-    from gate.pipeline import _clear_previous_run
+    from gate.pipeline import clear_previous_run
 
-    _clear_previous_run(mine)
+    clear_previous_run(mine)
     assert (mine / "findings" / "notes.txt").exists()
 
 
@@ -153,10 +172,19 @@ def test_run_from_a_subdirectory_and_a_head_that_is_not_checked_out(lib_repo, tm
     assert code == 2 and "is not the checked-out commit" in report["reason"] and report["env"]["setup_error"]
 
 
-def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_path):
-    pr(lib_repo, "noisy")  # a benign refactor of an operator that adds random noise
+def test_a_seeded_random_operator_is_compared_on_the_same_random_stream(lib_repo, tmp_path):
+    pr(lib_repo, "noisy")  # a benign refactor of an operator that adds torch's random noise
+    # head's and base's workers are forked from one zygote and seeded alike: the same inputs
+    # see the same random numbers on both sides, so the refactor is judged as what it is
     code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.noisy", evals=30)
-    (v,) = by_op(report, "lib.noisy")
+    (v,) = main_variants(report, "lib.noisy")
+    assert code == 0 and v.outcome == "pass", (v.outcome, v.reason)
+
+
+def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_path):
+    pr(lib_repo, "entropy")  # a benign refactor of an operator whose noise comes from OS entropy
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.entropy_noisy", evals=30)
+    (v,) = main_variants(report, "lib.entropy_noisy")
     # the verdict that would have failed was checked against a second run of head
     assert code == 2 and v.outcome == "error", (v.outcome, v.reason)
     assert v.reason.startswith("non-deterministic") and v.details["nondeterministic"]

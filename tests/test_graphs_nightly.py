@@ -81,7 +81,7 @@ def test_run_nightly_returns_graph_and_export_rows(project):
 
 
 def test_cli_nightly(project, capsys):
-    code = main(["nightly", "--op", "user.scale300", "--op", "user.sq_ratio", "--op", "user.branchy",
+    code = main(["nightly", "--ops", "user.scale300", "--ops", "user.sq_ratio", "--ops", "user.branchy",
                  "--graphs", "8", "--export-path", "torchscript", "--budget", "30", "--seed", "1",
                  "--json", "out/nightly.json"])
     out = capsys.readouterr().out

@@ -70,7 +70,9 @@ def test_segfault_via_cli_with_isolation_from_config(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "crash in planted.segv[float32/cpu/input]: SIGSEGV in planted_ops.py:" in proc.stdout
-    (finding,) = json.loads(out.read_text())["findings"]
+    # the operator's default variant (a user operator also gets a non-contiguous and a gradient one)
+    (finding,) = [f for f in json.loads(out.read_text())["findings"]
+                  if f["variant"].get("layout", "default") == "default" and f["variant"].get("oracle", "precision") == "precision"]
     crash = Finding.from_dict(finding).crashes[0]
     assert crash.signature.startswith("SIGSEGV in planted_ops.py:") and "segv_on_minus_one" in crash.signature
     assert (crash.candidate.arrays["x"] == -1.0).any()  # the recorded input holds the planted value

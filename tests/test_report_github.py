@@ -183,14 +183,41 @@ def test_report_stage_never_imports_a_framework(tmp_path):
     assert (tmp_path / "out" / "junit.xml").exists()
 
 
-def test_the_comment_fits_githubs_limit_and_points_at_the_full_report(tmp_path):
+def test_the_comment_stays_under_6kb_whatever_the_run_and_points_at_the_full_report(tmp_path):
     vs = [regression(op=f"lib.fail{i:03d}") for i in range(300)]
     with FakeGitHub() as fake:
         fake.add_pull(7, HEAD)
         env = gh_env(tmp_path, fake.url, pr_event())
         publish_to_github(rich_report(verdicts=vs), env, annotations=False, summary=False, stream=io.StringIO())
         (c,) = fake.comments[7]
-    assert len(c["body"]) <= 65_536
-    assert "Cut to fit GitHub's size limit" in c["body"]
-    assert c["body"].rstrip().endswith("</sub>")  # the footer survives the cut
-    assert "The full report: https://github.com/acme/ops/actions/runs/500" in c["body"]
+    body = c["body"]
+    assert len(body.encode("utf-8")) <= 6 * 1024 + 200  # the digest, plus the marker and stamp lines
+    assert "| `lib.fail000` |" in body  # the worst rows are shown, whole
+    assert "more failing row(s) in the full report" in body
+    assert body.rstrip().endswith("</sub>")  # the footer survives the cut
+    assert "Full report: [job summary and artifact](https://github.com/acme/ops/actions/runs/500)" in body
+
+
+def test_a_setup_error_fails_with_an_annotation_and_posts_no_comment(tmp_path):
+    from gate.judge.verdict import GateReport
+
+    report = GateReport(outcome="error", reason="base ref origin/main is not in this clone",
+                        errors=["base ref origin/main is not in this clone (fetch-depth: 0)"],
+                        env={"setup_error": True})
+    stream = io.StringIO()
+    with FakeGitHub() as fake:
+        fake.add_pull(7, HEAD)
+        env = gh_env(tmp_path, fake.url, pr_event())
+        done = publish_to_github(report, env, summary=False, stream=stream)
+        assert not fake.comments.get(7)
+    assert done["comment"]["action"] == "skipped-setup-error"
+    assert "::error title=dl-gate setup error::base ref origin/main" in stream.getvalue()
+
+
+def test_one_annotation_per_changed_line_never_a_pile_on_one_line():
+    # 30 failing variants (10 operators x 3 dtypes), all reached by the same two changed lines
+    vs = [regression(op=f"mylib.op{i}", dtype=dt) for i in range(10) for dt in ("float16", "bfloat16", "float32")]
+    errors = [n for n in build_annotations(rich_report(verdicts=vs)) if n.level == "error"]
+    assert [(n.file, n.line) for n in errors] == [("mylib/ops.py", 14), ("mylib/util.py", 7)]
+    assert all("(+29 more failing variant(s)" in n.message for n in errors)
+    assert "mylib.op0, mylib.op1" in errors[0].title

@@ -3,6 +3,7 @@ check-jsonschema's built-in GitHub schemas, hadolint), each shown to catch a bro
 properties the gate's safety rests on (fork-safe split, approval gate, no path filters)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,26 @@ def test_actionlint_passes_on_every_workflow():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_zizmor_finds_nothing_unjustified():
+    # offline: no GitHub API calls; every finding left is ignored in the file with its reason
+    res = run([tool("zizmor"), "--offline", "--format", "plain", "--no-progress", "."])
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = " ".join((ROOT / ".github" / "workflows" / p.name).read_text() for p in WORKFLOWS)
+    for ignore in re.findall(r"# zizmor: ignore\[[\w-]+\](.*)", text):
+        assert ignore.strip(), "a zizmor ignore without a reason"
+
+
+def test_zizmor_catches_a_tag_pinned_action_and_workflow_level_write(tmp_path):
+    wf = tmp_path / ".github" / "workflows"
+    wf.mkdir(parents=True)
+    (wf / "bad.yml").write_text(
+        "on: pull_request\npermissions:\n  pull-requests: write\njobs:\n  a:\n    runs-on: ubuntu-latest\n"
+        "    steps:\n      - uses: actions/checkout@v5\n")
+    res = run([tool("zizmor"), "--offline", "--format", "plain", "--no-progress", "--persona", "pedantic", "."],
+              cwd=tmp_path)
+    assert res.returncode != 0 and "unpinned-uses" in res.stdout and "excessive-permissions" in res.stdout, res.stdout
+
+
 def test_actionlint_and_shellcheck_catch_mistakes(tmp_path):
     (tmp_path / ".github" / "workflows").mkdir(parents=True)
     (tmp_path / ".github" / "workflows" / "bad.yml").write_text(
@@ -85,10 +106,14 @@ def test_hadolint_passes_on_the_dockerfile_and_catches_mistakes(tmp_path):
 # -- the action ----------------------------------------------------------------------------------
 def test_action_is_a_docker_action_whose_inputs_the_entrypoint_reads():
     action = yaml.safe_load((ROOT / "action.yml").read_text())
-    assert action["runs"] == {"using": "docker", "image": "Dockerfile"}
+    assert action["runs"]["using"] == "docker"
+    # the prebuilt image by reference, at this version (release.yml pins it by digest on the tag)
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert re.fullmatch(rf"docker://ghcr\.io/[\w.-]+/dl-gate:{re.escape(version)}-cpu(@sha256:[0-9a-f]{{64}})?",
+                        action["runs"]["image"]), action["runs"]["image"]
     values = {"mode": "refresh", "config": "c.yml", "base-ref": "origin/dev", "budget": "5", "token": "t",
               "comment": "false", "comment-key": "gpu", "comment-author": "dl-gate-app[bot]", "fail-on": "error",
-              "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120"}
+              "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120", "per-op": "7"}
     assert set(action["inputs"]) == set(values)
     default = ActionInputs.from_env({})
     for name, spec in action["inputs"].items():
@@ -114,13 +139,42 @@ def test_docs_cover_every_input_and_output():
 def test_dockerfile_variants_and_entrypoint():
     text = (ROOT / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["dl-gate", "action"]' in text
-    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text and "ARG TF_PACKAGE=tensorflow-cpu" in text
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    assert 'ARG TF_PACKAGE=""' in text  # the default (the action's image) is torch only
+    # two stages: only the venv reaches the final image (no pip cache, no build leftovers)
+    assert text.count("\nFROM ") == 2 and "COPY --from=build /opt/venv /opt/venv" in text
+    assert "PIP_NO_CACHE_DIR=1" in text
     assert "\nUSER " not in text  # Docker actions must run as the image's default user (root)
+
+
+def test_release_publishes_every_variant_and_pins_the_action_by_digest():
+    rel = load(ROOT / ".github" / "workflows" / "release.yml")
+    run_text = " ".join(str(s.get("run", "")) for s in rel["jobs"]["release"]["steps"])
+    for variant in ("build cpu ", "build cpu-all ", "build cuda "):
+        assert variant in run_text
+    assert "RepoDigests" in run_text and 'git tag "v${VERSION}"' in run_text
+    assert "image: ${PINNED}" in run_text
 
 
 # -- the workflows --------------------------------------------------------------------------------
 def workflows():
     return {p.name: load(p) for p in WORKFLOWS}
+
+
+def perms(wf, job):
+    """The permissions a job runs with: its own, else the workflow's."""
+    return wf["jobs"][job].get("permissions", wf.get("permissions"))
+
+
+def test_least_privilege_per_job_and_actions_pinned_by_sha():
+    for name, wf in workflows().items():
+        assert wf.get("permissions") == {}, f"{name}: permissions are granted per job, none at workflow level"
+        for job_name, job in wf["jobs"].items():
+            assert "permissions" in job, f"{name}: job {job_name} declares no permissions"
+            for step in job.get("steps", []):
+                uses = str(step.get("uses", ""))
+                if uses and not uses.startswith("./"):
+                    assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", uses), f"{name}: {uses} is not pinned by SHA"
 
 
 def test_no_workflow_runs_pr_code_with_a_privileged_token():
@@ -129,7 +183,7 @@ def test_no_workflow_runs_pr_code_with_a_privileged_token():
         if "pull_request_target" in wf["on"]:
             # only behind a maintainer's approval, with a read-only token and no secrets: the
             # workflow file is the base branch's, so a PR cannot lift these for its own run
-            assert wf["permissions"] == {"contents": "read"}, name
+            assert all(perms(wf, j) == {"contents": "read"} for j in wf["jobs"]), name
             assert all(job.get("environment") for job in wf["jobs"].values()), name
             assert "secrets." not in text and "github.token" not in text, name
         on = wf["on"]
@@ -140,7 +194,7 @@ def test_no_workflow_runs_pr_code_with_a_privileged_token():
 def test_fork_safe_split():
     wfs = workflows()
     gate = wfs["dl-gate-fork.yml"]
-    assert "pull_request" in gate["on"] and gate["permissions"] == {"contents": "read"}
+    assert "pull_request" in gate["on"] and perms(gate, "gate") == {"contents": "read"}
     steps = gate["jobs"]["gate"]["steps"]
     action = next(s for s in steps if s.get("uses") == "./")
     assert action["with"]["comment"] == "false"
@@ -149,7 +203,7 @@ def test_fork_safe_split():
 
     comment = wfs["dl-gate-comment.yml"]
     assert comment["on"]["workflow_run"]["workflows"] == [gate["name"], wfs["dl-gate-gpu.yml"]["name"]]
-    assert comment["permissions"]["pull-requests"] == "write"
+    assert perms(comment, "comment")["pull-requests"] == "write"
     job = comment["jobs"]["comment"]
     text = (ROOT / ".github" / "workflows" / "dl-gate-comment.yml").read_text()
     assert "head_sha" not in text and "head_branch" not in text  # never checks out the PR's code
@@ -176,7 +230,7 @@ def test_gpu_job_runs_the_cuda_image_with_gpus_behind_an_approval_gate():
     # with a read-only token; its comment is posted by the workflow_run job from the artifact
     wfs = workflows()
     assert list(wfs["dl-gate-gpu.yml"]["on"]) == ["pull_request_target", "workflow_dispatch"]
-    assert wfs["dl-gate-gpu.yml"]["permissions"] == {"contents": "read"}
+    assert perms(wfs["dl-gate-gpu.yml"], "gpu") == {"contents": "read"}
     upload = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     gpu_comment = wfs["dl-gate-comment.yml"]["jobs"]["comment-gpu"]
     download = next(s for s in gpu_comment["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact"))
@@ -190,7 +244,7 @@ def test_scheduled_baseline_refresh_opens_a_pr():
     steps = wf["jobs"]["refresh"]["steps"]
     assert next(s for s in steps if s.get("uses") == "./")["with"]["mode"] == "refresh"
     assert "gh pr create" in " ".join(str(s.get("run", "")) for s in steps)
-    assert wf["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert perms(wf, "refresh") == {"contents": "write", "pull-requests": "write"}
 
 
 def test_ci_runs_the_tests_and_the_linters():

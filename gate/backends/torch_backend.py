@@ -88,6 +88,13 @@ class TorchBackend(Backend):
             t = t.contiguous(memory_format=torch.channels_last)
         elif memory_format == "channels_last_3d" and t.dim() == 5:
             t = t.contiguous(memory_format=torch.channels_last_3d)
+        elif memory_format == "noncontiguous" and t.dim() >= 2 and t.shape[-1] > 1 and t.shape[-2] > 1:
+            t = t.transpose(-1, -2).contiguous().transpose(-1, -2)  # as "transposed"
+        elif memory_format == "noncontiguous" and t.dim() >= 1 and t.shape[-1] > 1:
+            buf = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+            view = buf[..., ::2]  # as "strided", for a row or a degenerate matrix
+            view.copy_(t)
+            t = view
         elif memory_format == "transposed" and t.dim() >= 2:
             # same values, non-contiguous strides: a transposed copy viewed back
             t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
@@ -168,7 +175,9 @@ class TorchBackend(Backend):
             if u is None or not t.requires_grad:
                 continue
             roots.append(t)
-            grads_out.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).to(device=t.device, dtype=t.dtype))
+            # (a 0-d output is a 1-element array on the gate's side: back to the tensor's shape)
+            grads_out.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
+                             .to(device=t.device, dtype=t.dtype))
         if roots and leaves:
             grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)
         else:

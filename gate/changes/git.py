@@ -37,8 +37,10 @@ class Git:
              text: bool = True) -> subprocess.CompletedProcess:
         env = {**os.environ, **_ENV}
         try:
+            # any encoding in a diff or a path: undecodable bytes survive as lone surrogates
             proc = subprocess.run([*_BASE, *args], cwd=self.repo, env=env, capture_output=True,
-                                  input=input if not text or input is None else input.decode(), text=text)
+                                  input=input if not text or input is None else input.decode("utf-8", "surrogateescape"),
+                                  **({"encoding": "utf-8", "errors": "surrogateescape"} if text else {}))
         except FileNotFoundError:
             raise GitError("git is not installed (needed to read the pull request's changes)") from None
         if check and proc.returncode != 0:

@@ -14,6 +14,7 @@ Reads the action's inputs (``INPUT_*``) and the runner's ``GITHUB_*`` environmen
    ``error`` are reported (an error as a warning annotation) and exit 0."""
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -33,7 +34,8 @@ FALSE = ("false", "no", "off", "0", "")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("action", help="GitHub Action entrypoint: reads INPUT_* and GITHUB_* (see docs/action.md)")
+    p = sub.add_parser("action", help="GitHub Action entrypoint: reads INPUT_* and GITHUB_* (see docs/action.md)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example (what action.yml runs):\n  INPUT_MODE=run INPUT_BUDGET=120 dl-gate action")
     p.set_defaults(func=run)
 
 
@@ -62,6 +64,7 @@ class ActionInputs:
     config: str = ""
     base_ref: str = ""
     budget: str = ""
+    per_op: str = ""
     token: str = ""
     comment: bool = True
     fail_on: List[str] = field(default_factory=lambda: ["regression"])
@@ -85,14 +88,16 @@ class ActionInputs:
         bad = [x for x in fail_on if x not in FAILABLE]
         if bad:
             raise GateError(f"input fail-on: unknown outcome {bad[0]!r} (use {', '.join(FAILABLE)} or never)")
-        budget = get_input(env, "budget")
-        if budget:
-            try:
-                if float(budget) <= 0:
-                    raise ValueError
-            except ValueError:
-                raise GateError(f"input budget: expected a positive number of seconds, got {budget!r}") from None
+        budget, per_op = get_input(env, "budget"), get_input(env, "per-op")
+        for name, val in (("budget", budget), ("per-op", per_op)):
+            if val:
+                try:
+                    if not 0 < float(val) < float("inf"):
+                        raise ValueError
+                except ValueError:
+                    raise GateError(f"input {name}: expected a positive number of seconds, got {val!r}") from None
         inp = cls(mode=mode, config=get_input(env, "config"), base_ref=get_input(env, "base-ref"), budget=budget,
+                  per_op=per_op,
                   token=get_input(env, "token"), comment=_bool(env, "comment", True), fail_on=fail_on,
                   out=get_input(env, "out", "dl-gate-out") or "dl-gate-out", report=get_input(env, "report"),
                   comment_key=get_input(env, "comment-key", "default") or "default",
@@ -137,6 +142,8 @@ def command_for(inp: ActionInputs, env: Mapping[str, str], event: dict) -> Optio
         common += ["--config", inp.config]
     if inp.budget:
         common += ["--budget", inp.budget]
+    if inp.per_op:
+        common += ["--per-op", inp.per_op]
     if inp.mode == "gate":
         return ["run", "--base", resolve_base_ref(inp, env, event), "--out", inp.out] + common
     if inp.mode == "refresh":
@@ -187,7 +194,9 @@ def fallback_report(argv: List[str], rc: int, message: str, out: Path, refresh: 
     if refresh and rc == 0:
         return GateReport(outcome="pass", reason="baselines refreshed")
     reason = message or f"`dl-gate {' '.join(argv[:2])}` exited with code {rc} without writing {out}/report.json"
-    return _error_report(reason)
+    report = _error_report(reason)
+    report.env["run_incomplete"] = True  # whatever the exit code said: fails the step
+    return report
 
 
 def trust_workspace(env: dict, workspace: Optional[str]) -> None:
@@ -290,8 +299,11 @@ def run(args) -> int:
                 report = fallback_report(argv, rc, message, out, inp.mode == "refresh")
     _finish(report, inp, env, workspace)
     setup = report.outcome == Outcome.ERROR.value and bool(report.env.get("setup_error"))
-    code = report.exit_code if report.outcome in inp.fail_on or setup else 0
+    incomplete = report.outcome == Outcome.ERROR.value and bool(report.env.get("run_incomplete"))
+    code = report.exit_code if report.outcome in inp.fail_on or setup or incomplete else 0
     print(f"dl-gate action: outcome {report.outcome} in {time.time() - started:.0f}s; step exits {code} "
           f"(fail-on: {', '.join(inp.fail_on) or 'never'}"
-          + ("; a setup error fails the step whatever fail-on says" if setup else "") + ")", file=sys.stderr)
+          + ("; a setup error fails the step whatever fail-on says" if setup else "")
+          + ("; a run that ended without its report fails the step whatever fail-on says" if incomplete else "")
+          + ")", file=sys.stderr)
     return code

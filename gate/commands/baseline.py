@@ -7,6 +7,7 @@ spent, date), atomically, never deleting rows it did not re-measure, and prints 
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -14,16 +15,20 @@ from typing import Callable, List, Optional
 
 from ..errors import GateError
 from ..plan import validate_variant_filters
-from .common import add_config_arg, add_variant_args, count, load, seconds, split_list
+from .common import Progress, add_config_arg, add_variant_args, count, load, seconds, split_list
 
 
 def register(sub) -> None:
     p = sub.add_parser("baseline", help="manage baselines (refresh)")
     bsub = p.add_subparsers(dest="baseline_command", metavar="ACTION")
-    r = bsub.add_parser("refresh", help="re-measure baselines and write them under baselines/")
+    r = bsub.add_parser("refresh", help="re-measure baselines and write them under baselines/", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="examples:\n  dl-gate baseline refresh --budget 600\n"
+                               "  dl-gate baseline refresh --ops torch.softmax --per-op 30 --shard 1/4 --out shard1")
     add_config_arg(r)
     r.add_argument("--ops", action="append", metavar="OP", help="only these operators (default: the config's operators)")
-    r.add_argument("--budget", type=seconds, metavar="SECONDS", help="seconds per operator (default: config budget.per_op, else 10)")
+    r.add_argument("--budget", type=seconds, metavar="SECONDS", help="total seconds, shared by the operators "
+                   "(until 0.1 this flag was per operator: that is --per-op now)")
+    r.add_argument("--per-op", type=seconds, metavar="SECONDS", help="seconds per operator (default: config budget.per_op, else 10)")
     r.add_argument("--evals", type=count, metavar="N", help="evaluations per variant instead of seconds")
     r.add_argument("--seed", type=int, help="random seed (default: the config's)")
     r.add_argument("--shard", metavar="I/N", help="measure only shard I of N (1-based) of the operators")
@@ -36,7 +41,8 @@ def register(sub) -> None:
     r.set_defaults(func=run_refresh)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
-    m = sub.add_parser("merge", help="merge baseline shards (from `baseline refresh --shard`) into baselines/")
+    m = sub.add_parser("merge", help="merge baseline shards (from `baseline refresh --shard`) into baselines/", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate merge shard1 shard2 --into baselines")
     add_config_arg(m)
     m.add_argument("shards", nargs="+", metavar="DIR")
     m.add_argument("--into", metavar="DIR", help="target baselines dir (default: the config's)")
@@ -53,6 +59,7 @@ def parse_shard(text: Optional[str]):
 
 
 def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float], evals: Optional[int], seed: int,
+                      total: Optional[float] = None,
                       out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
     from ..backends import get_backend
     from ..fuzz import fuzz_task
@@ -70,6 +77,8 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         i, n = shard
         names = names[i - 1::n]
     check_writable(out, names)
+    if per_op is None and total:  # --budget: total seconds, shared by this shard's operators
+        per_op = total / len(names)
     gate_cfg = cfg.gate
     dtypes = dtypes or gate_cfg.get("dtypes")
     findings = []
@@ -124,19 +133,26 @@ def run_refresh(args) -> int:
     shard = parse_shard(args.shard)
     out = Path(args.out) if args.out else cfg.baselines_dir
     seed = args.seed if args.seed is not None else cfg.seed
-    say = lambda s: print(f"dl-gate: {s}", file=sys.stderr)  # noqa: E731
+    say = Progress()  # rich on a terminal, one line per message in CI
     changes = []
-    if cfg.ops or args.ops or not args.nightly:
-        changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.budget, evals=args.evals, seed=seed,
-                                    out=out, say=say, shard=shard, dtypes=split_list(args.dtype),
-                                    devices=split_list(args.device), modes=split_list(args.mode))
-    if args.nightly:
-        changes += refresh_nightly(cfg, budget=args.nightly_budget, seed=seed, out=out, say=say)
+    with say:
+        changes = _refresh(args, cfg, out, seed, shard, say)
     for c in changes:
         print(c.line())
     n = {k: sum(c.kind == k for c in changes) for k in ("added", "changed", "unchanged")}
     print(f"\n{out}: {n['added']} added, {n['changed']} changed, {n['unchanged']} unchanged row(s)")
     return 0
+
+
+def _refresh(args, cfg, out, seed, shard, say) -> list:
+    changes = []
+    if cfg.ops or args.ops or not args.nightly:
+        changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.per_op, total=args.budget, evals=args.evals, seed=seed,
+                                    out=out, say=say, shard=shard, dtypes=split_list(args.dtype),
+                                    devices=split_list(args.device), modes=split_list(args.mode))
+    if args.nightly:
+        changes += refresh_nightly(cfg, budget=args.nightly_budget, seed=seed, out=out, say=say)
+    return changes
 
 
 def run_merge(args) -> int:

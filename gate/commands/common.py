@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Optional
 
@@ -71,4 +72,87 @@ def fmt_num(x) -> str:
 def progress_enabled() -> bool:
     from ..cli import in_ci
 
-    return sys.stderr.isatty() and not in_ci()
+    # the run process of a supervised `dl-gate run` writes to a pipe the supervisor relays to
+    # its terminal: the supervisor says so (DL_GATE_TERMINAL)
+    return (sys.stderr.isatty() or os.environ.get("DL_GATE_TERMINAL") == "1") and not in_ci()
+
+
+def write_json(dest: Optional[str], doc) -> None:
+    """``--json FILE`` as every command spells it: ``-`` (or the bare switch) prints to stdout."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(doc, indent=1, default=str)
+    if not dest or dest == "-":
+        print(text)
+        return
+    path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def print_table(headers, rows, *, file=None, title: Optional[str] = None) -> None:
+    """Every console table of the CLI, rendered by rich: columns sized to the content, long cells
+    (reasons, inputs) wrapped at word boundaries instead of cut, plain text (no colour, no box
+    characters that a log viewer would mangle) when the output is not a terminal."""
+    import shutil
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    out = file or sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    width = shutil.get_terminal_size((200, 24)).columns if tty else 200
+    console = Console(file=out, width=width, no_color=not tty, highlight=False, soft_wrap=False,
+                      force_terminal=tty, emoji=False, markup=False)
+    table = Table(*headers, box=box.SIMPLE_HEAD if tty else box.ASCII2, title=title, show_edge=False,
+                  pad_edge=False, header_style="bold" if tty else "")
+    for col in table.columns[:-1]:
+        col.overflow = "fold"
+    table.columns[-1].overflow = "fold"
+    for r in rows:
+        table.add_row(*[str(c) for c in r])
+    console.print(table)
+
+
+class Progress:
+    """What ``run`` and ``baseline refresh`` say while they work. On a terminal (not in CI): a
+    rich status line (spinner, the current step, elapsed time) that the per-variant steps
+    update in place, with every other message printed above it; in CI or when stderr is not a
+    terminal: one plain ``dl-gate: …`` line per message, no progress display. Use it as a
+    context manager, and call it with each message."""
+
+    STEPS = ("fuzzing ", "measuring ", "replaying ", "localising ")
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.live = None
+
+    def __enter__(self):
+        if not self.quiet and progress_enabled():
+            from rich.console import Console
+            from rich.progress import Progress as _Progress
+            from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.live = _Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=Console(file=sys.stderr, force_terminal=os.environ.get("DL_GATE_TERMINAL") == "1" or None),
+                                  transient=True)
+            self.live.start()
+            self.task = self.live.add_task("dl-gate: starting", total=None)
+        return self
+
+    def __call__(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.live is None:
+            print(f"dl-gate: {message}", file=sys.stderr)
+            return
+        self.live.update(self.task, description=f"dl-gate: {message}")
+        if not message.startswith(self.STEPS):
+            self.live.console.print(f"dl-gate: {message}", markup=False, highlight=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

@@ -5,18 +5,21 @@ directory / ``report.json`` with ``--id op[variant]``; without an id every diagn
 shown. An id may be given by operator name alone when only one of its variants failed."""
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 from ..errors import GateError
+from .common import write_json
 
 
 def register(sub) -> None:
     p = sub.add_parser("explain", help="show a regression's diagnosis: variant, parameter, minimal input, "
-                                        "sub-operation, changed code, repro")
+                                        "sub-operation, changed code, repro", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate explain 'dl-gate-out/report.json#torch.softmax[float16/cpu/input]'")
     p.add_argument("finding", metavar="FINDING", help="REPORT_DIR/report.json#op[variant], or a report directory")
     p.add_argument("--id", metavar="OP[VARIANT]", help="which finding (default: all diagnosed ones)")
-    p.add_argument("--json", action="store_true", help="print the diagnosis (and details) as JSON")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the diagnosis (and details) as JSON to FILE ('-' or no FILE: stdout)")
     p.add_argument("--verbose", "-v", action="store_true", help="every traced sub-operation, not the first 40")
     p.set_defaults(func=run)
 
@@ -57,7 +60,7 @@ def run(args) -> int:
         out = []
         for v in chosen:
             out.append({"id": verdict_id(v), "verdict": v, "details": load_details(path.parent, v)})
-        print(json.dumps(out if len(out) > 1 else out[0], indent=1, default=str))
+        write_json(args.json, out if len(out) > 1 else out[0])
         return 0
     print("\n\n".join(render(v, load_details(path.parent, v), verbose=args.verbose) for v in chosen))
     return 0

@@ -2,6 +2,7 @@
 precision error against float64, print a table, save the worst inputs for replay."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,25 +13,28 @@ from ..errors import GateError
 from ..plan import FUZZ_ORACLES, Budget, plan, validate_variant_filters
 from ..report import make_output_dir
 from .common import add_config_arg, add_variant_args, count, load, progress_enabled, seconds, split_list
+from .common import print_table as table
 from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fuzz", help="fuzz operators for their worst precision error")
+    p = sub.add_parser("fuzz", help="fuzz operators for their worst precision error", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate fuzz torch.softmax --per-op 5 --dtype float16 --json out.json")
     p.add_argument("ops", nargs="+", metavar="OP", help="operator name(s), see `dl-gate ops`")
     add_config_arg(p)
     add_variant_args(p)
-    p.add_argument("--budget", type=seconds, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
+    p.add_argument("--budget", type=seconds, metavar="SECONDS", help="total seconds, shared by the operators")
+    p.add_argument("--per-op", type=seconds, metavar="SECONDS", help="seconds per operator (default 10 unless --evals)")
     p.add_argument("--evals", type=count, metavar="N", help="evaluations per operator (deterministic budget)")
     p.add_argument("--strategy", default="linf", help="guidance: linf (max ULP), l1 (mean ULP), random or spread (max - min)")
     p.add_argument("--oracle", action="append", metavar="ORACLE",
                    help=f"oracle(s) to run (repeatable or comma-separated; 'all' for every one that applies): "
                         f"{', '.join(FUZZ_ORACLES)} (default: the config's gate.oracles, else precision)")
-    p.add_argument("--isolate", action="store_true", default=None,
-                   help="evaluate in a worker process: a segfault, abort or hang becomes a crash finding "
-                        "(default: the config's gate.isolate)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="evaluate in worker processes: an exit, segfault, abort or hang becomes a crash finding "
+                        "(the default; --no-isolate for trusted code; config gate.isolate)")
     p.add_argument("--eval-timeout", type=seconds, metavar="SECONDS",
-                   help="with --isolate: seconds one evaluation may take before it counts as a hang "
+                   help="seconds one isolated evaluation may take before it counts as a hang "
                         "(default: the config's gate.eval_timeout, else 10)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0); printed")
     p.add_argument("--scheduler", default="uct", choices=["uct", "uniform"],
@@ -71,7 +75,9 @@ def run(args) -> int:
     specs = [catalog.get(n) for n in args.ops]
     seed = args.seed if args.seed is not None else cfg.seed
     # --budget and/or --evals as given; neither: 10 seconds per operator
-    per_op = Budget(seconds=args.budget if (args.budget or not args.evals) else None, evals=args.evals)
+    # --per-op (or --budget shared by the operators) and/or --evals as given; none: 10 s per operator
+    secs = args.per_op or (args.budget / len(specs) if args.budget else None)
+    per_op = Budget(seconds=secs if (secs or not args.evals) else None, evals=args.evals)
     if per_op.seconds is None and per_op.evals is None:
         per_op = Budget(seconds=10.0)
     tasks = []
@@ -120,7 +126,8 @@ def run(args) -> int:
 
 
 def print_table(findings) -> None:
-    rows = [("variant", "status", "evals", "max ulp", "max abs", "max rel", "nan/inf", "crash", "worst input")]
+    header = ("variant", "status", "evals", "max ulp", "max abs", "max rel", "nan/inf", "crash", "worst input")
+    rows = []
     for f in findings:
         m = f.metrics
         # with a NaN/Inf as the worst input, the error columns show the worst finite error found
@@ -129,11 +136,9 @@ def print_table(findings) -> None:
             f.id, f.status, str(f.evals),
             fmt(e.ulp) if e else "-", fmt(e.abs) if e else "-", fmt(e.rel) if e else "-",
             ("shape!" if m.shape_mismatch else str(m.nonfinite)) if m else "-", str(sum(c.count for c in f.crashes)),
-            (f.best.summary() if f.best else (f.message or ""))[:80],
+            (f.best.summary() if f.best else (f.message or "")),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    table(header, rows)
     for f in findings:
         for c in f.crashes:
             print(f"crash in {f.id}: {c.signature} (x{c.count}): {c.message}")

@@ -8,17 +8,20 @@ import sys
 from pathlib import Path
 
 from ..errors import GateError
-from .common import add_config_arg, load, split_list
+from .common import add_config_arg, load, print_table, split_list
 
 
 def register(sub) -> None:
     p = sub.add_parser("harvest", help="record operator calls made by the project's tests as fuzzing seeds",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate harvest --ops mylib.fused_gelu -- python -m pytest -x tests/ops",
                        description="Run COMMAND (e.g. pytest tests/) recording the calls of the configured "
                                    "operators, and store them as seeds under the baselines directory.")
     add_config_arg(p)
     p.add_argument("--out", metavar="DIR", help="seed store directory (default: <baselines>/seeds)")
-    p.add_argument("--op", action="append", metavar="OP",
+    p.add_argument("--ops", action="append", metavar="OP",
                    help="operator(s) to record (default: every operator declared in the config)")
+    p.add_argument("--op", action="append", dest="ops", help=argparse.SUPPRESS)  # deprecated spelling of --ops
     p.add_argument("--max-calls", type=int, default=256, metavar="N",
                    help="distinct calls recorded per operator (default 256)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the test command")
@@ -38,7 +41,7 @@ def run(args) -> int:
     if args.max_calls <= 0:
         raise GateError("--max-calls must be a positive number")
     cfg, catalog = load(args)
-    names = split_list(args.op)
+    names = split_list(args.ops)
     specs = [catalog.get(n) for n in names] if names else list(cfg.ops)
     if not specs:
         raise GateError("no operators to record: declare ops in .dl-gate.yml or pass --op")
@@ -49,14 +52,12 @@ def run(args) -> int:
           file=sys.stderr)
     report = harvest(command, specs, store, cwd=Path.cwd(), python_path=py_path, resolve=resolve_callable,
                      max_calls=args.max_calls)
-    width = max(len(s.name) for s in specs)
-    print(f"{'operator':{width}}  calls  new seeds  skipped")
+    rows = []
     for s in specs:
         skipped = report.skipped.get(s.name, {})
-        print(f"{s.name:{width}}  {report.recorded.get(s.name, 0):5d}  {report.stored.get(s.name, 0):9d}  "
-              f"{sum(skipped.values())}")
-        for reason, n in sorted(skipped.items(), key=lambda x: -x[1])[:5]:
-            print(f"{'':{width}}    skipped x{n}: {reason}")
+        why = "; ".join(f"x{n}: {reason}" for reason, n in sorted(skipped.items(), key=lambda x: -x[1])[:5])
+        rows.append((s.name, report.recorded.get(s.name, 0), report.stored.get(s.name, 0), sum(skipped.values()), why))
+    print_table(("operator", "calls", "new seeds", "skipped", "why skipped"), rows)
     for e in report.errors[:10]:
         print(f"recording error: {e}", file=sys.stderr)
     print(f"\nseeds stored under {out}/ (index: {out / 'index.json'})")

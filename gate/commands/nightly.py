@@ -3,6 +3,7 @@ deployment-path differentials within one budget; prints the rows worth a look, t
 figures and export failures grouped by converter function."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -10,12 +11,13 @@ from pathlib import Path
 
 from ..errors import GateError
 from ..ops.spec import FLOAT_DTYPES
-from .common import add_config_arg, load, seconds, split_list
+from .common import add_config_arg, load, print_table, seconds, split_list
 from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
-    p = sub.add_parser("nightly", help="graph fuzzing and export differentials (the scheduled run)")
+    p = sub.add_parser("nightly", help="graph fuzzing and export differentials (the scheduled run)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate nightly --budget 300 --ops torch.softmax --json nightly.json")
     add_config_arg(p)
     p.add_argument("--budget", type=seconds, default=300.0, metavar="SECONDS", help="total seconds (default 300)")
     p.add_argument("--seed", type=int, help="random seed (default: the config's, else 0)")
@@ -24,7 +26,8 @@ def register(sub) -> None:
     p.add_argument("--dtype", action="append", metavar="DTYPE", help="graph dtypes (default float16)")
     p.add_argument("--share", metavar="graphs=F,export=F", help="budget split (default graphs=0.5,export=0.5)")
     p.add_argument("--graphs", type=int, metavar="N", help="evaluate exactly N graphs (reproducible) instead of a time share")
-    p.add_argument("--op", action="append", metavar="OP", help="only these operators (graphs and exports)")
+    p.add_argument("--ops", action="append", metavar="OP", help="only these operators (graphs and exports)")
+    p.add_argument("--op", action="append", dest="ops", help=argparse.SUPPRESS)  # deprecated spelling of --ops
     p.add_argument("--export-path", action="append", metavar="PATH", help="only these deployment paths")
     p.add_argument("--all", action="store_true", help="print every row, not only the ones worth a look")
     p.add_argument("--json", metavar="FILE", help="write the run (rows, coverage, groups) as JSON")
@@ -95,19 +98,17 @@ def run(args) -> int:
 
     print(f"dl-gate nightly: seed {seed}, budget {args.budget:g}s, arm {args.arm}, frameworks {', '.join(frameworks)}",
           file=sys.stderr)
-    specs = catalog.select(split_list(args.op)) if args.op else list(catalog)
+    specs = catalog.select(split_list(args.ops)) if args.ops else list(catalog)
     res = nightly(specs, budget_seconds=args.budget, seed=seed, frameworks=frameworks,
                   share=parse_share(args.share), arm=args.arm, dtypes=dtypes, max_graphs=args.graphs,
                   export_paths=split_list(args.export_path), progress=say)
-    rows = [("row", "status", "evals", "max ulp", "nan/inf", "crash", "detail")]
+    rows = []
     shown = [f for f in res.findings if args.all or worth_a_look(f)]
     for f in shown:
         m = f.metrics
         rows.append((f.id, f.status, str(f.evals), fmt(m.ulp) if m else "-", str(m.nonfinite) if m else "-",
-                     str(sum(c.count for c in f.crashes)), detail(f)[:140]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+                     str(sum(c.count for c in f.crashes)), detail(f)))
+    print_table(("row", "status", "evals", "max ulp", "nan/inf", "crash", "detail"), rows)
     n_graph = sum(1 for f in res.findings if f.variant.oracle == "graph")
     n_export = len(res.findings) - n_graph
     print(f"\n{len(shown)} of {len(res.findings)} rows shown ({n_graph} graph, {n_export} export)"

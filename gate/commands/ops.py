@@ -1,16 +1,18 @@
 """``dl-gate ops``: list the operator catalogue (never imports a framework)."""
 from __future__ import annotations
 
+import argparse
 import json
 
-from .common import add_config_arg, load
+from .common import add_config_arg, load, print_table, write_json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ops", help="list the operator catalogue")
+    p = sub.add_parser("ops", help="list the operator catalogue", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  dl-gate ops --framework torch\n  dl-gate ops --json ops.json")
     add_config_arg(p)
     p.add_argument("--framework", choices=["torch", "tensorflow"], help="only this framework's operators")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the catalogue as JSON to FILE ('-' or no FILE: stdout)")
     p.set_defaults(func=run)
 
 
@@ -18,12 +20,11 @@ def run(args) -> int:
     _, catalog = load(args)
     specs = [s for s in catalog if not args.framework or s.framework == args.framework]
     if args.json:
-        print(json.dumps([s.to_dict() for s in specs], indent=2))
+        write_json(args.json, [s.to_dict() for s in specs])
         return 0
-    width = max((len(s.name) for s in specs), default=10)
-    print(f"{'operator':{width}}  {'kind':13} {'dtypes':32} {'origin':7} callable")
-    for s in sorted(specs, key=lambda s: (s.origin != "user", s.framework, s.name)):
-        print(f"{s.name:{width}}  {s.kind:13} {','.join(s.dtypes):32} {s.origin:7} {s.callable}")
+    print_table(("operator", "kind", "dtypes", "origin", "callable"),
+                [(s.name, s.kind, ",".join(s.dtypes), s.origin, s.callable)
+                 for s in sorted(specs, key=lambda s: (s.origin != "user", s.framework, s.name))])
     counts = {}
     for s in specs:
         counts[s.framework] = counts.get(s.framework, 0) + 1

@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("publish", help="render and publish an existing report.json (JUnit, Markdown, GitHub)")
+    p = sub.add_parser("publish", help="render and publish an existing report.json (JUnit, Markdown, GitHub)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate publish artifact/report.json --github --no-annotations")
     p.add_argument("report", metavar="REPORT.json", help="a report written by `dl-gate run`")
     p.add_argument("--out", metavar="DIR", help="write junit.xml, report.md, report.json and errors.png here")
     p.add_argument("--github", action="store_true",

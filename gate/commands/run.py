@@ -1,17 +1,21 @@
 """``dl-gate run``: the gate's main job on a pull request (or ``--example``: on the bundled one)."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
 
 from ..errors import Terminated
-from .common import add_config_arg, add_variant_args, count, seconds, split_list
+from .common import Progress, add_config_arg, add_variant_args, count, print_table, seconds, split_list
 from .common import fmt_num as _f
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report")
+    p = sub.add_parser("run", help="run the gate on a pull request: select, fuzz, compare with base, report",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  dl-gate run --base origin/main --budget 120 --per-op 20\n"
+                              "  dl-gate run --example regression")
     p.add_argument("--base", metavar="REF", help="the PR's base (default: origin/$GITHUB_BASE_REF in Actions)")
     p.add_argument("--head", metavar="REF", default="HEAD", help="the PR's head (default HEAD)")
     p.add_argument("--repo", metavar="DIR", default=".", help="repository root (default .)")
@@ -26,10 +30,15 @@ def register(sub) -> None:
     p.add_argument("--oracle", action="append", metavar="ORACLE",
                    help="oracle(s) to judge, repeatable or comma-separated (default: the config's gate.oracles, "
                         "else precision); see docs/oracles.md")
-    p.add_argument("--isolate", action="store_true", default=None,
-                   help="evaluate in worker processes: a segfault or hang becomes a crash finding (config gate.isolate)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="evaluate the operators in worker processes, so that an exit, a segfault or a hang is a "
+                        "crash finding (the default; --no-isolate runs trusted code in the gate's run process; "
+                        "config gate.isolate)")
     p.add_argument("--eval-timeout", type=seconds, metavar="SECONDS",
-                   help="with --isolate: seconds before an evaluation counts as a hang (config gate.eval_timeout, else 10)")
+                   help="seconds before an isolated evaluation counts as a hang (config gate.eval_timeout, else 10)")
+    p.add_argument("--deadline", type=seconds, metavar="SECONDS",
+                   help="wall-clock limit of the whole run, after which it is stopped and reported as an error "
+                        "(config budget.deadline; default: budget + localisation + 120s)")
     add_variant_args(p)
     p.add_argument("--example", nargs="?", const="improve", choices=["improve", "regression"],
                    help="run on the bundled example library and one of its PRs (default: improve)")
@@ -42,9 +51,14 @@ def _default_base() -> str | None:
 
 
 def run(args) -> int:
+    from .. import supervise
+
+    if supervise.state_path() is None:  # this process sets the exit code: the run goes to a child
+        return _supervise(args)
     from ..pipeline import RunOptions, run_gate
 
-    say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else None
+    progress = Progress(quiet=bool(os.environ.get("DL_GATE_QUIET")))  # rich on a terminal, lines in CI
+    say = None if progress.quiet else progress
     opts = RunOptions(
         repo=Path(args.repo), base=args.base or _default_base(), head=args.head,
         config=Path(args.config) if args.config else None, out=Path(args.out),
@@ -52,6 +66,7 @@ def run(args) -> int:
         ops=split_list(args.ops), dtypes=split_list(args.dtype), devices=split_list(args.device),
         modes=split_list(args.mode), strategy=args.strategy, progress=say,
         oracles=_oracles(split_list(args.oracle)), isolate=args.isolate, eval_timeout=args.eval_timeout,
+        checkpoint=supervise.checkpoint,
     )
     if args.example:
         from ..example import prepare_example
@@ -70,13 +85,67 @@ def run(args) -> int:
 
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
-        report = run_gate(opts)
+        with progress:
+            report = run_gate(opts)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    paths = write_outputs(report, Path(args.out))
+    write_outputs(report, Path(args.out))
+    supervise.finished(report, report.exit_code)  # the supervisor prints the report
+    return report.exit_code
+
+
+def _supervise(args) -> int:
+    """Run the gate in a child process and judge by the report it leaves (see gate.supervise)."""
+    from .. import supervise
+
+    say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else (lambda s: None)
+    out = Path(args.out)
+    budget = _config_budget(args)
+    seconds_, text = supervise.deadline_for(
+        args.budget if args.budget is not None else budget.get("total", 60.0 if args.example else None),
+        args.evals or budget.get("evals"), budget.get("localise"),
+        args.deadline if args.deadline is not None else budget.get("deadline"), example=bool(args.example))
+    from ..pipeline import clear_previous_run
+
+    clear_previous_run(out)  # never judge by an earlier run's report
+    sup = supervise.Supervisor(list(args.argv), seconds_, text, say=say)
+    result = sup.wait()
+    report, trusted = supervise.verdict_of_run(result, out)
+    if trusted:
+        paths = {k: str(out / f) for k, f in (("junit", "junit.xml"), ("plot", "errors.png"),
+                                              ("markdown", "report.md"), ("report", "report.json"))
+                 if (out / f).exists()}
+    else:
+        paths = write_outputs(report, out)
     print_report(report)
     print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
     return report.exit_code
+
+
+def _config_budget(args) -> dict:
+    """The ``budget`` mapping of the config the run will use, read as plain YAML (the run
+    validates it and reports its errors; here it only sets the deadline)."""
+    import yaml
+
+    from ..config import CONFIG_NAMES
+
+    if args.config:
+        candidates = [Path(args.config)]
+    else:
+        d = Path(args.repo).resolve()
+        candidates = []
+        for parent in [d, *d.parents]:
+            candidates += [parent / n for n in CONFIG_NAMES]
+            if (parent / ".git").exists():
+                break
+    for c in candidates:
+        try:
+            raw = yaml.safe_load(c.read_text(errors="replace"))
+        except (OSError, yaml.YAMLError):
+            continue
+        budget = raw.get("budget") if isinstance(raw, dict) else None
+        return {k: v for k, v in (budget or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {}
 
 
 def _oracles(names):
@@ -106,12 +175,10 @@ def print_report(report) -> None:
         print(f"  selected {s['op']}: {why}")
     if not report.verdicts:
         return
-    rows = [("operator[variant]", "outcome", "base", "head", "threshold", "reason")]
+    rows = []
     for v in report.verdicts:
         head = f"nan/inf x{v.head_nonfinite}" if v.head_nonfinite else ("raises" if v.head_crash else _f(v.head_error))
-        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason[:110]))
-    w = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  " + "  ".join(c.ljust(x) for c, x in zip(r[:5], w)) + "  " + r[5])
+        rows.append((v.id, v.outcome, _f(v.base_error), head, _f(v.threshold), v.reason))
+    print_table(("operator[variant]", "outcome", "base", "head", "threshold", "reason"), rows)
     if report.not_covered:
         print(f"  not covered (budget): {', '.join(report.not_covered)}")

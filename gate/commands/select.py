@@ -2,6 +2,7 @@
 its reasons, plus what was cleared, unmapped or is uncovered (so a user can audit the choice)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ SHOW_REASONS = 3
 
 
 def register(sub) -> None:
-    p = sub.add_parser("select", help="list the operators a diff can change, with the reasons")
+    p = sub.add_parser("select", help="list the operators a diff can change, with the reasons", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  dl-gate select --base origin/main --json selection.json")
     p.add_argument("--base", required=True, metavar="REF", help="base ref of the pull request (e.g. origin/main)")
     p.add_argument("--head", default="HEAD", metavar="REF", help="head ref (default HEAD); diffed against merge-base(base, head)")
     p.add_argument("--repo", default=".", metavar="DIR", help="the git repository (default: current directory)")

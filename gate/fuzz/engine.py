@@ -187,7 +187,10 @@ def search(
                 scheduler.update(mut_name, min(1.0, bonus))
             rec.count += 1
             continue
-        fit = fitness(ev.metrics, guidance) if guidance != "random" else fitness(ev.metrics, "linf")
+        if "fitness" in ev.extra:  # the runner scored it itself (e.g. against base: gate.judge.contrast)
+            fit = float(ev.extra["fitness"])
+        else:
+            fit = fitness(ev.metrics, guidance) if guidance != "random" else fitness(ev.metrics, "linf")
         improved = fit > res.best_fitness
         if mut_name is not None:
             gain = 0.0

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ops import expr
-from ..ops.spec import Domain, OpSpec, TensorSpec
+from ..ops.spec import Domain, ImportRef, OpSpec, TensorSpec
 from ..oracles.precision import ulp
 
 
@@ -81,7 +81,9 @@ def _fmt(v: Any) -> str:
 def _jsonify(params: Mapping[str, Any]) -> dict:
     out = {}
     for k, v in params.items():
-        if isinstance(v, tuple):
+        if isinstance(v, ImportRef):
+            out[k] = {"__import__": str(v)}
+        elif isinstance(v, tuple):
             out[k] = {"__tuple__": [_jsonify({"x": x})["x"] for x in v]}
         elif isinstance(v, float) and not math.isfinite(v):
             out[k] = {"__float__": repr(v)}
@@ -101,6 +103,8 @@ def _unjsonify(params: Mapping[str, Any]) -> dict:
             out[k] = tuple(_unjsonify({"x": x})["x"] for x in v["__tuple__"])
         elif isinstance(v, dict) and "__float__" in v:
             out[k] = float(v["__float__"])
+        elif isinstance(v, dict) and "__import__" in v:
+            out[k] = ImportRef(v["__import__"])
         else:
             out[k] = v
     return out
@@ -328,6 +332,42 @@ def degenerate_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
             arrays[t.name] = np.full(a.shape, float(v))
         if arrays:
             out.append(like.derive(f"degenerate:{tag}", **arrays))
+    return out
+
+
+def structured_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
+    """Rows real data has and random draws rarely do, from ``like`` (its dims and params): one
+    dominant value per row (softmax/entmax/top-k inputs after training: peaked), ties (every
+    row of two repeated values: argmax/sort/bisection tie-breaking), and a wide dynamic range
+    (magnitudes from 1e-6 to 1e6 in one row: cancellation, scaling). Values are kept inside
+    each input's domain."""
+    out = []
+    rng = np.random.default_rng(0x5EED)
+    for tag in ("peaked", "ties", "wide"):
+        arrays = {}
+        for t in spec.inputs:
+            a = like.arrays.get(t.name)
+            if a is None or t.kind != "float" or a.size == 0:
+                continue
+            a = np.array(a, dtype=np.float64)
+            scale = max(t.domain.scale, 1e-3)
+            if tag == "peaked":
+                rows = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+                rows[:] = rng.standard_normal(rows.shape) * scale
+                rows[np.arange(rows.shape[0]), rng.integers(rows.shape[1], size=rows.shape[0])] += 30.0 * scale
+                b = rows.reshape(a.shape)
+            elif tag == "ties":
+                b = np.where(rng.random(a.shape) < 0.5, scale, -scale)
+            else:
+                b = rng.choice([-1.0, 1.0], size=a.shape) * 10.0 ** rng.uniform(-6, 6, size=a.shape)
+            lo, hi = t.domain.lo, t.domain.hi
+            if lo is not None or hi is not None:  # inside the open domain
+                span = (hi - lo) if lo is not None and hi is not None else max(abs(lo if lo is not None else hi), 1.0)
+                eps = 1e-3 * span
+                b = np.clip(b, None if lo is None else lo + eps, None if hi is None else hi - eps)
+            arrays[t.name] = b
+        if arrays:
+            out.append(like.derive(f"structured:{tag}", **arrays))
     return out
 
 

@@ -65,24 +65,47 @@ class IsolateOptions:
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
     zygote: bool = True  # fork workers from a warm zygote (False: a fresh interpreter each)
+    #: address-space limit of a worker (MiB): an operator that allocates past it gets a
+    #: MemoryError in its worker instead of the machine's OOM killer; None: 80% of the memory
+    memory_mb: Optional[int] = None
+    #: the worker's import path and working directory (default: this process's): the base
+    #: replay's workers import the operator library from the base worktree
+    sys_path: Optional[Tuple[str, ...]] = None
+    cwd: Optional[str] = None
 
     def to_dict(self) -> dict:
         return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
-                "zygote": self.zygote}
+                "zygote": self.zygote, "memory_mb": self.memory_mb,
+                "sys_path": list(self.sys_path) if self.sys_path is not None else None, "cwd": self.cwd}
+
+    def memory_limit(self) -> Optional[int]:
+        """Bytes a worker may map (the option, else 80% of physical memory; None if unknown)."""
+        if self.memory_mb is not None:
+            return int(self.memory_mb) * 1024 * 1024
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+            return None
 
 
 def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
                     gate_cfg: Optional[dict] = None) -> Optional[IsolateOptions]:
-    """Options from a flag and the config's ``gate.isolate`` / ``gate.eval_timeout`` (the flag
-    wins); ``None`` when evaluations run in-process."""
+    """Options from a flag and the config's ``gate.isolate`` / ``gate.eval_timeout`` /
+    ``gate.eval_memory_mb`` (the flag wins); isolation is on unless turned off (trusted code
+    only); ``None`` when evaluations run in-process."""
     g = dict(gate_cfg or {})
-    on = enabled if enabled is not None else bool(g.get("isolate", False))
+    on = enabled if enabled is not None else bool(g.get("isolate", True))
     timeout = timeout if timeout is not None else g.get("eval_timeout")
     if timeout is not None and float(timeout) <= 0:
         raise GateError("the evaluation timeout must be a positive number of seconds")
     if not on:
         return None
-    return IsolateOptions(timeout=float(timeout)) if timeout is not None else IsolateOptions()
+    kw: Dict[str, Any] = {}
+    if timeout is not None:
+        kw["timeout"] = float(timeout)
+    if g.get("eval_memory_mb") is not None:
+        kw["memory_mb"] = int(g["eval_memory_mb"])
+    return IsolateOptions(**kw)
 
 
 def _child_env() -> Dict[str, str]:
@@ -122,7 +145,22 @@ class _Zygote:
             child.close()
         self.conn = Connection(parent.detach())
         self.lock = threading.Lock()
-        self._request(("preload", list(preload)), start_timeout)
+        # the framework import runs while the gate goes on (it is answered before the first fork)
+        self.start_timeout = start_timeout
+        self._preloaded = False
+        self.conn.send(("preload", list(preload)))
+
+    def _await_preload(self) -> None:
+        if self._preloaded:
+            return
+        with self.lock:
+            try:
+                if not self.conn.poll(self.start_timeout):
+                    raise GateError(f"the isolation zygote did not start within {self.start_timeout:g}s")
+                self.conn.recv()
+            except (EOFError, OSError) as exc:
+                raise GateError(f"the isolation zygote is gone ({type(exc).__name__})") from None
+            self._preloaded = True
 
     def _request(self, msg: tuple, timeout: float, fds: Tuple[int, ...] = ()) -> Any:
         from multiprocessing.reduction import send_handle
@@ -142,6 +180,7 @@ class _Zygote:
         return self.proc.poll() is None
 
     def fork(self, rfd: int, wfd: int, timeout: float) -> "_Forked":
+        self._await_preload()
         reply = self._request(("fork",), timeout, fds=(rfd, wfd))
         return _Forked(int(reply[1]), self)
 
@@ -203,6 +242,19 @@ class _Forked:
 
 _ZYGOTES: Dict[Tuple[str, ...], _Zygote] = {}
 _ZYGOTE_LOCK = threading.Lock()
+
+
+def prestart(frameworks, options: Optional["IsolateOptions"] = None) -> None:
+    """Start the zygotes of ``frameworks`` now, so that their framework import overlaps with the
+    gate's own work (selection, planning) instead of delaying the first evaluation."""
+    options = options or IsolateOptions()
+    if not options.zygote:
+        return
+    for fw in sorted(set(frameworks)):
+        try:
+            _zygote(PRELOAD.get(fw, ()), options.start_timeout)
+        except (GateError, OSError):  # the first runner will say what is wrong
+            pass
 
 
 def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]:
@@ -277,7 +329,9 @@ class _Worker:
         self.env: Optional[dict] = None
         self.devices: list = []
         # sent now, answered when the worker has imported the framework and built the runner
-        self.tx.send(("init", {"sys_path": list(sys.path), "spec": spec, "variant": variant}))
+        self.tx.send(("init", {"sys_path": list(options.sys_path if options.sys_path is not None else sys.path),
+                               "spec": spec, "variant": variant, "memory": options.memory_limit(),
+                               "cwd": options.cwd}))
 
     def receive(self, timeout: float) -> Tuple[str, Any]:
         try:
@@ -417,8 +471,11 @@ class IsolatedRunner:
                 worker.call(("seed", self._seed), self.options.start_timeout)
         return self._active
 
-    def _discard_active(self) -> None:
+    def _discard_active(self, kill: bool = False) -> None:
+        """Close the worker (``kill``: at once, for one that hung or died: no polite exit)."""
         if self._active is not None:
+            if kill:
+                self._active.kill()
             self._active.close()
             self._active = None
 
@@ -482,14 +539,16 @@ class IsolatedRunner:
             where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["timeouts"] += 1
             signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
-            message = f"{signature} (a hang); the worker was killed and replaced"
+            allowance = (f" (the {self.options.timeout:g}s evaluation limit x{self.options.warmup_factor:g}: a "
+                         "worker's first evaluation may compile)") if warm else ""
+            message = f"{signature}{allowance} (a hang); the worker was killed and replaced"
         else:
             name, why = _describe_exit(worker.exit_code())
             where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["crashes"] += 1
             signature = name + (f" in {where}" if where else "")
             message = why + (f" in {where}" if where else "") + "; the worker died and was replaced"
-        self._discard_active()
+        self._discard_active(kill=True)
         ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
                         extra={"isolated": True})
         return cand, ev
@@ -559,6 +618,21 @@ def _die_with_parent() -> None:
             pass
 
 
+def _limit_memory(limit: Optional[int]) -> None:
+    """The worker's address space: an allocation past it fails in the operator (MemoryError)."""
+    if not limit:
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX, or not allowed
+        pass
+
+
 def worker_main(rfd: int, wfd: int) -> int:
     import faulthandler
     import traceback
@@ -582,6 +656,9 @@ def worker_main(rfd: int, wfd: int) -> int:
             info = msg[1]
             # the parent's import path, in the parent's order (the user's library first)
             sys.path[:] = list(info["sys_path"]) + [p for p in sys.path if p not in info["sys_path"]]
+            _limit_memory(info.get("memory"))
+            if info.get("cwd"):
+                os.chdir(info["cwd"])
             try:
                 from .registry import build_runner
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Backend, Output
-from ..ops.spec import OpSpec
+from ..ops.spec import OpSpec, resolve_params
 from ..oracles.equivalence import closer, compare_pair
 from ..oracles.precision import Metrics, compare
 from ..plan import Variant
@@ -62,9 +62,10 @@ class OracleRunner(VariantRunner):
         if use_layout or memory_format is None:
             return self.build_call(cand, dtype, low=use_layout)
         args: list = []
-        kwargs: Dict[str, Any] = dict(cand.params)
+        kwargs: Dict[str, Any] = resolve_params(cand.params, self.spec.name)
         for t in self.spec.inputs:
-            native = self.backend.to_native(cand.arrays[t.name], dtype, self.variant.device, memory_format=memory_format)
+            d = t.dtype if (t.dtype and t.kind == "float" and dtype != "float64") else dtype
+            native = self.backend.to_native(cand.arrays[t.name], d, self.variant.device, memory_format=memory_format)
             if t.keyword:
                 kwargs[t.name] = native
             else:

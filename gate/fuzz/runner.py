@@ -14,7 +14,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import Backend, Output
 from ..errors import UnsupportedVariant
-from ..ops.spec import OpSpec
+from ..ops.spec import OpSpec, resolve_params
 from ..oracles.precision import Metrics, compare
 from ..plan import Variant
 from .inputs import Candidate, inside_after_rounding
@@ -42,8 +42,9 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
         a = out.arrays.get(t.name)
         if a is None or t.kind != "float":
             continue
-        q = backend.quantize(np.asarray(a, dtype=np.float64), dtype)
-        out.arrays[t.name] = inside_after_rounding(q, t.domain, dtype)
+        d = t.dtype_at(dtype)  # an input that keeps its own dtype (mixed precision)
+        q = backend.quantize(np.asarray(a, dtype=np.float64), d)
+        out.arrays[t.name] = inside_after_rounding(q, t.domain, d)
     return out
 
 
@@ -84,7 +85,7 @@ class VariantRunner:
 
     def build_call(self, cand: Candidate, dtype: str, low: bool) -> Tuple[list, dict]:
         args: list = []
-        kwargs: Dict[str, Any] = dict(cand.params)
+        kwargs: Dict[str, Any] = resolve_params(cand.params, self.spec.name)
         lay = self.layout if low else None
         if lay is not None:
             kwargs.update(lay.params)
@@ -92,7 +93,8 @@ class VariantRunner:
             arr = cand.arrays[t.name]
             if lay is not None and t.name in lay.permute:
                 arr = np.ascontiguousarray(np.transpose(arr, lay.permute[t.name]))
-            native = self.backend.to_native(arr, dtype, self.variant.device,
+            in_dtype = t.dtype if (t.dtype and t.kind == "float" and dtype != "float64") else dtype
+            native = self.backend.to_native(arr, in_dtype, self.variant.device,
                                             memory_format=lay.memory_format if lay is not None else None)
             if t.keyword:
                 kwargs[t.name] = native

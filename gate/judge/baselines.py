@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
+
 from .. import HARNESS_VERSION
 from ..errors import GateError
 from ..fuzz.finding import Finding
@@ -156,7 +158,7 @@ class GitBaselineSource:
 
     def list(self) -> List[str]:
         res = subprocess.run(["git", "-C", str(self.repo), "ls-tree", "-r", "--name-only", self.ref, "--", self.subdir + "/"],
-                             capture_output=True, text=True)
+                             capture_output=True, encoding="utf-8", errors="replace")
         if res.returncode != 0:
             raise BaselineError(f"cannot list baselines at {self.ref}: {res.stderr.strip()}")
         n = len(self.subdir) + 1
@@ -187,9 +189,13 @@ class BaselineStore:
             where = self.source.describe(rel)
             try:
                 doc = json.loads(self.source.read(rel).decode())
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                line = getattr(exc, "lineno", None)
-                raise BaselineError(f"corrupt baseline file {where}" + (f":{line}" if line else "") + f": {exc.args[0] if exc.args else exc}") from None
+            except UnicodeDecodeError as exc:
+                raise BaselineError(f"corrupt baseline file {where}: not UTF-8 JSON (byte 0x{exc.object[exc.start]:02x} "
+                                    f"at offset {exc.start}: a binary file?); restore it from git or run "
+                                    "dl-gate baseline refresh") from None
+            except json.JSONDecodeError as exc:
+                raise BaselineError(f"corrupt baseline file {where}:{exc.lineno}: invalid JSON ({exc.msg}); restore it "
+                                    "from git or run dl-gate baseline refresh") from None
             try:
                 if not isinstance(doc, dict) or "op" not in doc or not isinstance(doc.get("rows"), list):
                     raise ValueError("expected an object with 'op' and a list 'rows'")
@@ -218,8 +224,11 @@ class BaselineStore:
         for rel in row.corpus:
             try:
                 out.append(Candidate.load(self.source.read(rel)))
-            except Exception as exc:  # a damaged corpus file only loses that replay input
-                raise BaselineError(f"corrupt baseline corpus file {self.source.describe(rel)}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - numpy's own words (allow_pickle advice...) do not help here
+                why = "missing" if isinstance(exc, (FileNotFoundError, KeyError)) and "__meta__" not in str(exc) else \
+                    f"not a dl-gate corpus file (an .npz of arrays with __meta__; {type(exc).__name__})"
+                raise BaselineError(f"corrupt baseline corpus file {self.source.describe(rel)}: {why}; restore it from "
+                                    "git or run dl-gate baseline refresh") from None
         return out
 
 
@@ -302,6 +311,7 @@ def _merge_into(root: Path, op: str, framework: str, new_rows: List[BaselineRow]
     framework = framework or stored_fw
     index = {r.key: r for r in existing}
     changes: List[RowChange] = []
+    replaced: set = set()
     for row in new_rows:
         old = index.get(row.key)
         if old is None:
@@ -309,14 +319,29 @@ def _merge_into(root: Path, op: str, framework: str, new_rows: List[BaselineRow]
         else:
             kind = "unchanged" if old.ulp == row.ulp and old.nonfinite == row.nonfinite else "changed"
             changes.append(RowChange(op, row.variant, old.ulp, row.ulp, kind, row.nonfinite, old.nonfinite))
-            for stale in set(old.corpus) - set(row.corpus):
-                if (root / stale).exists():
-                    (root / stale).unlink()
+            replaced |= set(old.corpus)
         index[row.key] = row
     rows = sorted(index.values(), key=lambda r: (r.variant, env_key(r.env)))
     doc = {"op": op, "framework": framework, "rows": [r.to_dict() for r in rows]}
+    # the new rows' corpus files are already on disk under names of their own: swapping the JSON
+    # is the one step that changes what the baseline says; old files go only after it, so a
+    # kill at any point leaves every row pointing at the data it was measured with
     _atomic_write(path, (json.dumps(doc, indent=1) + "\n").encode())
+    in_use = {rel for r in rows for rel in r.corpus}
+    for stale in sorted(replaced - in_use):
+        if (root / stale).exists():
+            (root / stale).unlink()
     return changes
+
+
+def _digest(cand: Candidate) -> str:
+    """A short name for a corpus input's content (so a refresh never rewrites a file a row uses)."""
+    h = hashlib.sha256(json.dumps({"dims": cand.dims, "params": repr(sorted(cand.params.items())),
+                                   "origin": cand.origin}, sort_keys=True, default=str).encode())
+    for k in sorted(cand.arrays):
+        a = np.ascontiguousarray(cand.arrays[k])
+        h.update(k.encode() + str(a.dtype).encode() + str(a.shape).encode() + a.tobytes())
+    return h.hexdigest()[:12]
 
 
 def write_rows(root: Path, findings: Iterable[Finding], frameworks: Dict[str, str],
@@ -334,8 +359,9 @@ def write_rows(root: Path, findings: Iterable[Finding], frameworks: Dict[str, st
             stem = f"corpus/{safe_name(op)}/{safe_name(f.variant.key)}-{env_hash(finding_env(f))}"
             files = []
             for i, cand in enumerate(corpus_for(f, (extra_corpus or {}).get(f.id, []))):
-                rel = f"{stem}-{i}.npz"
-                _atomic_write(root / rel, cand.to_bytes())
+                rel = f"{stem}-{i}-{_digest(cand)}.npz"  # new data, new name: see _merge_into
+                if not (root / rel).exists():
+                    _atomic_write(root / rel, cand.to_bytes())
                 files.append(rel)
             rows.append(BaselineRow.from_finding(f, files))
         changes += _merge_into(root, op, frameworks.get(op, ""), rows)
@@ -352,6 +378,7 @@ def merge_dirs(target: Path, sources: Iterable[Path]) -> List[RowChange]:
         for op, rows in sorted(store.rows.items()):
             for r in rows:
                 for rel in r.corpus:
-                    _atomic_write(target / rel, (src / rel).read_bytes())
+                    if not (target / rel).exists() or (target / rel).read_bytes() != (src / rel).read_bytes():
+                        _atomic_write(target / rel, (src / rel).read_bytes())
             changes += _merge_into(target, op, store.frameworks.get(op, ""), rows)
     return changes

@@ -105,7 +105,7 @@ def worktree(repo: Path, rev: str) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-base-"))
     path = tmp / "tree"
     res = subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), rev],
-                         capture_output=True, text=True)
+                         capture_output=True, encoding="utf-8", errors="replace")
     if res.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise GateError(f"cannot check out base {rev}: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else 'git worktree failed'}")
@@ -116,11 +116,43 @@ def worktree(repo: Path, rev: str) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _inside(path: str, root: Optional[Path]) -> bool:
+    if root is None:
+        return False
+    try:
+        p, r = Path(path).resolve(), Path(root).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return p == r or r in p.parents
+
+
+def base_isolate_options(tree: Path, python_path: Sequence[str], isolate, head_root: Optional[Path]):
+    """``isolate`` for workers that import the operator library from ``tree`` (forked by the
+    same zygote as head's): the library's directories, the tree, then this process's import
+    path without the working directory and anything of head's checkout (what ``python -m`` in
+    the tree would have), the tree as working directory."""
+    from dataclasses import replace as _replace
+
+    lib = [str((Path(tree) / p).resolve()) for p in (python_path or ["."])]
+    rest = [p for p in sys.path if p not in ("", ".") and not _inside(p, head_root) and not _inside(p, tree)]
+    return _replace(isolate, sys_path=tuple(dict.fromkeys([*lib, str(Path(tree).resolve()), *rest])), cwd=str(tree))
+
+
+def _replay_isolated(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob], isolate,
+                     head_root: Optional[Path]) -> Dict[str, List[ReplayResult]]:
+    opts = base_isolate_options(tree, python_path, isolate, head_root)
+    return {job.key: replay(job.spec, job.variant, job.candidates, isolate=opts) for job in jobs}
+
+
 def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob],
-                   timeout: float = 600.0, isolate=None) -> Dict[str, List[ReplayResult]]:
-    """Run ``jobs`` in a fresh interpreter whose operator library is imported from ``tree``."""
+                   timeout: float = 600.0, isolate=None, head_root: Optional[Path] = None) -> Dict[str, List[ReplayResult]]:
+    """Run ``jobs`` with the operator library imported from ``tree``: in isolated workers forked
+    by the same warm zygote as head's (their import path the tree's, nothing of ``head_root``),
+    or, without isolation, in a fresh interpreter."""
     if not jobs:
         return {}
+    if isolate is not None:
+        return _replay_isolated(tree, python_path, jobs, isolate, head_root)
     work = Path(tempfile.mkdtemp(prefix="dl-gate-replay-"))
     try:
         req = {"root": str(tree), "python_path": list(python_path), "jobs": [],
@@ -138,7 +170,7 @@ def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[Replay
         env["PYTHONPATH"] = gate_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             res = subprocess.run([sys.executable, "-m", "gate.judge.replay_worker", str(work)], cwd=str(tree),
-                                 capture_output=True, text=True, timeout=timeout, env=env)
+                                 capture_output=True, encoding="utf-8", errors="replace", timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise GateError(f"base replay timed out after {timeout:.0f}s") from None
         if res.returncode != 0 or not (work / "response.json").exists():

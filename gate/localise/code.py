@@ -37,7 +37,7 @@ class Change:
 
 
 def _git(repo: Path, *args: str) -> Optional[str]:
-    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, encoding="utf-8", errors="replace")
     return res.stdout if res.returncode == 0 else None
 
 

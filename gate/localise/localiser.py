@@ -105,7 +105,13 @@ class Localiser:
         start = Check(q0, variant, holds0, h0, b0, self.target.severity(h0, b0, variant.dtype) if holds0 else 0.0)
         if not self.use_base and self.w.get("base") is not None:
             diag.notes.append("base could not run this operator: judged against the baseline row instead")
-        if holds0 is not True:
+        # a hang: every probe of it costs the evaluation timeout, and a smaller input or another
+        # parameter rarely tells more than where it hung (the signature's frame): not shrunk
+        hang = kind == CRASH_KIND and str(self.target.crash_signature or "").startswith("timeout after")
+        if hang:
+            diag.notes.append("a hang: the input as found, parameters not varied (each probe would cost the "
+                              "evaluation timeout); where it hung is in the crash signature")
+        if holds0 is not True and not hang:
             # the judge saw it on this input: re-ask both sides once (a flaky answer or a rule detail)
             again = self.check([(variant, q0)])[0]
             if again.holds:
@@ -116,7 +122,7 @@ class Localiser:
 
         # 1-2. minimal input -----------------------------------------------------------------
         minimal = start
-        if start.holds:
+        if start.holds and not hang:
             if self.deadline.expired():
                 diag.truncated = True
                 diag.notes.append("budget spent before shrinking: the input as found")
@@ -127,7 +133,9 @@ class Localiser:
         diag.minimal_input = self._describe_input(cand, diag.found_input_elements)
 
         # 1. variant and parameter ----------------------------------------------------------
-        if self.deadline.expired():
+        if hang:
+            pass
+        elif self.deadline.expired():
             diag.truncated = True
             diag.notes.append("budget spent before varying parameters")
         else:
@@ -360,10 +368,13 @@ class Localiser:
         from .trace import culprit, trace_op
 
         spec, variant = self.spec, self.variant
-        if self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND:
+        if (self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND
+                and _ends_a_process(self.target.crash_signature)):
             # tracing runs the operator in this process: an isolated gate does not do that on an
-            # input that crashed its worker
-            diag.notes.append("sub-operations are not traced for a crash when evaluations are isolated")
+            # input that killed or hung its worker (an exception it raised is traced: the run's
+            # process is supervised, and the view or index that raised is the answer)
+            diag.notes.append("sub-operations are not traced for a crash that ends its process when evaluations "
+                              "are isolated")
             return []
         try:
             f64 = self.target.kind == BEHAVIOUR
@@ -439,7 +450,8 @@ class Localiser:
         paths = write_repro(self.out / "repro", stem, spec, variant, chk.cand, kind=kind, threshold=thr, threshold_why=why,
                             repo=Path(self.ctx["repo"]), python_path=self.shared.get("head_python_path") or ["."],
                             reason=self.vv.reason, ftz=ftz, summary=diag.minimal_input,
-                            base_reference=chk.base.reference if kind == BEHAVIOUR and chk.base is not None else None)
+                            base_reference=chk.base.reference if kind == BEHAVIOUR and chk.base is not None else None,
+                            base_outputs=chk.base.outputs if chk.base is not None and chk.base.status == "ok" else None)
         diag.repro_script, diag.repro_data, diag.repro_command = paths["script"], paths["data"], paths["command"]
 
     def _save(self, diag: Diagnosis) -> None:
@@ -464,3 +476,14 @@ def _values(a: np.ndarray) -> str:
     if a.ndim == 0:
         return _num(a)
     return "[" + ", ".join(_values(x) for x in a) + "]"
+
+
+def _ends_a_process(sig) -> bool:
+    """A crash signature of a worker that died or hung (not an exception the operator raised)."""
+    import re
+
+    if sig is None or re.match(r"(backward: )?(SIG[A-Z]+|exit code|timeout after|signal #|worker lost)", str(sig)):
+        return True
+    # an allocation that failed under the worker's memory limit would not fail in this process:
+    # it would grow until the machine's OOM killer ends the run
+    return bool(re.search(r"MemoryError|out of memory|can't allocate|bad_alloc", str(sig), re.I))

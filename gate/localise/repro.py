@@ -5,7 +5,9 @@ The script loads the (minimal) input, runs the operator at the variant's dtype (
 memory format and computation mode as the gate) and at float64 on the same values, and prints
 the max error in ULPs of the dtype (with the gate's floor), the worst element, NaN/Inf counts,
 or the exception. For a behaviour change it compares the float64 output with base's, stored in
-the ``.npz``. Exit status 1 when the finding reproduces, 0 when it does not.
+the ``.npz``; a gradient finding runs backward with the gate's upstream gradient; a new NaN/Inf
+is counted against base's output stored in the ``.npz`` (the judge's definition). Exit status 1
+when the finding reproduces, 0 when it does not, 2 when the library cannot be imported.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import numpy as np
 
 from ..backends.base import FLOAT_FORMATS
 from ..fuzz.inputs import Candidate
-from ..ops.spec import OpSpec
+from ..fuzz.oracle_base import float_input_names
+from ..ops.spec import ImportRef, OpSpec
 from ..plan import Variant
 
 _COMMON = r'''
@@ -57,6 +60,23 @@ def errors(out, ref, dtype, floor_kind, ftz=False):
     return err, int(np.count_nonzero(ref_ok & ~np.isfinite(a)))
 
 
+def upstream(k, shape):
+    """The upstream gradient of output ``k`` as the gate's gradient oracle uses it: the stored
+    one, else (an input shrunk to another shape) the one it derives from the input values."""
+    import zlib
+
+    u = DATA.get(f"in___upstream{k}__")
+    if u is not None and tuple(u.shape) == tuple(shape):
+        return np.asarray(u, np.float64)
+    h = (k + 1) & 0xFFFFFFFF
+    for n in FLOAT_INPUTS:
+        a = DATA.get("in_" + n)
+        if a is not None:
+            h = zlib.crc32(np.ascontiguousarray(a).tobytes(), h)
+            h = zlib.crc32(repr(a.shape).encode(), h)
+    return quantize(np.random.default_rng(h).standard_normal(shape), DTYPE)
+
+
 def resolve(path):
     if ":" in path:
         mod, attr = path.split(":", 1)
@@ -78,14 +98,16 @@ def resolve(path):
 
 
 def build(dtype, low):
-    args, kwargs = [], dict(PARAMS)
+    args = []
+    kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
     if low:
         kwargs.update(LAYOUT_PARAMS)
     for name, keyword in INPUTS:
         arr = DATA["in_" + name]
         if low and name in PERMUTE:
             arr = np.ascontiguousarray(np.transpose(arr, PERMUTE[name]))
-        t = to_native(arr, dtype, MEMORY_FORMAT if low else None)
+        own = INPUT_DTYPES.get(name) if dtype != "float64" else None  # an input that keeps its dtype
+        t = to_native(arr, own or dtype, MEMORY_FORMAT if low else None)
         if keyword:
             kwargs[name] = t
         else:
@@ -100,16 +122,31 @@ def main(argv=None):
     args = ap.parse_args(argv)
     for p in reversed(PYTHON_PATH):
         sys.path.insert(0, os.path.join(args.repo, p))
-    fn = resolve(CALLABLE)
-    ref_fn = resolve(REFERENCE) if REFERENCE else fn
+    try:  # a library that cannot be imported is a broken environment, not a reproduction
+        fn = resolve(CALLABLE)
+        ref_fn = resolve(REFERENCE) if REFERENCE else fn
+    except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, an error at import time
+        print(f"cannot import {CALLABLE} from {args.repo}: {type(exc).__name__}: {exc} (environment broken: exit 2)")
+        return 2
     print(f"{OP} [{VARIANT}] on {SUMMARY}")
+    grad = ORACLE == "grad"
     try:
-        low = outputs(call(fn, *build(INPUT_DTYPE, True), mode=MODE, dtype=DTYPE), True)
+        if grad:  # backward at the variant dtype, the same upstream gradient as the gate's
+            low = outputs(call_grad(fn, *build(DTYPE, False), dtype=DTYPE), False)
+        else:
+            low = outputs(call(fn, *build(INPUT_DTYPE, True), mode=MODE, dtype=DTYPE), True)
     except Exception as exc:
         msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         print(f"{DTYPE}: raises {msg}")
-        return 1 if KIND == "crash" else 2
-    ref = outputs(call(ref_fn, *build("float64", False), mode="input", dtype="float64"), False)
+        return 1 if KIND == "crash" else 0
+    try:
+        if grad:
+            ref = outputs(call_grad(ref_fn, *build("float64", False), dtype="float64"), False)
+        else:
+            ref = outputs(call(ref_fn, *build("float64", False), mode="input", dtype="float64"), False)
+    except Exception as exc:  # the float64 run fails: outside the domain, nothing to compare
+        print(f"float64: raises {type(exc).__name__}: {exc}")
+        ref = [np.full(np.shape(o), np.nan) for o in low]
     if KIND == "behaviour":
         worst = 0.0
         for k, r in enumerate(ref):
@@ -145,9 +182,21 @@ def main(argv=None):
         print(f"  worst element output[{k}][{', '.join(map(str, idx))}]: {DTYPE} {o!r}, float64 {r!r}")
     if KIND == "crash":
         return 0
+    # new NaN/Inf as the gate defines it: this checkout's output is NaN/Inf where base's output
+    # (stored beside the input) is finite, even where the float64 run is NaN too
+    new = 0
+    for k, o in enumerate(low):
+        b = DATA.get(f"base_out_{k}")
+        o = np.asarray(o)
+        if b is not None and b.shape == o.shape and o.dtype.kind == "f":
+            new += int(np.count_nonzero(~np.isfinite(o) & np.isfinite(b)))
+        elif b is None and o.dtype.kind == "f":
+            new += int(np.count_nonzero(~np.isfinite(o)))
+    if new:
+        print(f"NaN/Inf where base's output is finite: {new}")
     if KIND == "nonfinite":
-        return 1 if nonfinite else 0
-    return 1 if worst > THRESHOLD_ULP or nonfinite else 0
+        return 1 if new or nonfinite else 0
+    return 1 if worst > THRESHOLD_ULP or new else 0
 
 
 if __name__ == "__main__":
@@ -171,9 +220,54 @@ def to_native(arr, dtype, memory_format):
         t = t.contiguous(memory_format=torch.channels_last)
     elif memory_format == "channels_last_3d" and t.dim() == 5:
         t = t.contiguous(memory_format=torch.channels_last_3d)
-    elif memory_format == "transposed" and t.dim() >= 2:
+    elif memory_format in ("transposed", "noncontiguous") and t.dim() >= 2 and t.shape[-1] > 1 and t.shape[-2] > 1:
         t = t.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, non-contiguous strides
+    elif memory_format in ("strided", "noncontiguous") and t.dim() >= 1 and t.shape[-1] > 1:
+        buf = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+        view = buf[..., ::2]  # same values, every other element of a longer buffer
+        view.copy_(t)
+        t = view
     return t
+
+
+def quantize(arr, dtype):
+    return torch.from_numpy(np.asarray(arr, np.float64)).to(DTYPES[dtype]).to(torch.float64).numpy()
+
+
+def call_grad(fn, args, kwargs, dtype):
+    """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
+    leaves = []
+
+    def leaf(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+            leaves.append(x)
+        return x
+
+    args = [leaf(a) for a in args]
+    kwargs = {k: leaf(v) for k, v in kwargs.items()}
+    with torch.enable_grad():
+        result = fn(*args, **kwargs)
+    flat = []
+
+    def walk(r):
+        if isinstance(r, (list, tuple)):
+            for x in r:
+                walk(x)
+        elif isinstance(r, torch.Tensor):
+            flat.append(r)
+
+    walk(result)
+    roots, ups = [], []
+    for k, t in enumerate(flat):
+        if not t.requires_grad or not t.is_floating_point():
+            continue
+        u = upstream(k, tuple(t.shape) or (1,))
+        roots.append(t)
+        ups.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
+                   .to(device=t.device, dtype=t.dtype))
+    grads = torch.autograd.grad(roots, leaves, ups, allow_unused=True) if roots and leaves else [None] * len(leaves)
+    return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, leaves)]
 
 
 def call(fn, args, kwargs, mode, dtype):
@@ -224,6 +318,29 @@ def call(fn, args, kwargs, mode, dtype):
         return fn(*args, **kwargs)
 
 
+def quantize(arr, dtype):
+    return tf.cast(tf.cast(tf.constant(np.asarray(arr, np.float64)), DTYPES[dtype]), tf.float64).numpy()
+
+
+def call_grad(fn, args, kwargs, dtype):
+    """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
+    with tf.device(DEV):
+        leaves = [a for a in list(args) + list(kwargs.values()) if isinstance(a, tf.Tensor) and a.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            for x in leaves:
+                tape.watch(x)
+            result = fn(*args, **kwargs)
+        flat = [r for r in tf.nest.flatten(result) if isinstance(r, tf.Tensor)]
+        targets, ups = [], []
+        for k, t in enumerate(flat):
+            if not t.dtype.is_floating:
+                continue
+            targets.append(t)
+            ups.append(tf.cast(tf.constant(upstream(k, tuple(t.shape))), t.dtype))
+        grads = tape.gradient(targets, leaves, output_gradients=ups) if targets and leaves else [None] * len(leaves)
+        return [g if g is not None else tf.zeros_like(x) for g, x in zip(grads, leaves)]
+
+
 def outputs(result, low):
     flat = []
     for r in tf.nest.flatten(result):
@@ -256,21 +373,26 @@ def _py(v) -> str:
 
 def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: Candidate, *, kind: str,
                 threshold: float, threshold_why: str, repo: Path, python_path, reason: str,
-                base_reference=None, ftz: bool = False, summary: Optional[str] = None) -> dict:
+                base_reference=None, base_outputs=None, ftz: bool = False, summary: Optional[str] = None) -> dict:
     """Write ``<stem>.py`` and ``<stem>.npz`` into ``folder``; returns their paths and the command."""
     folder.mkdir(parents=True, exist_ok=True)
     script, data = folder / f"{stem}.py", folder / f"{stem}.npz"
     arrays = {f"in_{k}": np.asarray(v) for k, v in cand.arrays.items()}
     for k, a in enumerate(base_reference or []):
         arrays[f"base_ref_{k}"] = np.asarray(a, dtype=np.float64)
+    for k, a in enumerate(base_outputs or []):  # the judge's "new NaN/Inf" is against base's output
+        arrays[f"base_out_{k}"] = np.asarray(a, dtype=np.float64)
     np.savez_compressed(data, **arrays)
     lay = spec.layout(variant.layout)
     header = {
         "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "REFERENCE": spec.reference,
         "INPUTS": [(t.name, t.keyword) for t in spec.inputs if t.name in cand.arrays],
-        "PARAMS": dict(cand.params), "DTYPE": variant.dtype,
+        "FLOAT_INPUTS": float_input_names(spec),
+        "INPUT_DTYPES": {t.name: t.dtype for t in spec.inputs if t.dtype and t.kind == "float"},
+        "PARAMS": {k: ({"__import__": str(v)} if isinstance(v, ImportRef) else v) for k, v in cand.params.items()},
+        "DTYPE": variant.dtype,
         "INPUT_DTYPE": "float32" if variant.mode == "operator" else variant.dtype,
-        "MODE": variant.mode, "DEVICE": variant.device,
+        "MODE": variant.mode, "DEVICE": variant.device, "ORACLE": variant.oracle,
         "MEMORY_FORMAT": lay.memory_format if lay else None,
         "PERMUTE": {k: tuple(v) for k, v in (lay.permute.items() if lay else [])},
         "OUT_PERMUTE": tuple(lay.out_permute) if lay and lay.out_permute else None,
@@ -283,7 +405,8 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
            f"Generated by dl-gate (localise). Needs only numpy and {spec.framework}, and the operator library:\n"
            f"imported from {header['DEFAULT_REPO']} by default; --repo DIR (or DL_GATE_REPO) picks another\n"
            f"checkout, e.g. the base branch, to compare. Data: {data.name} beside this file.\n"
-           f'Exit status: 1 when the finding reproduces, 0 when it does not."""\n')
+           f'Exit status: 1 when the finding reproduces, 0 when it does not, 2 when the library cannot be\n'
+           f'imported (a broken environment)."""\n')
     lines = [
         "#!/usr/bin/env python3",
         doc,

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..fuzz.runner import CRASH, INVALID, OK
-from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings, ref_divergence
+from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings, new_nonfinite, ref_divergence, same_outputs
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
 from ..oracles.precision import floor_value, ulp
@@ -34,10 +34,19 @@ def signature(r: ReplayResult) -> str:
     return re.sub(r"\d+", "#", s.split("\n", 1)[0])[:200]
 
 
+def _has_nonfinite(r: ReplayResult) -> bool:
+    return any(np.asarray(o).dtype.kind == "f" and not np.isfinite(np.asarray(o)).all() for o in (r.outputs or ()))
+
+
 def classify(h: ReplayResult, b: Optional[ReplayResult], outcome: str) -> str:
+    """The kind of finding, by the judge's definitions (gate.judge.decide): a new NaN/Inf is
+    head's output non-finite where base's output is finite."""
     if failed(h):
         return CRASH_KIND
-    if h.metrics is not None and h.metrics.nonfinite and not (b is not None and b.metrics and b.metrics.nonfinite):
+    if b is not None and b.status == OK and b.outputs is not None and h.outputs is not None:
+        if new_nonfinite(h, b):
+            return NONFINITE
+    elif h.metrics is not None and h.metrics.nonfinite and not (b is not None and b.metrics and b.metrics.nonfinite):
         return NONFINITE
     if h.metrics is not None and h.metrics.int_mismatch and not (b is not None and b.metrics and b.metrics.int_mismatch):
         return INT_MISMATCH
@@ -89,7 +98,7 @@ class Target:
         if h.status != OK or h.metrics is None:
             return False
         if self.kind == NONFINITE:
-            return h.metrics.nonfinite > 0
+            return h.metrics.nonfinite > 0 or _has_nonfinite(h)
         if self.kind == INT_MISMATCH:
             return h.metrics.int_mismatch > 0
         if self.kind == BEHAVIOUR:
@@ -119,14 +128,21 @@ class Target:
         if b.status != OK or b.metrics is None:
             return False
         if self.kind == NONFINITE:
+            if h.outputs is not None and b.outputs is not None:
+                return new_nonfinite(h, b) > 0
             return not b.metrics.nonfinite
         if self.kind == INT_MISMATCH:
             return not b.metrics.int_mismatch
         if self.kind == BEHAVIOUR:
             d = divergence(h, b, dtype, self.spec.ulp_floor)
-            return d is not None and d > BEHAVIOUR_TOLERANCE_ULP
-        if h.metrics.nonfinite and not b.metrics.nonfinite:
+            # beyond the variant's own threshold, as the judge holds it (a smaller move is
+            # "reference moved"); integer outputs or shapes that differ give an infinite move
+            return d is not None and d > max(BEHAVIOUR_TOLERANCE_ULP, self.threshold(b, dtype))
+        if (new_nonfinite(h, b) if h.outputs is not None and b.outputs is not None
+                else h.metrics.nonfinite and not b.metrics.nonfinite):
             return False  # a new NaN/Inf: another kind of finding (the judge calls it that first)
+        if h.outputs is not None and same_outputs(h, b):
+            return False  # the same output: only the reference moved
         return h.metrics.ulp > self.threshold(b, dtype)
 
     def severity(self, h: ReplayResult, b: Optional[ReplayResult], dtype: str) -> float:

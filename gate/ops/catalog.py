@@ -83,9 +83,46 @@ class Catalog:
             return self.specs[matches[0]]
         if len(matches) > 1:
             raise UnknownOpError(f"operator {name!r} is ambiguous: {', '.join(sorted(matches))}")
+        by_path = self._by_import_path(name)
+        if by_path is not None:
+            return by_path
         close = difflib.get_close_matches(name, list(self.specs), n=3, cutoff=0.5)
         hint = f" (did you mean {', '.join(close)}?)" if close else " (see `dl-gate ops`)"
         raise UnknownOpError(f"unknown operator {name!r}{hint}")
+
+    def _by_import_path(self, name: str) -> Optional[OpSpec]:
+        """The row whose callable is ``name`` (an import path such as
+        ``torch.nn.functional.softmax``): first as written in the row, then as the same function
+        object once both are imported (an alias such as ``torch.special.expit`` ->
+        ``torch.sigmoid``). Only rows of the framework the path starts with are imported."""
+        if "." not in name.replace(":", "."):
+            return None
+        norm = name.replace(":", ".")
+        if norm.startswith("tf."):  # TensorFlow's conventional alias
+            norm = name = "tensorflow." + norm[3:]
+        rows = [s for s in self if (s.callable or "").replace(":", ".") == norm]
+        if len(rows) == 1:
+            return rows[0]
+        root = norm.split(".", 1)[0]
+        if rows or root not in ("torch", "tensorflow") and root not in {
+                (s.callable or "").split(".", 1)[0].split(":", 1)[0] for s in self}:
+            return None
+        from ..backends.base import resolve_callable  # imports the framework: only for a path
+
+        try:
+            target = resolve_callable(name)
+        except Exception:
+            return None
+        found = []
+        for s in self:
+            if not s.callable or s.callable.replace(":", ".").split(".", 1)[0] != root:
+                continue
+            try:
+                if resolve_callable(s.callable) is target:
+                    found.append(s)
+            except Exception:
+                continue
+        return found[0] if len(found) == 1 else None
 
     def select(self, names: Optional[Iterable[str]]) -> List[OpSpec]:
         if not names:

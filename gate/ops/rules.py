@@ -81,7 +81,7 @@ class OracleRule:
                 return f"oracle {self.name} needs a differentiable operator (grad: true)"
             if req == "batch_dim" and spec.batch_dim is None:
                 return f"oracle {self.name} needs batch_dim"
-            if req == "layouts" and not spec.layouts:
+            if req == "layouts" and not [lay for lay in spec.layouts if not lay.auto]:
                 return f"oracle {self.name} needs declared layouts"
             if req == "xfw":
                 from .xfw import load_table

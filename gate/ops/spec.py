@@ -78,6 +78,11 @@ class TensorSpec:
     kind: str = "float"  # float | index | bool
     keyword: bool = False  # pass as keyword argument instead of positionally
     index_hi: Any = None  # for kind=index: exclusive upper bound expression
+    #: a float input that keeps this dtype whatever the variant's (mixed precision)
+    dtype: Optional[str] = None
+
+    def dtype_at(self, variant_dtype: str) -> str:
+        return self.dtype or variant_dtype
 
     @classmethod
     def from_dict(cls, raw: Mapping) -> "TensorSpec":
@@ -90,6 +95,7 @@ class TensorSpec:
             kind=str(raw.get("kind", "float")),
             keyword=bool(raw.get("keyword", False)),
             index_hi=raw.get("index_hi"),
+            dtype=raw.get("dtype"),
         )
 
     def to_dict(self) -> dict:
@@ -100,7 +106,58 @@ class TensorSpec:
             "kind": self.kind,
             "keyword": self.keyword,
             "index_hi": self.index_hi,
+            **({"dtype": self.dtype} if self.dtype else {}),
         }
+
+
+class ImportRef(str):
+    """A parameter value given by import path (``{import: pkg.Enum.A}``): an enum member or any
+    object a JSON value cannot be. It travels as its path and is resolved where the operator is
+    called (:func:`resolve_params`)."""
+
+    def __repr__(self) -> str:
+        return f"<{str(self)}>"
+
+
+def _import_value(raw: Any) -> Any:
+    if isinstance(raw, Mapping) and set(raw) == {"import"}:
+        return ImportRef(str(raw["import"]))
+    return raw
+
+
+def resolve_params(params: Mapping[str, Any], op: str = "") -> dict:
+    """``params`` with every :class:`ImportRef` replaced by the object it names; one-line
+    :class:`ConfigError` naming the operator, the parameter and the path when it cannot."""
+    import importlib
+
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, ImportRef):
+            path = str(v)
+            mod, _, attr = path.partition(":") if ":" in path else (None, None, None)
+            obj = None
+            try:
+                if mod is not None:
+                    obj = importlib.import_module(mod)
+                    for part in attr.split("."):
+                        obj = getattr(obj, part)
+                else:
+                    parts = path.split(".")
+                    for i in range(len(parts) - 1, 0, -1):
+                        try:
+                            obj = importlib.import_module(".".join(parts[:i]))
+                        except ImportError:
+                            continue
+                        for part in parts[i:]:
+                            obj = getattr(obj, part)
+                        break
+                    else:
+                        raise ImportError(f"no module in {path}")
+            except (ImportError, AttributeError) as exc:
+                raise ConfigError(f"{op}: parameter {k}: cannot import {path} ({type(exc).__name__}: {exc})") from None
+            v = obj
+        out[k] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -119,13 +176,16 @@ class ParamSpec:
     def from_dict(cls, name: str, raw: Any) -> "ParamSpec":
         if not isinstance(raw, Mapping):  # a bare constant
             return cls(name=name, choices=(raw,), kind="choice", default=raw)
+        if "import" in raw:  # an object by import path (an enum member)
+            ref = _import_value({"import": raw["import"]})
+            return cls(name=name, choices=(ref,), kind="choice", default=ref)
         if "expr" in raw:
             return cls(name=name, kind="expr", expr=raw["expr"])
         if "choices" in raw:
-            choices = tuple(raw["choices"])
+            choices = tuple(_import_value(c) for c in raw["choices"])
             if not choices:
                 raise ConfigError(f"parameter {name!r} has no choices")
-            return cls(name=name, choices=choices, kind="choice", default=raw.get("default", choices[0]))
+            return cls(name=name, choices=choices, kind="choice", default=_import_value(raw.get("default", choices[0])))
         if "range" in raw:
             lo, hi = raw["range"]
             kind = "int" if isinstance(lo, int) and isinstance(hi, int) and not raw.get("float") else "float"
@@ -138,7 +198,10 @@ class ParamSpec:
         if self.kind == "expr":
             return {"expr": self.expr}
         if self.kind == "choice":
-            return {"choices": list(self.choices or ()), "default": self.default}
+            def out(v):
+                return {"import": str(v)} if isinstance(v, ImportRef) else v
+
+            return {"choices": [out(c) for c in self.choices or ()], "default": out(self.default)}
         return {"range": [self.lo, self.hi], "default": self.default, "float": self.kind == "float"}
 
 
@@ -152,6 +215,8 @@ class LayoutSpec:
     permute: Mapping[str, tuple] = field(default_factory=dict)
     out_permute: Optional[tuple] = None
     memory_format: Optional[str] = None
+    #: added by default (not declared): planned at one dtype only, to keep the default cheap
+    auto: bool = False
 
     @classmethod
     def from_dict(cls, name: str, raw: Mapping) -> "LayoutSpec":
@@ -161,6 +226,7 @@ class LayoutSpec:
             permute={k: tuple(v) for k, v in dict(raw.get("permute", {})).items()},
             out_permute=tuple(raw["out_permute"]) if raw.get("out_permute") is not None else None,
             memory_format=raw.get("memory_format"),
+            auto=bool(raw.get("auto", False)),
         )
 
     def to_dict(self) -> dict:
@@ -169,6 +235,7 @@ class LayoutSpec:
             "permute": {k: list(v) for k, v in self.permute.items()},
             "out_permute": list(self.out_permute) if self.out_permute else None,
             "memory_format": self.memory_format,
+            **({"auto": True} if self.auto else {}),
         }
 
 
@@ -288,7 +355,13 @@ class OpSpec:
             )
         dims_raw = merged.get("dims") or {}
         dims = tuple((str(k), tuple(v) if isinstance(v, (list, tuple)) else (v, v)) for k, v in dims_raw.items())
-        layouts_raw = merged.get("layouts") or {}
+        layouts_raw = merged.get("layouts")
+        user_torch = origin == "user" and merged.get("framework") == "torch"
+        if layouts_raw is None and user_torch and any(len(t.get("shape") or ()) >= 1 for t in merged.get("inputs") or ()):
+            # what real callers pass: non-contiguous tensors (a transposed or sliced view); a
+            # `.view(-1)` that breaks on them is found by default ("layouts: {}" turns it off)
+            layouts_raw = {"noncontiguous": {"memory_format": "noncontiguous", "auto": True}}
+        layouts_raw = layouts_raw or {}
         try:
             spec = cls(
                 name=str(name),
@@ -311,7 +384,8 @@ class OpSpec:
                 twin=merged.get("twin"),
                 opinfo=merged.get("opinfo"),
                 batch_dim=merged.get("batch_dim"),
-                grad=bool(merged.get("grad", False)),
+                # user torch operators: gradients are checked by default ("grad: false" turns it off)
+                grad=bool(merged.get("grad", user_torch)),
                 oracles=tuple(merged["oracles"]) if merged.get("oracles") is not None else None,
                 oracle_args={str(k): dict(v or {}) for k, v in dict(merged.get("oracle_args") or {}).items()},
                 tags=tuple(merged.get("tags", ())),

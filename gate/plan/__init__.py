@@ -138,6 +138,8 @@ def variants_for(
     want_modes = [m for m in (modes or spec.modes) if m in spec.modes or m in CUDA_MODES]
     has_ref = spec.reference is not None
     out: List[Variant] = []
+    # what a default layout or a default gradient check runs at: one dtype (float32 if asked)
+    auto_dtype = "float32" if "float32" in want_dtypes else (want_dtypes[0] if want_dtypes else None)
     if "precision" in want_oracles:
         for device in want_devices:
             for dtype in want_dtypes:
@@ -151,7 +153,13 @@ def variants_for(
                     out.append(Variant(dtype=dtype, device=device, mode=mode))
                 if layouts:
                     for lay in spec.layouts:
+                        if lay.auto and dtype != auto_dtype:
+                            continue
                         out.append(Variant(dtype=dtype, device=device, mode="input", layout=lay.name))
+        if oracles is None and spec.grad and spec.origin == "user" and auto_dtype is not None and auto_dtype != "float64":
+            # a user operator's gradient by default (a backward-only bug: forward bit-identical,
+            # gradient NaN), at one dtype; ``gate.oracles`` / ``--oracle`` choose otherwise
+            out.extend(Variant(dtype=auto_dtype, device=device, mode="input", oracle="grad") for device in want_devices)
     others = [o for o in FUZZ_ORACLES if o in want_oracles and o != "precision"]
     if not others:
         return out
@@ -167,7 +175,7 @@ def variants_for(
             rule_dtypes = [rule.dtype]
         else:
             rule_dtypes = [d for d in want_dtypes if d != "float64" and (rule.dtypes is None or d in rule.dtypes)]
-        lays = [lay.name for lay in spec.layouts] if rule.per_layout else ["default"]
+        lays = [lay.name for lay in spec.layouts if not lay.auto] if rule.per_layout else ["default"]
         for device in want_devices:
             for dtype in rule_dtypes:
                 for lay in lays:

@@ -55,6 +55,11 @@ def write_all(report: GateReport, out_dir: os.PathLike, root: Optional[os.PathLi
     from .markdown import render_markdown
     from .plot import write_plot
 
+    from ..serial import scrub_text
+
+    # text from the diff or the operator's own messages may hold undecodable bytes (kept as lone
+    # surrogates): every file below is UTF-8
+    report = GateReport.from_dict(scrub_text(report.to_dict()))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: Dict[str, Path] = {}

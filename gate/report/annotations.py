@@ -75,7 +75,9 @@ def _targets(v, root) -> List[Tuple[Optional[str], Optional[int]]]:
 def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) -> List[Annotation]:
     """Every annotation the report deserves, most important first (not yet capped)."""
     notes: List[Annotation] = []
-    seen = set()
+    # failing variants grouped by the line they point at: one annotation per changed line,
+    # never a pile of them on one line (GitHub shows only 10 per step)
+    at: Dict[Tuple[Optional[str], Optional[int]], List[Tuple[object, str]]] = {}
     for v in ordered(report):
         figures = ""
         if new_nonfinite(v):
@@ -85,13 +87,11 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
                        f"{fmt_ratio(v.ratio)}; threshold {fmt_num(v.threshold)})")
         if is_failing(report, v):
             for f, line in _targets(v, root):
-                key = ("error", f, line, v.id)
-                if key in seen:
-                    continue
-                seen.add(key)
-                where = "this change reaches " if changed_code(v) else ""
-                notes.append(Annotation("error", f"{where}{v.id}: {one_line(v.reason)}{figures}",
-                                        f"dl-gate {v.outcome}: {v.op}", f, line))
+                group = at.setdefault((f, line), [])
+                if not group:  # a placeholder keeps this location's place in severity order
+                    notes.append(Annotation("error", "", "", f, line))
+                if all(u is not v for u, _ in group):
+                    group.append((v, figures))
         elif v.outcome == ERROR:
             notes.append(Annotation("warning", f"{v.id}: {one_line(v.reason)}", f"dl-gate harness error: {v.op}",
                                     relpath(v.source_file, root), v.source_line))
@@ -100,6 +100,15 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
                                     f"dl-gate behaviour change: {v.op}", relpath(v.source_file, root), v.source_line))
         elif v.outcome == NEEDS_BASELINE:
             notes.append(Annotation("notice", f"{v.id}: {one_line(v.reason)}", f"dl-gate needs a baseline: {v.op}"))
+    for i, n in enumerate(notes):
+        if n.level == "error" and not n.title:
+            group = at[(n.file, n.line)]
+            v, figures = group[0]
+            where = "this change reaches " if changed_code(v) else ""
+            more = f" (+{len(group) - 1} more failing variant(s): see the job summary)" if len(group) > 1 else ""
+            ops = sorted({u.op for u, _ in group})
+            notes[i] = Annotation("error", f"{where}{v.id}: {one_line(v.reason)}{figures}{more}",
+                                  f"dl-gate {v.outcome}: {', '.join(ops)[:120]}", n.file, n.line)
     setup = bool(report.env.get("setup_error"))  # the workflow is set up so that nothing can be judged
     level, title = ("error", "dl-gate setup error") if setup else ("warning", "dl-gate harness error")
     for e in report.errors:

@@ -92,7 +92,7 @@ class Stamp:
 @dataclass
 class CommentResult:
     action: str  # created | updated | unchanged | skipped-nothing-to-say | skipped-stale | skipped-no-pr
-    #              | skipped-readonly | failed
+    #              | skipped-readonly | skipped-setup-error | failed
     url: Optional[str] = None
     id: Optional[int] = None
     message: str = ""

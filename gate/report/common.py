@@ -100,7 +100,12 @@ def fmt_num(x: Optional[float]) -> str:
 
 
 def new_nonfinite(v: VariantVerdict) -> bool:
-    """Head produced NaN/Inf where base did not: its finite error figure says nothing then."""
+    """Head produced NaN/Inf where base did not: its finite error figure says nothing then. The
+    judge says which kind of finding failed a verdict (``details['kind']``); a report of an
+    older gate falls back to the counts."""
+    kind = (v.details or {}).get("kind")
+    if kind is not None:
+        return kind == "nonfinite"
     return bool(v.head_nonfinite) and not v.base_nonfinite
 
 

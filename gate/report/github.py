@@ -18,8 +18,8 @@ from .. import __version__
 from ..judge.verdict import GateReport
 from .annotations import emit_annotations, escape_data, neutral
 from .comment import DEFAULT_API, DEFAULT_AUTHOR, CommentResult, GitHubClient, Stamp, upsert_sticky_comment
-from .common import COMMENT_LIMIT, counts_by, fail_set, has_news, relpath, short_sha
-from .markdown import render_markdown
+from .common import counts_by, fail_set, has_news, relpath, short_sha
+from .markdown import render_comment, render_markdown
 from .outputs import append_summary, summary_room, write_outputs
 
 PR_EVENTS = ("pull_request", "pull_request_target", "pull_request_review", "pull_request_review_comment")
@@ -157,9 +157,7 @@ def post_comment(report: GateReport, ctx: GitHubContext, *, token: Optional[str]
         return CommentResult("skipped-no-pr", message=f"no pull request for this {ctx.event_name or 'run'}")
     stamp = ctx.stamp() or Stamp(sha=report.head_sha or "0" * 40)
     footer = comment_footer(report, stamp, ctx.run_url)
-    overhead = 200  # marker + stamp lines
-    body = render_markdown(report, limit=COMMENT_LIMIT - overhead, full_report=ctx.run_url,
-                           repo_url=ctx.repo_url, footer=footer)
+    body = render_comment(report, full_report=ctx.run_url, repo_url=ctx.repo_url, footer=footer)
     return upsert_sticky_comment(client, ctx.repository, number, body, stamp, key=key, author=author,
                                  has_news=has_news(report), check_head=check_head)
 
@@ -193,7 +191,12 @@ def publish_to_github(report: GateReport, env: Mapping[str, str] = os.environ, *
     if annotations:
         done["annotations"] = len(emit_annotations(report, root=ctx.workspace, stream=stream))
 
-    if comment:
+    if comment and report.env.get("setup_error"):
+        # a workflow set up so that nothing can be judged (e.g. the base branch is not in a
+        # shallow clone): the step fails with an error annotation; the PR gets no comment
+        done["comment"] = CommentResult("skipped-setup-error", message="setup error: no PR comment").to_dict()
+        _log("PR comment: not written for a setup error (see the error annotation)")
+    elif comment:
         res = post_comment(report, ctx, token=token, key=comment_key, author=comment_author or DEFAULT_AUTHOR,
                            client=client)
         done["comment"] = res.to_dict()

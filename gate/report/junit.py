@@ -1,8 +1,11 @@
-"""JUnit XML: one ``testcase`` per operator x variant, written with the junit-xml library.
+"""JUnit XML: one ``testcase`` per operator x variant, written with junitparser and valid
+against the Jenkins/Ant ``junit-10.xsd`` that CI test reporters follow (tests/data/junit-10.xsd).
 
     testsuites > testsuite (one per framework, plus ``dl-gate`` for run-level faults)
-               > testcase name=<variant key> classname=dl-gate.<framework>.<op>
-                          time=<seconds> file=<operator source> line=<line>
+               > testcase name=<variant key> classname=dl-gate.<framework>.<op> time=<seconds>
+
+That schema has no ``file``/``line`` on a testcase: the operator's source location is the first
+line of the result body (``source: path:line``); annotations carry it to the diff.
 
 * ``failure`` for a variant whose outcome fails the gate (regression; behaviour-change when the
   config says so): message = the one-line diagnosis, body = errors, seed, minimal input, repro.
@@ -14,34 +17,47 @@ It is written on every outcome: a run that failed before judging anything still 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import List, Optional
 
-from junit_xml import TestCase, TestSuite, to_xml_report_string
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from .. import HARNESS_VERSION, __version__
 from ..judge.verdict import ERROR, GateReport, VariantVerdict
 from .common import SKIPPED_OUTCOMES, facts_text, is_failing, one_line, ordered, relpath
 
+# characters XML 1.0 cannot carry at all (control characters but tab/newline/CR, lone surrogates,
+# U+FFFE/U+FFFF): replaced, so an untrusted crash message never makes the file unreadable
+_ILLEGAL_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(text) -> str:
+    return _ILLEGAL_XML.sub("?", str(text if text is not None else ""))
+
+
+def _result(kind, message: str, body: str, type_: str):
+    r = kind(_xml_text(message), _xml_text(type_))
+    if body:
+        r.text = _xml_text(body)
+    return r
+
 
 def _case(report: GateReport, v: VariantVerdict, root: Optional[os.PathLike]) -> TestCase:
-    tc = TestCase(
-        name=v.key,
-        classname=f"dl-gate.{v.framework}.{v.op}",
-        elapsed_sec=float(v.seconds or 0.0),
-        file=relpath(v.source_file, root) or v.source_file,
-        line=int(v.source_line) if v.source_line else None,
-    )
+    tc = TestCase(v.key, f"dl-gate.{v.framework}.{v.op}", float(v.seconds or 0.0))
+    where = relpath(v.source_file, root) or v.source_file
     body = facts_text(v)
+    if where:
+        body = f"source: {where}{':' + str(int(v.source_line)) if v.source_line else ''}\n{body}"
     message = one_line(v.reason)
     if is_failing(report, v):
-        tc.add_failure_info(message=message, output=body, failure_type=v.outcome)
+        tc.result = [_result(Failure, message, body, v.outcome)]
     elif v.outcome == ERROR:
-        tc.add_error_info(message=message, output=body, error_type="harness-error")
+        tc.result = [_result(Error, message, body, "harness-error")]
     elif v.outcome in SKIPPED_OUTCOMES:
-        tc.add_skipped_info(message=f"{v.outcome}: {message}", output=body)
+        tc.result = [_result(Skipped, f"{v.outcome}: {message}", body, v.outcome)]
     else:  # pass, improvement, behaviour-change configured as a warning
-        tc.stdout = body
+        tc.system_out = _xml_text(body)
     return tc
 
 
@@ -52,15 +68,15 @@ def _run_case(report: GateReport) -> Optional[TestCase]:
         errors = [one_line(report.reason, 2000)]
     if not errors and report.verdicts:
         return None
-    tc = TestCase(name="run", classname="dl-gate", elapsed_sec=float(report.seconds or 0.0))
+    tc = TestCase("run", "dl-gate", float(report.seconds or 0.0))
     if errors:
-        tc.add_error_info(message=errors[0], output="\n".join(errors), error_type="harness-error")
+        tc.result = [_result(Error, errors[0], "\n".join(errors), "harness-error")]
     elif report.outcome == "needs-baseline":
-        tc.add_skipped_info(message=f"needs-baseline: {one_line(report.reason)}")
+        tc.result = [_result(Skipped, f"needs-baseline: {one_line(report.reason)}", "", "needs-baseline")]
     elif report.outcome == "regression":  # a regression with no verdict to carry it
-        tc.add_failure_info(message=one_line(report.reason), failure_type="regression")
+        tc.result = [_result(Failure, one_line(report.reason), "", "regression")]
     else:
-        tc.stdout = one_line(report.reason, 2000)
+        tc.system_out = _xml_text(one_line(report.reason, 2000))
     return tc
 
 
@@ -80,21 +96,50 @@ def _properties(report: GateReport) -> dict:
     return props
 
 
+def _suite(name: str, cases: List[TestCase], props: dict) -> TestSuite:
+    suite = TestSuite(name)
+    for k, val in props.items():
+        suite.add_property(_xml_text(k), _xml_text(val))
+    for case in cases:
+        suite.add_testcase(case)
+    suite.update_statistics()
+    return suite
+
+
 def build_suites(report: GateReport, root: Optional[os.PathLike] = None) -> List[TestSuite]:
     props = _properties(report)
     by_fw: dict = {}
     for v in ordered(report):
         by_fw.setdefault(v.framework, []).append(_case(report, v, root))
-    suites = [TestSuite(f"dl-gate.{fw}", cases, properties=props, package="dl-gate")
-              for fw, cases in sorted(by_fw.items())]
+    suites = [_suite(f"dl-gate.{fw}", cases, props) for fw, cases in sorted(by_fw.items())]
     run_case = _run_case(report)
     if run_case is not None:
-        suites.append(TestSuite("dl-gate", [run_case], properties=props, package="dl-gate"))
+        suites.append(_suite("dl-gate", [run_case], props))
     return suites
 
 
+def build_xml(report: GateReport, root: Optional[os.PathLike] = None) -> JUnitXml:
+    xml = JUnitXml("dl-gate")
+    for suite in build_suites(report, root):
+        xml.add_testsuite(suite)
+    xml.update_statistics()
+    # junit-10.xsd has no ``skipped`` count on <testsuites> (each <testsuite> carries its own)
+    xml._elem.attrib.pop("skipped", None)
+    return xml
+
+
 def render_junit(report: GateReport, root: Optional[os.PathLike] = None) -> str:
-    return to_xml_report_string(build_suites(report, root), prettyprint=True, encoding="utf-8")
+    xml = build_xml(report, root)
+    from xml.etree import ElementTree
+
+    try:
+        ElementTree.indent(xml._elem)
+        text = ElementTree.tostring(xml._elem, encoding="unicode")
+    except TypeError:  # lxml element
+        from lxml import etree
+
+        text = etree.tostring(xml._elem, encoding="unicode", pretty_print=True)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + text
 
 
 def write_junit(report: GateReport, path: os.PathLike, root: Optional[os.PathLike] = None) -> Path:
@@ -103,8 +148,6 @@ def write_junit(report: GateReport, path: os.PathLike, root: Optional[os.PathLik
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = render_junit(report, root)
-    if not text.lstrip().startswith("<?xml"):
-        text = '<?xml version="1.0" encoding="utf-8"?>\n' + text
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

@@ -387,3 +387,76 @@ def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report:
         room = limit - _nbytes(note + tail) - 1
         out = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore") + note + tail
     return out
+
+
+COMMENT_BUDGET = 6 * 1024  # bytes: the sticky comment is a digest; the job summary is the report
+
+
+def cause_line(report: GateReport, v: VariantVerdict, repo_url: Optional[str] = None) -> str:
+    """One line saying why ``v`` fails: the changed line most likely responsible, the minimal
+    input, the command that reproduces it (each only when the localise stage found it)."""
+    parts = [f"{md_code(v.op, 60)} [{md_text(v.key, 60)}]"]
+    code = changed_code(v)
+    if code:
+        c = code[0]
+        ref = f"{c.get('file')}:{c.get('line') or 1}"
+        url = _link(repo_url, report.head_sha, str(c.get("file")), c.get("line"))
+        sym = f" ({md_code(c['symbol'], 60)})" if c.get("symbol") else ""
+        parts.append("changed " + (f"[{md_text(ref, 120)}]({url})" if url else md_code(ref, 120)) + sym)
+    elif v.source_file:
+        parts.append(f"operator at {md_code(f'{v.source_file}:{v.source_line or 1}', 120)}")
+    mi = minimal_input(v)
+    if mi:
+        parts.append(f"input {md_code(mi, 160)}")
+    rc = repro_command(v)
+    if rc:
+        parts.append(f"repro {md_code(rc, 200)}")
+    if len(parts) == 1:
+        parts.append(md_text(v.reason, 200))
+    return "- " + " · ".join(parts)
+
+
+def render_comment(report: GateReport, full_report: Optional[str] = None, repo_url: Optional[str] = None,
+                   footer: str = "", limit: int = COMMENT_BUDGET) -> str:
+    """The sticky PR comment, at most ``limit`` bytes whatever the run: the verdict line, one
+    table of the failing rows (base / head / threshold), one cause line per failing row, and
+    where the full report is (the job summary and the artifact). Rows that do not fit are
+    counted, never cut mid-row."""
+    where = (f"Full report: [job summary and artifact]({full_report})" if full_report
+             else "Full report: the job summary and the run's `dl-gate` artifact")
+    head = [verdict_line(report), "", _meta_line(report)]
+    failing = [v for v in ordered(report) if is_failing(report, v)]
+    errors = [md_text(e, 300) for e in report.errors][:3]
+    tail = "\n" + where + (("\n" + footer) if footer else "")
+
+    def assemble(n_rows: int, n_causes: int) -> str:
+        out = list(head)
+        if failing:
+            out += ["", "| operator | variant | base error | head error | threshold |", "|---|---|---:|---:|---:|"]
+            for v in failing[:n_rows]:
+                unit = f" {md_text(v.metric, 10)}" if v.metric else ""
+                cell = (lambda x: f"{fmt_num(x)}{unit}" if x is not None else "–")
+                nf = f" + {v.head_nonfinite} NaN/Inf" if v.head_nonfinite else ""
+                out.append(f"| {md_code(v.op, 60)} | {md_text(v.key, 60)} | {cell(v.base_error)} | "
+                           f"{cell(v.head_error)}{nf} | {cell(v.threshold)} |")
+            if n_rows < len(failing):
+                out.append(f"\n…and {len(failing) - n_rows} more failing row(s) in the full report.")
+            out += ["", "**Causes**", ""]
+            out += [cause_line(report, v, repo_url) for v in failing[:n_causes]]
+            if n_causes < len(failing):
+                out.append(f"- …{len(failing) - n_causes} more in the full report")
+        if errors:
+            out += ["", "**Errors**", ""] + [f"- {e}" for e in errors]
+        return "\n".join(out) + "\n" + tail
+
+    rows = causes = len(failing)
+    text = assemble(rows, causes)
+    while _nbytes(text) > limit and causes > 0:  # causes go first, then rows, one at a time
+        causes -= 1
+        if causes < rows - 1 or causes == 0:
+            rows = max(rows - 1, 1 if failing else 0)
+        text = assemble(rows, causes)
+    if _nbytes(text) > limit:  # only a pathological header is left: hard cut, still valid UTF-8
+        room = limit - _nbytes(tail) - 2
+        text = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore") + "\n" + tail
+    return text

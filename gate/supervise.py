@@ -1,0 +1,257 @@
+"""The process that sets the gate's exit code never runs the code under test.
+
+``dl-gate run`` is two processes. The **supervisor** (this module, the process the user or the
+Action started) parses the arguments, starts the **run** (``python -m gate.cli run ...`` with
+``DL_GATE_STATE`` set) in a new session, and waits for it under a wall-clock deadline. The run
+imports the operator library and evaluates it (by default in worker processes again, see
+:mod:`gate.fuzz.isolate`); after every progress line it saves its partial report to the state
+file, and when it has written ``report.json`` and ``junit.xml`` it saves a final record.
+
+The supervisor's exit code comes from the report the run wrote, and only when the run ended the
+way the run itself said it would (its exit status equals the final record's, the report on disk
+has that outcome). Anything else is an ``error`` report written by the supervisor from the last
+saved state, whatever the run's exit status was:
+
+* the code under test ended the run's process (``os._exit(0)``, ``sys.exit`` at import, a
+  segfault or abort outside a worker, the OOM killer);
+* the run passed its deadline (budget + localisation + a stated grace): it is sent SIGTERM (the
+  run stops and writes its report), then SIGKILL after :data:`KILL_AFTER` seconds;
+* the supervisor itself got SIGTERM or SIGINT (a CI time limit, Ctrl-C): forwarded the same way.
+
+Every process the run started (workers, zygotes, an operator's own children) is in the run's
+session and is killed with it when the run is over.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+STATE_ENV = "DL_GATE_STATE"
+#: seconds the run is given to write its report after SIGTERM before it is killed
+KILL_AFTER = 20.0
+#: seconds on top of the fuzzing and localisation budgets: interpreter and framework start, the
+#: base worktree, the base replay, the report
+GRACE = 120.0
+#: deadline of a run whose budget is a number of evaluations (no seconds to add up)
+EVALS_DEADLINE = 1800.0
+#: the bundled example records baselines on its main branch before the gate runs
+EXAMPLE_EXTRA = 180.0
+
+
+# ---------------------------------------------------------------------------------------
+# the run's side: save state as it goes
+# ---------------------------------------------------------------------------------------
+def state_path() -> Optional[Path]:
+    p = os.environ.get(STATE_ENV)
+    return Path(p) if p else None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)
+
+
+def checkpoint(report, line: str) -> None:
+    """Save the partial report and the last progress line (the run's side; no-op unsupervised)."""
+    path = state_path()
+    if path is None:
+        return
+    try:
+        _write_json(path, {"last": line, "report": report.to_dict(), "done": False})
+    except (OSError, TypeError, ValueError):  # the state is a help for a crash report, never fatal
+        pass
+
+
+def finished(report, exit_code: int) -> None:
+    """The final record: written after report.json and junit.xml, just before the run exits."""
+    path = state_path()
+    if path is None:
+        return
+    _write_json(path, {"last": "done", "report": None, "done": True, "exit_code": int(exit_code),
+                       "outcome": report.outcome})
+
+
+# ---------------------------------------------------------------------------------------
+# the supervisor's side
+# ---------------------------------------------------------------------------------------
+def deadline_for(budget_total: Optional[float], evals: Optional[int], localise: Optional[float],
+                 explicit: Optional[float], example: bool = False) -> tuple:
+    """(seconds, how it was made) of the run's wall-clock deadline."""
+    if explicit is not None:
+        return float(explicit), f"--deadline {explicit:g}s"
+    extra = EXAMPLE_EXTRA if example else 0.0
+    if evals:
+        return EVALS_DEADLINE + extra, f"{EVALS_DEADLINE:g}s for an --evals run" + (
+            f" + {extra:g}s for the example's baselines" if extra else "")
+    total = float(budget_total if budget_total is not None else 120.0)
+    loc = float(localise if localise is not None else 60.0)
+    text = f"budget {total:g}s + localisation {loc:g}s + grace {GRACE:g}s"
+    if extra:
+        text += f" + {extra:g}s for the example's baselines"
+    return total + loc + GRACE + extra, text
+
+
+class Supervisor:
+    """Start ``argv`` (the run) and wait for it; :meth:`wait` returns what the run left."""
+
+    def __init__(self, argv: List[str], deadline: float, deadline_text: str,
+                 say: Callable[[str], None] = lambda s: None):
+        self.deadline, self.deadline_text, self.say = deadline, deadline_text, say
+        fd, self.state = tempfile.mkstemp(prefix="dl-gate-state-", suffix=".json")
+        os.close(fd)
+        env = dict(os.environ)
+        env[STATE_ENV] = self.state
+        if sys.stderr.isatty():  # the run's progress display: its stderr is a pipe to this terminal
+            env["DL_GATE_TERMINAL"] = "1"
+        root = str(Path(__file__).resolve().parents[1])  # the directory holding ``gate``
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.t0 = time.monotonic()
+        # the run's output is relayed through this process's sys.stdout/sys.stderr (what a caller
+        # of gate.cli.main captures), as it comes: progress bars end lines with \r
+        self.proc = subprocess.Popen([sys.executable, "-m", "gate.cli", *argv], env=env, start_new_session=True,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stopped_by: Optional[str] = None
+        self.relays = [threading.Thread(target=_relay, args=(pipe, name), daemon=True)
+                       for pipe, name in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr"))]
+        for t in self.relays:
+            t.start()
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, why: str) -> None:
+        """SIGTERM (the run writes its report), then SIGKILL if it does not end in time."""
+        if self.stopped_by is None:
+            self.stopped_by = why
+        self.say(f"{why}: stopping the run (SIGTERM; killed after {KILL_AFTER:g}s)")
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=KILL_AFTER)
+        except subprocess.TimeoutExpired:
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait()
+
+    def wait(self) -> dict:
+        def forward(signum, frame):
+            name = signal.Signals(signum).name
+            self.stop(f"dl-gate got {name}")
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while True:
+                left = self.deadline - (time.monotonic() - self.t0)
+                try:
+                    self.proc.wait(timeout=max(0.05, min(left, 1.0)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() - self.t0 >= self.deadline:
+                        self.stop(f"the run passed its deadline of {self.deadline:g}s ({self.deadline_text})")
+                        break
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self._signal_group(signal.SIGKILL)  # what the run started and left behind
+            for t in self.relays:  # a child that left the session may hold a pipe: do not wait on it
+                t.join(timeout=5)
+        state = {}
+        try:
+            state = json.loads(Path(self.state).read_text() or "{}")
+        except (OSError, ValueError):
+            state = {}
+        finally:
+            try:
+                os.unlink(self.state)
+            except OSError:
+                pass
+        return {"returncode": self.proc.returncode, "state": state, "seconds": time.monotonic() - self.t0,
+                "stopped_by": self.stopped_by}
+
+
+def _relay(pipe, name: str) -> None:
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fd = pipe.fileno()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        stream = getattr(sys, name)
+        try:
+            stream.write(decoder.decode(chunk))
+            stream.flush()
+        except (OSError, ValueError):  # closed (a pipe into `head`): keep draining
+            pass
+    pipe.close()
+
+
+def describe_end(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "an unknown status"
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode)
+            return f"{sig.name} ({signal.strsignal(sig) or sig.name})"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def verdict_of_run(result: dict, out: Path):
+    """(report, trusted): the run's own report when it ended as it said it would; otherwise an
+    ``error`` report from the last saved state that says how the run ended."""
+    from .errors import EXIT_CODES, Outcome
+    from .judge import verdict as V
+    from .report.schema import load_report
+
+    state, rc = result["state"], result["returncode"]
+    report = None
+    if state.get("done"):
+        try:
+            report = load_report(out / "report.json")
+        except Exception:  # noqa: BLE001 - unreadable or forged: not trusted
+            report = None
+        if (report is not None and result["stopped_by"] is None and rc == state.get("exit_code")
+                and report.outcome == state.get("outcome") and EXIT_CODES.get(Outcome(report.outcome)) == rc
+                and (out / "junit.xml").exists()):
+            return report, True
+    if report is None:
+        partial = state.get("report")
+        try:
+            report = V.GateReport.from_dict(partial) if partial else V.GateReport(outcome="error", reason="")
+        except Exception:  # noqa: BLE001 - a half-written partial report: start from nothing
+            report = V.GateReport(outcome="error", reason="")
+    last = state.get("last")
+    if result["stopped_by"]:
+        why = f"{result['stopped_by']}; the run did not write its report in time"
+    elif state.get("done"):
+        why = (f"the run's process ended with {describe_end(rc)} after it had finished "
+               f"(it said exit code {state.get('exit_code')}): code under test that outlived the run?")
+    else:
+        why = (f"the run's process ended with {describe_end(rc)} before writing its report: code under test "
+               "ended the process (os._exit, sys.exit at import, a segfault or an abort outside an isolated "
+               "worker, the out-of-memory killer)")
+    if last and last != "done":
+        why += f"; its last step: {last}"
+    report.outcome, report.reason = Outcome.ERROR.value, why
+    report.errors.append(why)
+    # nothing was judged to the end: like a setup error, this fails the Action's step whatever
+    # its fail-on input says (the code under test must not be able to make it green)
+    report.env["run_incomplete"] = True
+    report.seconds = round(result["seconds"], 2)
+    return report, False

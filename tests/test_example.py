@@ -1,0 +1,49 @@
+"""The README's first command, as a user runs it: the bundled example through the real CLI (the
+supervisor, its run process, isolated workers). The improvement PR passes; the regression PR
+fails and every failing row is localised to the changed line of the helper (issue 12: "the
+bundled --example regression localises every row it fails")."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(tmp_path: Path, scenario: str):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DL_GATE_QUIET": "1"}
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "run", "--example", scenario, "--out", str(out),
+                          "--budget", "30"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return res, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_regression_example_fails_and_localises_every_failing_row(tmp_path):
+    res, report = run_example(tmp_path, "regression")
+    assert res.returncode == 1 and report["outcome"] == "regression", (report["reason"], res.stderr[-2000:])
+    failing = [v for v in report["verdicts"] if v["outcome"] == "regression"]
+    assert failing
+    for v in failing:
+        d = v.get("diagnosis") or {}
+        notes = " ".join(d.get("notes") or [])
+        assert d.get("kind") == "nonfinite", (v["op"], v["variant"], d.get("kind"))
+        assert "does not reproduce" not in notes and "undetermined" not in json.dumps(d), (v["op"], v["variant"], notes)
+        assert any(c.get("file") == "oplib/_helpers.py" for c in d.get("changed_code") or []), (v["op"], d.get("changed_code"))
+        assert d.get("repro_script") and Path(d["repro_script"]).exists()
+    # a new NaN where head's own float64 run is NaN too reproduces (against base's stored output)
+    res = subprocess.run([sys.executable, failing[0]["diagnosis"]["repro_script"]], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_the_improvement_example_passes(tmp_path):
+    res, report = run_example(tmp_path, "improve")
+    assert res.returncode == 0 and report["outcome"] == "pass", (report["reason"], res.stderr[-2000:])
+    assert any(v["outcome"] == "improvement" for v in report["verdicts"])

@@ -1,0 +1,105 @@
+"""One definition of each outcome (issue 12), checked on the judge alone with the numbers of
+real cases: head and base replays of one input, as the pipeline hands them to
+:func:`gate.judge.decide.decide`.
+
+* new NaN/Inf is about *outputs*: head non-finite where base's output is finite. A stability fix
+  whose float64 run became finite while both float32 outputs are still inf (``sigmoid(x).log()``
+  -> ``logsigmoid(x)`` inside a larger loss) is not new;
+* head finite where base's output was NaN/Inf is a fix, whatever head's error there;
+* the float64 run moving by less than the variant's threshold (an approximation replaced by the
+  exact function) is "reference moved", not a behaviour change; beyond it, it is one;
+* a stability fix that rounds a little worse elsewhere (within m x the threshold) is reported,
+  not failed; a larger loss still fails.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gate.judge import verdict as V
+from gate.judge.decide import GateSettings, decide
+from gate.judge.replay import ReplayResult
+from gate.ops.catalog import load_catalog
+from gate.oracles.precision import Metrics
+from gate.plan import Variant
+
+F32 = Variant("float32")
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_catalog([], builtin=("torch",)).get("torch.exp")
+
+
+def rr(out, ref, ulp=0.5, nonfinite=0) -> ReplayResult:
+    return ReplayResult(status="ok", metrics=Metrics(ulp=ulp, nonfinite=nonfinite),
+                        outputs=[np.asarray(out, np.float32)], reference=[np.asarray(ref, np.float64)])
+
+
+def judge(spec, head, base, controls=None):
+    return decide(spec, F32, head, base, None, "ok", None, GateSettings(), inputs=[f"in{i}" for i in range(len(head))],
+                  controls=controls if controls is not None else [True] * len(head))
+
+
+def test_inf_on_both_sides_is_not_new_even_when_only_heads_float64_became_finite(spec):
+    # a focal-loss style fix: both float32 outputs overflow to inf on this input; base's float64
+    # run was inf too, head's is finite now (logsigmoid). Head's own count says 1 non-finite
+    # where its reference is finite; base's says 0 -- the old rule called that "new NaN/Inf".
+    head = [rr([np.inf, 1.0], [3.4e39, 1.0], ulp=0.5, nonfinite=1), rr([2.0], [2.0])]
+    base = [rr([np.inf, 1.0], [np.inf, 1.0], ulp=0.5, nonfinite=0), rr([2.0], [2.0])]
+    v = judge(spec, head, base)
+    assert v.outcome in (V.PASS, V.IMPROVEMENT), (v.outcome, v.reason)
+
+
+def test_nan_where_bases_output_was_finite_is_new_even_if_heads_float64_is_nan(spec):
+    head = [rr([np.nan, 1.0], [np.nan, 1.0], ulp=0.5, nonfinite=0)]  # a dropped eps: 0/0 in any dtype
+    base = [rr([0.0, 1.0], [0.0, 1.0])]
+    v = judge(spec, head, base)
+    assert v.outcome == V.REGRESSION and v.reason.startswith("new NaN/Inf"), v.reason
+
+
+def test_numbers_where_base_returned_nan_are_a_fix_whatever_the_error(spec):
+    head = [rr([0.25], [0.5], ulp=3.7e5)]  # finite, far from its reference
+    base = [rr([np.nan], [np.nan], ulp=0.0)]  # NaN, "equal" to its own NaN reference
+    v = judge(spec, head, base)
+    assert v.outcome == V.IMPROVEMENT, (v.outcome, v.reason)
+
+
+def test_a_reference_that_moved_within_the_threshold_is_not_a_behaviour_change(spec):
+    # an erf-style rational approximation replaced by the exact function: the float64 runs of
+    # the two differ by 1.7 float32 ulp (floor 4): reported, not failed
+    x = np.float64(0.75)
+    moved = x + 1.7 * float(np.spacing(np.float32(x)))
+    head = [rr([x], [moved], ulp=0.6)]
+    base = [rr([x + 1e-7], [x], ulp=0.7)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.PASS and "reference moved" in v.reason, (v.outcome, v.reason)
+    assert 1.0 < v.details["reference_moved_ulp"] <= 4.0
+    # a real change of the function (50 ulp of float32 at 0.75) is one
+    head = [rr([x], [x + 50 * float(np.spacing(np.float32(x)))], ulp=0.6)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.BEHAVIOUR_CHANGE, (v.outcome, v.reason)
+
+
+def test_a_stability_fix_that_rounds_a_little_worse_elsewhere_is_reported_not_failed(spec):
+    fixed = (rr([1.0], [1.0], ulp=0.5), rr([np.nan], [np.nan], ulp=0.0))  # head fixes this input
+    v = judge(spec, [rr([2.0000002], [2.0], ulp=54.0), fixed[0]], [rr([2.0], [2.0], ulp=24.0), fixed[1]])
+    assert v.outcome == V.IMPROVEMENT and "less precise elsewhere" in v.details["warning"], (v.outcome, v.reason)
+    # ... but a fix that also loses 20x the threshold still fails
+    v = judge(spec, [rr([2.0000002], [2.0], ulp=1000.0), fixed[0]], [rr([2.0], [2.0], ulp=24.0), fixed[1]])
+    assert v.outcome == V.REGRESSION and math.isfinite(v.head_error), (v.outcome, v.reason)
+
+
+def test_a_failing_new_nan_row_reads_nan_in_the_report_even_when_base_had_nan_elsewhere(spec):
+    """Report rows agree with the verdict: base's NaN at another element of the same input does
+    not turn head's new NaN into a "x0" ratio and a zero bar."""
+    from gate.report.common import head_for_chart, verdict_ratio
+
+    head = [rr([np.nan, np.nan, 1.0], [1.0, 1.0, 1.0], ulp=0.0, nonfinite=2)]
+    base = [rr([1.0, np.nan, 1.0], [1.0, 1.0, 1.0], ulp=0.5, nonfinite=1)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.REGRESSION and v.details["kind"] == "nonfinite"
+    assert verdict_ratio(v) == "NaN/Inf" and math.isinf(head_for_chart(v))
+    assert v.head_nonfinite == 1 and "on 1 elements" in v.reason  # one count, in the table and the reason
