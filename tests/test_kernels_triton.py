@@ -125,11 +125,15 @@ def test_selection_follows_a_changed_kernel_to_the_wrapper_that_launches_it(tk_r
 
 
 # -- the pull requests ----------------------------------------------------------------------
+NC, GRAD = "float32/cpu/input/noncontiguous", "float32/cpu/input/grad"
+
+
 @needs_triton
 @pytest.mark.parametrize("pr,op,kernel,failing,passing,why", [
-    ("fp16_accumulate", "tk.rms_norm", "_rms_norm_fwd_kernel", {"float16/cpu/input"}, {"float32/cpu/input"}, "error"),
-    ("tail_mask", "tk.layer_norm", "_layer_norm_fwd_kernel", {"float16/cpu/input", "float32/cpu/input"}, set(), "error"),
-    ("no_max_shift", "tk.softmax", "_softmax_kernel", {"float16/cpu/input", "float32/cpu/input"}, set(), "NaN/Inf"),
+    ("fp16_accumulate", "tk.rms_norm", "_rms_norm_fwd_kernel", {"float16/cpu/input"}, {"float32/cpu/input", NC}, "error"),
+    ("tail_mask", "tk.layer_norm", "_layer_norm_fwd_kernel", {"float16/cpu/input", "float32/cpu/input", NC}, set(),
+     "error"),
+    ("no_max_shift", "tk.softmax", "_softmax_kernel", {"float16/cpu/input", "float32/cpu/input", NC}, set(), "NaN/Inf"),
 ])
 def test_a_kernel_regression_fails_names_the_kernel_and_reproduces(tk_repo, tmp_path, monkeypatch, pr, op, kernel,
                                                                    failing, passing, why):
@@ -138,7 +142,11 @@ def test_a_kernel_regression_fails_names_the_kernel_and_reproduces(tk_repo, tmp_
     assert (code, report.outcome) == (1, "regression"), report.reason
     assert [s["op"] for s in report.selected] == [op]
     by_key = {v.key: v for v in report.verdicts}
-    assert set(by_key) == failing | passing  # cpu only, input mode only: the interpreter
+    # cpu only, input mode only (the interpreter); a non-contiguous variant (the wrapper's
+    # .contiguous() is what a kernel's strides rely on); no gradient: the kernels are launched
+    # outside autograd, so the default gradient variant does not apply (not a gradient of zero)
+    assert set(by_key) == failing | passing | {GRAD}
+    assert by_key[GRAD].outcome == "unsupported" and "requires grad" in by_key[GRAD].reason, by_key[GRAD].reason
     for key in failing:
         v = by_key[key]
         assert v.outcome == "regression" and why in v.reason, (key, v.reason)
@@ -163,7 +171,7 @@ def test_a_benign_kernel_refactor_passes(tk_repo, tmp_path, monkeypatch):
     code, report = _gate(repo.path, tmp_path / "out", monkeypatch)
     assert [s["op"] for s in report.selected] == ["tk.softmax"]
     assert (code, report.outcome) == (0, "pass"), [(v.id, v.outcome, v.reason) for v in report.verdicts]
-    assert {v.key for v in report.verdicts} == {"float16/cpu/input", "float32/cpu/input"}
+    assert {v.key for v in report.verdicts} == {"float16/cpu/input", "float32/cpu/input", NC, GRAD}
 
 
 # -- on a GPU runner: compiled kernels --------------------------------------------------------

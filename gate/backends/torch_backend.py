@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import Backend, Output, flatten, numpy_quantize
+from .base import Backend, NotDifferentiable, Output, flatten, numpy_quantize
 
 DTYPES = {
     "float16": torch.float16,
@@ -178,6 +178,12 @@ class TorchBackend(Backend):
             # (a 0-d output is a 1-element array on the gate's side: back to the tensor's shape)
             grads_out.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
                              .to(device=t.device, dtype=t.dtype))
+        if leaves and not roots and any(u is not None for u in ups):
+            # nothing autograd can differentiate (e.g. a Triton kernel launched outside a
+            # torch.autograd.Function writes its output in place): no gradient to judge, not a
+            # gradient of zero
+            raise NotDifferentiable("no floating-point output requires grad (computed outside autograd, e.g. a kernel "
+                                    "launched without a torch.autograd.Function)")
         if roots and leaves:
             grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)
         else:

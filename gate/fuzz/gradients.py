@@ -28,11 +28,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..backends.base import Output
+from ..backends.base import NotDifferentiable, Output
 from ..oracles.precision import Metrics, compare, ulp
 from .inputs import Candidate
 from .oracle_base import OracleRunner, content_seed, float_input_names
-from .runner import INVALID, OK, Evaluation, exception_signature
+from .runner import INVALID, OK, UNSUPPORTED, Evaluation, exception_signature
 
 UPSTREAM = "__upstream{}__"
 DIRECTION = "__direction_{}__"
@@ -81,6 +81,8 @@ class GradRunner(_GradBase):
         dtype = self.variant.dtype
         try:
             _, ref = self._vjp(q, "float64", self.ref_fn, dtype)
+        except NotDifferentiable as exc:  # the float64 side is the operator itself: no gradient to judge
+            return q, Evaluation(UNSUPPORTED, error=f"backward: {exc}", seconds=time.perf_counter() - t0)
         except Exception as exc:  # outside the domain (forward or backward)
             return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
         try:
