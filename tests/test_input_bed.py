@@ -196,6 +196,9 @@ def test_fix_passes_and_its_revert_fails(bed, tmp_path, case, variant, outcome, 
     assert code == 1, summary(report)
     hit = [v for v in report.verdicts if v.op == OPS_OF[case] and Variant_key(v) == variant]
     assert hit and hit[0].outcome == outcome and needle in hit[0].reason, summary(report)
+    if case == "rotary":  # the cast is blamed, not the cos that amplifies its rounding
+        sub = (hit[0].diagnosis or {}).get("suboperation") or {}
+        assert sub.get("call") == "to" and "amplifies" in sub.get("how", ""), hit[0].diagnosis
     if case == "eps":  # a backward-only bug: the forward verdict is not what fails
         fwd = [v for v in report.verdicts if Variant_key(v) == "float32/cpu/input"]
         assert fwd and fwd[0].outcome not in ("regression", "behaviour-change"), summary(report)

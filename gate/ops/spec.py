@@ -52,7 +52,8 @@ class Domain:
             lo, hi = DOMAINS[raw]
             return cls(lo=lo, hi=hi, name=raw)
         if isinstance(raw, Mapping):
-            base = cls.parse(raw.get("name", "real"))
+            # "custom": a domain given by its bounds (what to_dict writes for one)
+            base = cls() if raw.get("name") in (None, "custom") else cls.parse(raw["name"])
             lo = raw.get("lo", base.lo)
             hi = raw.get("hi", base.hi)
             return cls(
