@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backends.base import Output
 from ..fuzz.finding import Finding
-from ..fuzz.runner import CRASH, INVALID, OK
+from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
 from ..ops.spec import OpSpec
 from ..oracles.precision import compare
 from ..plan import Variant
@@ -44,6 +44,7 @@ DEFAULT_FLOORS = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0, "float64": 8.
 # function) round 2-3x apart on the same input, measured on the verdict bed; its floor is this
 # many times the forward floor (``gate.grad_floor_factor``)
 GRAD_FLOOR_FACTOR = 4.0
+NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.fuzz.gradients)
 BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
 
 
@@ -139,8 +140,20 @@ def decide(
     vv.details["floor_ulp"] = floor
     vv.details["multiplier"] = m
     vv.details["baseline"] = row_status
+    lost = [i for i, (h, b) in enumerate(zip(head, base or ()))
+            if h.status == UNSUPPORTED and str(h.error or "").startswith(NOT_DIFFERENTIABLE) and b.status == OK]
+    if lost:  # base had a gradient on these inputs; head's output no longer carries one (a .detach(), no_grad)
+        vv.outcome = V.REGRESSION
+        vv.reason = (f"gradient lost: base's output is differentiable on {len(lost)} input(s) where head's is not "
+                     f"({head[lost[0]].error})")
+        vv.details["kind"] = "grad-lost"
+        vv.details["input_index"] = lost[0]
+        return vv
     if finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head):
-        vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
+        if str(finding.message or "").startswith(NOT_DIFFERENTIABLE):
+            vv.outcome, vv.reason = V.UNSUPPORTED, f"gradient not checked: {finding.message}"
+        else:
+            vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
         return vv
 
     ok_head = [r for r in head if r.status == OK]

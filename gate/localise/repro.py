@@ -265,6 +265,8 @@ def call_grad(fn, args, kwargs, dtype):
         ups.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
                    .to(device=t.device, dtype=t.dtype))
     grads = torch.autograd.grad(roots, leaves, ups, allow_unused=True) if roots and leaves else [None] * len(leaves)
+    if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
+        raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
     return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, leaves)]
 
 
@@ -336,6 +338,8 @@ def call_grad(fn, args, kwargs, dtype):
             targets.append(t)
             ups.append(tf.cast(tf.constant(upstream(k, tuple(t.shape))), t.dtype))
         grads = tape.gradient(targets, leaves, output_gradients=ups) if targets and leaves else [None] * len(leaves)
+        if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
+            raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
         return [g if g is not None else tf.zeros_like(x) for g, x in zip(grads, leaves)]
 
 
