@@ -451,7 +451,8 @@ class Localiser:
                             repo=Path(self.ctx["repo"]), python_path=self.shared.get("head_python_path") or ["."],
                             reason=self.vv.reason, ftz=ftz, summary=diag.minimal_input,
                             base_reference=chk.base.reference if kind == BEHAVIOUR and chk.base is not None else None,
-                            base_outputs=chk.base.outputs if chk.base is not None and chk.base.status == "ok" else None)
+                            base_outputs=chk.base.outputs if chk.base is not None and chk.base.status == "ok" else None,
+                            hang_after=_hang_seconds(chk.head.signature or chk.head.error) if kind == CRASH_KIND else None)
         diag.repro_script, diag.repro_data, diag.repro_command = paths["script"], paths["data"], paths["command"]
 
     def _save(self, diag: Diagnosis) -> None:
@@ -476,6 +477,14 @@ def _values(a: np.ndarray) -> str:
     if a.ndim == 0:
         return _num(a)
     return "[" + ", ".join(_values(x) for x in a) + "]"
+
+
+def _hang_seconds(sig) -> Optional[float]:
+    """The evaluation timeout a hang's signature names ("timeout after 1s in ops.py:3 f")."""
+    import re
+
+    m = re.match(r"timeout after ([0-9.]+)s", str(sig or ""))
+    return float(m.group(1)) if m else None
 
 
 def _ends_a_process(sig) -> bool:
