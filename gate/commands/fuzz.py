@@ -12,7 +12,7 @@ from ..backends import get_backend
 from ..errors import GateError
 from ..plan import FUZZ_ORACLES, Budget, plan, validate_variant_filters
 from ..report import make_output_dir
-from .common import add_config_arg, add_variant_args, count, load, progress_enabled, seconds, split_list
+from .common import add_config_arg, add_variant_args, count, load, seconds, split_list
 from .common import print_table as table
 from .common import fmt_num as fmt
 
@@ -95,24 +95,17 @@ def run(args) -> int:
           + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
           + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
     findings = []
-    bar = None
-    if progress_enabled():
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(tasks), unit="variant", file=sys.stderr, leave=False)
     store = None
     if not args.no_seeds:
         from ..fuzz.seeds import SeedStore
 
         store = SeedStore(cfg.baselines_dir / "seeds")
-    for task in tasks:
-        if bar:
-            bar.set_description(task.id)
-        findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler, isolate=isolate))
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
+    from .common import Progress
+
+    with Progress() as say:  # rich on a terminal, one line per variant in CI (as run and refresh)
+        for i, task in enumerate(tasks, 1):
+            say(f"fuzzing {task.id} ({i}/{len(tasks)})")
+            findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler, isolate=isolate))
     print_table(findings)
     out_dir = Path(args.save_inputs) if args.save_inputs else None
     if out_dir:
