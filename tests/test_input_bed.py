@@ -103,6 +103,7 @@ version: 1
 framework: torch
 python_path: ["."]
 builtin: false
+budget: {localise: 20}  # the bed judges verdicts: localisation gets a short share
 gate: {dtypes: [float32]}
 ops:
   - name: bed.max_response

@@ -97,6 +97,7 @@ version: 1
 framework: torch
 python_path: ["."]
 builtin: false
+budget: {localise: 15}  # the bed judges verdicts: localisation gets a short share
 ops:
   - {name: lib.hsv_sat, callable: "lib.ops:hsv_sat", sources: [lib/ops.py], dims: {N: [1, 16]},
      inputs: [{name: rgb, shape: [3, N]}]}
