@@ -46,7 +46,7 @@ def main() -> int:
             code, report = bed.run_gate(repo, tmp / f"out-{name}-{seed}", base, f"lib.{case}",
                                         bed.DTYPE.get(case, "float32"), bed.EVALS.get(case, args.evals), seed=seed)
             runs += 1
-            if code != 0:
+            if code not in bed.PASSED:  # exit 3 (a variant without a stored row yet) does not fail the check
                 alarms += 1
                 bad.append((seed, code, [(v.outcome, v.reason) for v in report.verdicts if v.outcome != "pass"][:1]))
         print(f"{name:24s} {args.seeds - len(bad)}/{args.seeds} pass" + (f"  false alarms: {bad}" if bad else ""), flush=True)
