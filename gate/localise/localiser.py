@@ -76,7 +76,7 @@ class Localiser:
                     env = get_backend(spec.framework).environment(variant.device)
                     row, status = store.lookup(spec.name, variant.key, env)
                     if row is not None and status == "ok":
-                        cache[variant.key] = RowLimit(max(settings.floor(spec, variant), settings.m(variant.dtype) * row.ulp),
+                        cache[variant.key] = RowLimit(max(settings.floor(spec, variant), settings.m(variant) * row.ulp),
                                                       row.nonfinite, row.crash)
                 except Exception:
                     pass
@@ -266,7 +266,7 @@ class Localiser:
                          "head": f"{fmt(dv)} (tolerance {fmt(BEHAVIOUR_TOLERANCE_ULP)})"})
         if self.target.kind == PRECISION and h.metrics is not None:
             thr = self.target.threshold(b, dtype, self.target.row_limit(self.variant) if not self.use_base else None)
-            how = (f"max(floor {fmt(self.target.floor(dtype))}, {self.settings.m(dtype):g} x base)" if self.use_base
+            how = (f"max(floor {fmt(self.target.floor(dtype))}, {self.target.m(dtype):g} x base)" if self.use_base
                    else "the baseline row's limit")
             rows.append({"name": "threshold (ulp)", "base": "", "head": f"{fmt(thr)} = {how}"})
         loc = focus_element(self.target, h, b, dtype)
@@ -392,7 +392,7 @@ class Localiser:
             if base is None:
                 diag.notes.append(f"base could not be traced ({err}): head's change rate alone")
         floor = self.settings.floor(spec, variant)
-        m = self.settings.m(variant.dtype)
+        m = self.settings.m(variant)
         sub, table = culprit(head, base, self.target.kind, floor, m, spec.ulp_floor, BEHAVIOUR_TOLERANCE_ULP)
         self.details["trace"] = {"head_calls": len(head.low.calls) if head.low else 0,
                                  "base_calls": len(base.low.calls) if base is not None and base.low else None,
@@ -438,7 +438,7 @@ class Localiser:
             limit = self.target.row_limit(variant) if not self.use_base else None
             thr = self.target.threshold(chk.base, variant.dtype, limit)
             bu = chk.base.metrics.ulp if chk.base is not None and chk.base.metrics is not None else None
-            why = (f"max(floor {fmt(self.target.floor(variant))}, {self.settings.m(variant.dtype):g} x base's "
+            why = (f"max(floor {fmt(self.target.floor(variant))}, {self.settings.m(variant):g} x base's "
                    f"{fmt(bu)} ulp on this input)" if bu is not None else "the baseline row's limit")
         else:
             thr, why = self.target.floor(variant), "any NaN/Inf or exception reproduces"
