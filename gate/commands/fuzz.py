@@ -133,7 +133,7 @@ def print_table(findings) -> None:
         # with a NaN/Inf as the worst input, the error columns show the worst finite error found
         e = f.finite_metrics if f.finite_metrics is not None and m is not None and m.nonfinite else m
         rows.append((
-            f.id, f.status, str(f.evals),
+            f.id, f.status + (" (exhaustive)" if f.extra.get("search") == "exhaustive" else ""), str(f.evals),
             fmt(e.ulp) if e else "-", fmt(e.abs) if e else "-", fmt(e.rel) if e else "-",
             ("shape!" if m.shape_mismatch else str(m.nonfinite)) if m else "-", str(sum(c.count for c in f.crashes)),
             (f.best.summary() if f.best else (f.message or "")),
@@ -145,7 +145,12 @@ def print_table(findings) -> None:
         if f.metrics is not None and f.metrics.shape_mismatch:
             print(f"shape mismatch in {f.id}: {f.metrics.shape_mismatch}")
     for f in findings:
-        facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair") and not isinstance(v, (list, dict))}
+        facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair", "search") and not isinstance(v, (list, dict))}
+        ex = f.extra.get("exhaustive")
+        if isinstance(ex, dict):
+            print(f"{f.id}: exhaustive over every {ex['dtype']} value ({ex['values']} inputs, reference "
+                  f"{ex['reference']}): exact max {fmt(ex['max_ulp']) if isinstance(ex['max_ulp'], float) else ex['max_ulp']}"
+                  f" ulp at x = {ex['worst_input']!r}" + (f" {ex['worst_params']}" if ex.get("worst_params") else ""))
         if facts:
             print(f"{f.id}: " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in facts.items()))
 
