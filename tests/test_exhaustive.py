@@ -229,9 +229,105 @@ def test_float32_sweep_shard_and_merge():
     assert a["values"] == b["values"] == 4096 and a["range"] == ["0x00000000", "0x00001000"]
     assert a["failed"] == 0 and a["max_ulp"] >= 0
     merged = EX.merge_sweeps([a, b])
-    assert merged["values"] == 8192 and not merged["complete"] and len(merged["missing_shards"]) == n - 2
+    assert merged["values"] == 8192 and not merged["complete"] and merged["missing_shards"] == n - 2
     assert merged["max_ulp"] == max(a["max_ulp"], b["max_ulp"])
     assert EX.parse_shard("3/64") == (3, 64)
     for bad in ("0/4", "5/4", "x"):
         with pytest.raises(Exception, match="--shard"):
             EX.parse_shard(bad)
+
+
+# -- the gate on a pull request: exhaustive sets replayed on head and base -----------------------------
+# Modelled on pytorch/pytorch#198183: a vectorised erf by Abramowitz & Stegun 7.1.26, whose error
+# bound is absolute, returns 0 or wrong digits for small |x|; the fix computes erf in float32 and
+# rounds once. The library's erf helper is judged against `reference: mpmath.erf`.
+APPROX = '''
+import torch
+
+
+def erf(x):
+    xf = x.float()
+    t = 1.0 / (1.0 + 0.3275911 * xf.abs())
+    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (torch.sign(xf) * (1.0 - p * torch.exp(-xf * xf))).to(x.dtype)
+'''
+FIXED = '''
+import torch
+
+
+def erf(x):
+    return torch.erf(x.float()).to(x.dtype)
+'''
+REFACTORED = '''
+import torch
+
+
+def erf(x):
+    """erf computed in float32, rounded once to the input's dtype."""
+    wide = x.to(torch.float32)
+    return torch.erf(wide).to(dtype=x.dtype)
+'''
+ERF_CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+budget: {localise: 5}
+gate: {dtypes: [bfloat16], modes: [input]}
+ops:
+  - name: mylib.erf
+    callable: mylib.ops:erf
+    elementwise: true
+    reference: mpmath.erf
+    sources: [mylib/ops.py]
+    layouts: {}
+    grad: false
+    dims: {N: [1, 8], D: [1, 16]}
+    inputs: [{name: x, shape: [N, D], domain: {name: real, scale: 2}}]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_src,head_src,outcome,needle", [
+    (APPROX, FIXED, "improvement", "closer to the true value (mpmath.erf)"),
+    (FIXED, APPROX, "regression", "further from the true value (mpmath.erf)"),
+    (FIXED, REFACTORED, "pass", "identical inputs"),
+], ids=["fix", "revert", "refactor"])
+def test_gate_judges_exact_maxima_on_a_pull_request(tmp_path, base_src, head_src, outcome, needle):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gate.cli import main
+    from tests.helpers.gitrepo import GitRepo
+
+    repo = GitRepo.init(tmp_path / "lib")
+    repo.write({"mylib/__init__.py": "", "mylib/ops.py": base_src, ".dl-gate.yml": ERF_CONFIG}, dedent=False)
+    repo.commit("base")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh", "--evals", "10", "--seed", "0"],
+                         cwd=repo.path, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    repo.commit("baselines")
+    repo.branch("pr")
+    repo.write({"mylib/ops.py": head_src}, dedent=False)
+    repo.commit("pr")
+    out = tmp_path / "out"
+    old = os.getcwd()
+    os.chdir(repo.path)
+    try:
+        code = main(["run", "--base", "main", "--out", str(out), "--evals", "10", "--seed", "0"])
+    finally:
+        os.chdir(old)
+    report = json.loads((out / "report.json").read_text())
+    [vv] = report["verdicts"]
+    assert vv["outcome"] == outcome and needle in vv["reason"], vv["reason"]
+    assert code == (1 if outcome == "regression" else 0)
+    assert vv["details"]["search"] == "exhaustive"
+    ex = vv["details"]["exhaustive"]
+    assert ex["values"] == 65536 and ex["reference"] == "mpmath.erf"
+    assert "bfloat16/cpu/input · exhaustive" in (out / "report.md").read_text()
+    if outcome == "regression":
+        assert abs(ex["worst_input"]) < 1e-3 and vv["head_error"] > 100  # the approximation near 0

@@ -27,9 +27,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..ops.spec import OpSpec
+from ..ops.spec import OpSpec, resolve_params
 from ..oracles.precision import Metrics, compare, overflow_bound
 from ..oracles.references import dtype_values, is_true_reference
+from ..oracles.references import resolve as resolve_truth
 from ..plan import Variant
 from .inputs import Candidate, draw
 
@@ -199,8 +200,13 @@ def run(runner, spec: OpSpec, variant: Variant) -> ExhaustiveResult:
     res = ExhaustiveResult(dtype=dtype, truth=spec.reference if is_true_reference(spec.reference)
                            else (spec.truth or spec.reference))
     best = None
+    truth = resolve_truth(spec.reference) or resolve_truth(spec.truth)
     for params in param_sets(spec):
         s0 = time.perf_counter()
+        if truth is not None:
+            # the correctly rounded values, computed here once (then read from the disk cache by
+            # any worker: an isolated evaluation must not spend its timeout on mpmath)
+            truth.table(dtype, truth.own_params(resolve_params(params, spec.name)))
         cand = candidate(spec, allv, params)
         q, ev = runner.evaluate(cand, keep_outputs=True, quantized=True)
         domain_only = False
@@ -309,9 +315,37 @@ def merge_sweeps(parts: Sequence[dict]) -> dict:
     have = sorted({int(str(p["shard"]).split("/")[0]) for p in parts})
     return {"op": best["op"], "dtype": best["dtype"], "values": sum(p["values"] for p in parts),
             "complete": have == list(range(1, n + 1)) and not any(p.get("failed") for p in parts),
-            "missing_shards": [i for i in range(1, n + 1) if i not in have],
+            "missing_shards": n - len(have), "first_missing": [i for i in range(1, n + 1) if i not in have][:20],
             "max_ulp": best.get("max_ulp"), "worst_input": best.get("worst_input"),
             "worst_bits": best.get("worst_bits"), "nonfinite": sum(p.get("nonfinite", 0) for p in parts)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m gate.fuzz.exhaustive merge FILE...``: join the float32 sweep shards written by
+    ``dl-gate fuzz OP --exhaustive --shard I/N --json FILE`` (per operator and variant)."""
+    import json
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "merge" or len(args) < 2:
+        print("usage: python -m gate.fuzz.exhaustive merge SHARD.json...", file=sys.stderr)
+        return 2
+    groups: Dict[Tuple[str, str], List[dict]] = {}
+    for path in args[1:]:
+        try:
+            doc = json.loads(open(path).read())
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read ({exc})", file=sys.stderr)
+            return 2
+        for r in doc.get("sweeps", []):
+            groups.setdefault((r["op"], f"{r['dtype']}/{r['device']}/{r['mode']}"), []).append(r)
+    out = [{"variant": v, **merge_sweeps(parts)} for (_, v), parts in sorted(groups.items())]
+    print(json.dumps(out, indent=1))
+    return 0 if all(o["complete"] for o in out) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover - CLI
+    raise SystemExit(main())
 
 
 __all__ = ["applies", "run", "param_sets", "candidate", "ExhaustiveResult", "SetResult", "sweep", "merge_sweeps",
