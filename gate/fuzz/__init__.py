@@ -154,6 +154,8 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             if alone.status == OK:
                 best_eval = alone
     best, best_fin, best_fin_eval = res.best, res.best_finite, res.best_finite_eval
+    if best_fin is best:
+        best_fin = best_fin_eval = None
     if ex is not None and ex.best_eval is not None:
         # the exact maximum over every value: it is the finding unless the search found worse
         # (a length-dependent path, a crash); the one-value witness is what gets replayed first
@@ -161,7 +163,9 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
         worst = ex.worst
         witness = (worst.nonfinite_witness if em.nonfinite else None) or worst.witness
         if best_eval is None or (em.severity, em.abs) >= (best_eval.metrics.severity, best_eval.metrics.abs):
-            if em.nonfinite and best_eval is not None and not best_eval.metrics.nonfinite:
+            if not em.nonfinite:
+                best_fin = best_fin_eval = None  # the exact finite maximum supersedes the search's
+            elif best_fin is None and best_eval is not None and not best_eval.metrics.nonfinite:
                 best_fin, best_fin_eval = best, best_eval
             best, best_eval = witness or ex.candidates[0], ex.best_eval
     status, message = "ok", None
@@ -187,7 +191,7 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
         env=runner.backend.environment(task.variant.device),
         extra=dict(best_eval.extra) if best_eval is not None else {},
     )
-    if best_fin is not None and best_fin is not best and best_fin_eval is not None:
+    if best_fin is not None and best_fin_eval is not None:
         finding.best_finite, finding.finite_metrics = best_fin, best_fin_eval.metrics
     if ex is not None:
         finding.exhaustive = [*ex.witnesses, *ex.candidates]

@@ -283,15 +283,37 @@ def is_true_reference(path: Optional[str]) -> bool:
     return p.replace(":", ".").startswith("mpmath.")
 
 
+_TO_FLOAT = None
+
+
 def to_float(v, mp) -> float:
     """Round an mpf to the nearest float64 (mpmath's own float() rounds down)."""
-    from mpmath.libmp import to_float as _to_float
+    global _TO_FLOAT
+    if _TO_FLOAT is None:
+        from mpmath.libmp import to_float as _tf
 
+        _TO_FLOAT = _tf
     if isinstance(v, (int, float)):
         return float(v)
     if mp.isnan(v):
         return math.nan
-    return _to_float(mp.mpf(v)._mpf_, rnd="n")
+    return _TO_FLOAT(mp.mpf(v)._mpf_, rnd="n")
+
+
+def rounding_is_certain(v, prec: int, mp) -> bool:
+    """Whether every value within ``v``'s error bound at ``prec`` bits (2^-(prec-12) relative)
+    rounds to the same float64: the bits of ``v`` below float64's 53 must not be within the
+    bound of the midpoint between two float64s (integer arithmetic on the mantissa)."""
+    sign, man, exp, bc = v._mpf_
+    if bc <= 53:
+        return True  # v is a float64 (or a float64 wider in range: to_float decides)
+    if not -1021 < exp + bc < 1024:  # float64 subnormal or overflow: compare the roundings
+        eps = mp.ldexp(abs(v), -(prec - 12))
+        return to_float(v - eps, mp) == to_float(v + eps, mp)
+    shift = bc - 53
+    low = man & ((1 << shift) - 1)
+    err = 1 << max(0, bc - prec + 12)
+    return abs(low - (1 << (shift - 1))) > err
 
 
 class TrueReference:
@@ -320,31 +342,31 @@ class TrueReference:
         if len(args) == 1 and args[0] == 0 and self.name in NEG_ZERO and math.copysign(1.0, args[0]) < 0:
             return NEG_ZERO[self.name]  # mpmath has no signed zero
         prec = START_PREC
-        while True:
-            with mp.workprec(prec):
-                xs = [mp.mpf(a) for a in args]
+        mpf, mpc = mp.mpf, mp.mpc
+        ctx = mp.mp
+        saved = ctx.prec
+        try:
+            while True:
+                ctx.prec = prec
+                xs = [mpf(a) for a in args]
                 try:
-                    if self.generic:
-                        v = _real(self.fn(*xs))
-                    else:
-                        v = self.fn(mp, *xs, **params)
+                    v = _real(self.fn(*xs)) if self.generic else self.fn(mp, *xs, **params)
                 except (ValueError, ZeroDivisionError):
                     return math.nan  # a pole: undefined
                 except Exception as exc:  # mpmath's ComplexResult and friends
                     if type(exc).__name__ == "ComplexResult":
                         return math.nan
                     raise
-                if isinstance(v, mp.mpc):
-                    v = _real(v)
-                v = mp.mpf(v)
-                if mp.isnan(v) or mp.isinf(v) or v == 0:
+                if type(v) is not mpf:
+                    v = mpf(_real(v)) if isinstance(v, mpc) else mpf(v)
+                if v._mpf_[1] == 0:  # zero, ±inf or NaN: exact
                     return to_float(v, mp)
-                # the value's error bound at this precision (a few ulps of p bits, generously)
-                eps = mp.ldexp(abs(v), -(prec - 12))
-                lo, hi = to_float(v - eps, mp), to_float(v + eps, mp)
-                if lo == hi or prec >= MAX_PREC:
-                    return to_float(v, mp)
-            prec *= 2
+                # the value's error bound at this precision: a few ulps of p bits, generously
+                if prec >= MAX_PREC or rounding_is_certain(v, prec, mp):
+                    return _TO_FLOAT(v._mpf_, rnd="n")
+                prec *= 2
+        finally:
+            ctx.prec = saved
 
     # -- arrays --------------------------------------------------------------------------
     def values(self, arrays: Sequence[np.ndarray], params: Mapping[str, Any], dtype: Optional[str] = None) -> np.ndarray:
