@@ -342,3 +342,16 @@ def test_gate_judges_exact_maxima_on_a_pull_request(tmp_path, base_src, head_src
         [script] = list((out / "repro").glob("*.py"))
         res = subprocess.run([sys.executable, str(script), "--repo", str(repo.path)], capture_output=True, text=True)
         assert res.returncode == 1, res.stdout + res.stderr
+
+
+def test_reference_first_call_in_a_fresh_process():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import numpy as np; from gate.oracles.references import resolve; "
+            "print(resolve('exp').values([np.array([1.0])], {})[0])")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(Path(__file__).resolve().parent.parent))
+    assert res.returncode == 0, res.stderr
+    assert float(res.stdout) == math.e

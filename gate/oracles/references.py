@@ -286,13 +286,18 @@ def is_true_reference(path: Optional[str]) -> bool:
 _TO_FLOAT = None
 
 
+def _load_to_float():
+    global _TO_FLOAT
+    from mpmath.libmp import to_float as _tf
+
+    _TO_FLOAT = _tf
+    return _tf
+
+
 def to_float(v, mp) -> float:
     """Round an mpf to the nearest float64 (mpmath's own float() rounds down)."""
-    global _TO_FLOAT
     if _TO_FLOAT is None:
-        from mpmath.libmp import to_float as _tf
-
-        _TO_FLOAT = _tf
+        _load_to_float()
     if isinstance(v, (int, float)):
         return float(v)
     if mp.isnan(v):
@@ -363,7 +368,7 @@ class TrueReference:
                     return to_float(v, mp)
                 # the value's error bound at this precision: a few ulps of p bits, generously
                 if prec >= MAX_PREC or rounding_is_certain(v, prec, mp):
-                    return _TO_FLOAT(v._mpf_, rnd="n")
+                    return (_TO_FLOAT or _load_to_float())(v._mpf_, rnd="n")
                 prec *= 2
         finally:
             ctx.prec = saved
