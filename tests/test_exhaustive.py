@@ -116,6 +116,19 @@ def test_torch_erf_bfloat16_found_with_its_exact_input():
     assert any(c.arrays["input"].size == 65536 for c in f.inputs)  # replayed on head and base alike
 
 
+def test_torch_erf_float16_at_1e_minus_7_is_measured_exactly():
+    # float16(1e-7) = 1.1920929e-07: torch.erf returns 0, the true value 1.345e-7 (2.26 subnormal
+    # ulps); the exhaustive set holds that input and measures it, the row's maximum is elsewhere
+    spec = load_catalog(builtin=["torch"]).get("torch.erf")
+    runner = VariantRunner(spec, Variant(dtype="float16"))
+    values = R.dtype_values("float16")
+    q, ev = runner.evaluate(EX.candidate(spec, values, {}), keep_outputs=True, quantized=True)
+    i = int(np.flatnonzero(values == float(np.float16(1e-7)))[0])
+    out, ref = ev.outputs[0].array.reshape(-1)[i], ev.reference[0].array.reshape(-1)[i]
+    assert out == 0.0 and ref == pytest.approx(1.3451e-7, rel=1e-4)
+    assert ev.metrics.ulp >= ref / 2.0 ** -24  # at least this element's error, in ulps of the subnormal spacing
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_erf_fix_computed_in_float32_is_within_one_ulp(dtype):
     spec = user_spec("tests.test_exhaustive:erf_in_float32", reference="mpmath.erf", ulp_floor="dtype")
@@ -317,6 +330,10 @@ def test_gate_judges_exact_maxima_on_a_pull_request(tmp_path, base_src, head_src
     res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh", "--evals", "10", "--seed", "0"],
                          cwd=repo.path, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
+    from gate.fuzz.inputs import Candidate
+
+    stored = list((repo.path / "baselines" / "corpus").rglob("*.npz"))
+    assert stored and all(Candidate.load(p).size < 65536 for p in stored)  # sets are regenerated, not stored
     repo.commit("baselines")
     repo.branch("pr")
     repo.write({"mylib/ops.py": head_src}, dedent=False)
