@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--long", type=float, default=2.0, help="seconds of the longer search (context)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    cat = load_catalog(builtin=["torch"])
+    cat = load_catalog(builtin=["torch", "tensorflow"])
     rows = []
     print(f"{'operator':15} {'dtype':9} {'truth s':>7} {'exact ulp':>10} {'at x':>12} {'NaN/Inf':>14} {'exh s':>6} "
           f"{'search ulp (evals)':>20} {'found':>6} {'search@' + format(args.long, 'g') + 's (evals)':>20} {'found':>6}")
