@@ -22,12 +22,6 @@ from gate.oracles import references as R  # noqa: E402
 from gate.plan import Budget, Task, Variant, variants_for  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    # one reference cache for this module's tests (the tables are computed once, then read)
-    monkeypatch.setenv("DL_GATE_CACHE", str(tmp_path_factory.getbasetemp() / "dl-gate-cache"))
-
-
 def user_spec(callable_: str, **kw) -> OpSpec:
     raw = {"name": kw.pop("name", "lib.op"), "framework": "torch", "callable": callable_,
            "inputs": [{"name": "x", "shape": ["N", "D"]}], "dims": {"N": [1, 8], "D": [1, 8]},
@@ -171,11 +165,13 @@ def test_reference_edge_conventions():
     assert R.resolve("torch.erf") is None and not R.is_true_reference("mylib.ref")
 
 
-def test_exhaustive_tables_are_cached_on_disk():
+def test_exhaustive_tables_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("DL_GATE_CACHE", str(tmp_path))  # (isolated workers share the default cache)
+    monkeypatch.setattr(R, "cache_dirs", lambda: [R.cache_dir()])
     ref = R.TrueReference("sqrt", *R.FUNCTIONS["sqrt"])
     t1 = ref.table("bfloat16", {})
     files = list(R.cache_dir().glob("sqrt-bfloat16-*.npy"))
-    assert len(files) == 1
+    assert len(files) == 1 and R.cache_dir() == tmp_path / "references"
     fresh = R.TrueReference("sqrt", *R.FUNCTIONS["sqrt"])
     fresh.scalar = None  # a second process reads the table: nothing is computed again
     t2 = fresh.table("bfloat16", {})
@@ -372,3 +368,17 @@ def test_reference_first_call_in_a_fresh_process():
                          cwd=str(Path(__file__).resolve().parent.parent))
     assert res.returncode == 0, res.stderr
     assert float(res.stdout) == math.e
+
+
+def test_an_unwritable_cache_falls_back_to_a_temporary_directory(tmp_path, monkeypatch):
+    import tempfile
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")  # the cache root is a file: nothing can be written under it
+    monkeypatch.setenv("DL_GATE_CACHE", str(blocked))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    ref = R.TrueReference("relu", *R.FUNCTIONS["relu"])
+    t = ref.table("float16", {})
+    [stored] = list((tmp_path / "tmp").rglob("relu-float16-*.npy"))
+    assert np.array_equal(np.load(stored), t, equal_nan=True)

@@ -417,31 +417,43 @@ class TrueReference:
     def table(self, dtype: str, params: Mapping[str, Any]) -> np.ndarray:
         """f at every value of ``dtype`` (index = bit pattern), from the disk cache or computed
         once and stored there."""
-        path = cache_dir() / f"{self.cache_key(dtype, params)}.npy"
-        try:
-            arr = np.load(path, allow_pickle=False)
-            if arr.shape == (1 << 16,) and arr.dtype == np.float64:
-                return arr
-        except (OSError, ValueError):
-            pass
+        name = f"{self.cache_key(dtype, params)}.npy"
+        dirs = cache_dirs()
+        for d in dirs:
+            try:
+                arr = np.load(d / name, allow_pickle=False)
+                if arr.shape == (1 << 16,) and arr.dtype == np.float64:
+                    return arr
+            except (OSError, ValueError):
+                pass
         xs = dtype_values(dtype)
         out = np.full(xs.shape, np.nan)
         pkey = tuple(sorted((k, str(v)) for k, v in params.items()))
         for i in np.flatnonzero(~np.isnan(xs)):
             out[i] = self._memoised((float(xs[i]),), params, pkey)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-            np.save(tmp, out, allow_pickle=False)
-            os.replace(tmp, path)  # atomic: a concurrent reader never sees half a table
-        except OSError:
-            pass  # a read-only cache: computed again next time, still correct
+        for d in dirs:  # the cache, else a temporary directory (isolated workers read either)
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                tmp = d / f"{name}.{os.getpid()}.tmp.npy"
+                np.save(tmp, out, allow_pickle=False)
+                os.replace(tmp, d / name)  # atomic: a concurrent reader never sees half a table
+                break
+            except OSError:
+                continue
         return out
 
 
 def cache_dir() -> Path:
     root = os.environ.get("DL_GATE_CACHE") or Path.home() / ".cache" / "dl-gate"
     return Path(root) / "references"
+
+
+def cache_dirs() -> List[Path]:
+    """Where tables are looked for and stored: the cache, then a temporary directory (a
+    read-only home in a container must not make every isolated worker recompute them)."""
+    import tempfile
+
+    return [cache_dir(), Path(tempfile.gettempdir()) / f"dl-gate-references-{os.getuid()}"]
 
 
 _RESOLVED: Dict[str, TrueReference] = {}
