@@ -74,14 +74,18 @@ class Target:
     the variation is inconclusive)."""
 
     def __init__(self, spec: OpSpec, settings: GateSettings, kind: str, crash_signature: Optional[str] = None,
-                 row_limit: Optional[Callable[[object], Optional[RowLimit]]] = None):
+                 row_limit: Optional[Callable[[object], Optional[RowLimit]]] = None, oracle: str = "precision"):
         self.spec = spec
+        self.oracle = oracle
         self.settings = settings
         self.kind = kind
         self.crash_signature = crash_signature
         self.row_limit = row_limit
 
-    def floor(self, dtype: str) -> float:
+    def floor(self, dtype) -> float:
+        """The floor for this finding's variant at ``dtype`` (or a Variant)."""
+        if isinstance(dtype, str):
+            return self.settings.floor(self.spec, dtype) * (self.settings.grad_floor_factor if self.oracle == "grad" else 1.0)
         return self.settings.floor(self.spec, dtype)
 
     def threshold(self, b: Optional[ReplayResult], dtype: str, limit: Optional[RowLimit] = None) -> float:

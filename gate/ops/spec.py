@@ -122,6 +122,18 @@ def _import_value(raw: Any) -> Any:
     return raw
 
 
+def check_imports(spec: "OpSpec") -> None:
+    """Import every object the operator's parameters name (``{import: ...}``), so that a typo is
+    one :class:`ConfigError` where the operator is first loaded, not an evaluation that fails
+    on the choices that carry it while the others run."""
+    for p in spec.params:
+        refs = {c for c in (p.choices or ()) if isinstance(c, ImportRef)}
+        if isinstance(p.default, ImportRef):
+            refs.add(p.default)
+        for ref in sorted(refs, key=str):
+            resolve_params({p.name: ref}, spec.name)
+
+
 def resolve_params(params: Mapping[str, Any], op: str = "") -> dict:
     """``params`` with every :class:`ImportRef` replaced by the object it names; one-line
     :class:`ConfigError` naming the operator, the parameter and the path when it cannot."""
