@@ -382,3 +382,17 @@ def test_an_unwritable_cache_falls_back_to_a_temporary_directory(tmp_path, monke
     t = ref.table("float16", {})
     [stored] = list((tmp_path / "tmp").rglob("relu-float16-*.npy"))
     assert np.array_equal(np.load(stored), t, equal_nan=True)
+
+
+def test_an_operator_failing_on_every_set_is_searched_as_before():
+    spec = user_spec("tests.test_exhaustive:refuses_large_tensors")
+    f = fuzz_task(Task(op=spec, variant=Variant(dtype="float16"), budget=Budget(evals=15), seed=0))
+    assert "search" not in f.extra and f.exhaustive == []
+    assert all(s["status"] != "ok" for s in f.extra["exhaustive"]["sets"])
+    assert f.status == "ok" and f.best.size <= 64  # the search's own input
+
+
+def refuses_large_tensors(x):
+    if x.numel() > 1000:
+        raise ValueError("refuses_large_tensors: at most 1000 elements")
+    return torch.tanh(x)

@@ -194,11 +194,12 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     if best_fin is not None and best_fin_eval is not None:
         finding.best_finite, finding.finite_metrics = best_fin, best_fin_eval.metrics
     if ex is not None:
-        finding.exhaustive = [*ex.witnesses, *ex.candidates]
-        finding.extra["search"] = "exhaustive"
-        finding.extra["exhaustive"] = ex.summary()
-        finding.evals += sum(s.values for s in ex.sets)
+        finding.extra["exhaustive"] = ex.summary()  # per set: its figures, or why it did not run
         finding.seconds += ex.seconds
+        if ex.best_eval is not None:  # measured: the exact maximum, replayed on head and base
+            finding.exhaustive = [*ex.witnesses, *ex.candidates]
+            finding.extra["search"] = "exhaustive"
+            finding.evals += sum(s.values for s in ex.sets if s.metrics is not None)
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
     if res.mutator_errors:
         finding.coverage["mutator_error"] = res.mutator_errors
