@@ -247,6 +247,8 @@ def test_float32_sweep_shard_and_merge():
     merged = EX.merge_sweeps([a, b])
     assert merged["values"] == 8192 and not merged["complete"] and merged["missing_shards"] == n - 2
     assert merged["max_ulp"] == max(a["max_ulp"], b["max_ulp"])
+    c = EX.sweep(runner, spec, variant, shard=(1, n), chunk=4096, strided=True)  # the element-by-element loop
+    assert c["path"] == "strided" and c["values"] == 4096 and a["path"] == "contiguous"
     assert EX.parse_shard("3/64") == (3, 64)
     for bad in ("0/4", "5/4", "x"):
         with pytest.raises(Exception, match="--shard"):

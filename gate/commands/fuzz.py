@@ -50,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--shard", metavar="I/N", default="1/1",
                    help="with --exhaustive at float32: run shard I of N of the 2^32 values (a nightly or GPU "
                         "campaign; join the shards' JSON with `python -m gate.fuzz.exhaustive merge FILES`)")
+    p.add_argument("--strided", action="store_true",
+                   help="with --exhaustive at float32: pass the values as strided views (the kernel's element-by-"
+                        "element loop, which non-contiguous tensors and vector tails take) instead of contiguous chunks")
     p.add_argument("--json", metavar="FILE", help="write findings (with worst inputs) as JSON")
     p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
                    help="directory for worst inputs as .npz (default dl-gate-out/inputs)")
@@ -185,9 +188,10 @@ def sweep_float32(args, tasks) -> int:
         print(f"{task.id}: float32 values {lo:#010x}..{hi - 1:#010x} (shard {args.shard}, {hi - lo} values)",
               file=sys.stderr)
         with np.errstate(all="ignore"):
-            r = EX.sweep(VariantRunner(task.op, task.variant), task.op, task.variant, shard=shard)
+            r = EX.sweep(VariantRunner(task.op, task.variant), task.op, task.variant, shard=shard,
+                         strided=args.strided)
         results.append(r)
-        print(f"{task.id} shard {r['shard']}: {r['values']} values, exact max {fmt(r.get('max_ulp'))} ulp at "
+        print(f"{task.id} shard {r['shard']} ({r['path']}): {r['values']} values, exact max {fmt(r.get('max_ulp'))} ulp at "
               f"x = {r.get('worst_input')!r} ({r.get('worst_bits')}), {r['nonfinite']} NaN/Inf where float64 is "
               f"finite, {r['seconds']:.1f}s" + (f", {r['failed']} values failed" if r["failed"] else ""))
     if args.json:

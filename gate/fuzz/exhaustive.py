@@ -271,11 +271,12 @@ def shard_range(i: int, n: int, bits: int = 32) -> Tuple[int, int]:
 
 def sweep(runner, spec: OpSpec, variant: Variant, shard: Tuple[int, int] = (1, 1), chunk: int = 1 << 22,
           params: Optional[Dict[str, Any]] = None, limit: Optional[int] = None,
-          progress=None) -> dict:
+          progress=None, strided: bool = False) -> dict:
     """The float32 bit patterns of shard ``i/n`` through ``runner`` in chunks of ``chunk``
     values (the reference: the runner's, the float64 run unless a correctly rounded one is
-    declared). Returns the shard's exact maximum with its input (JSON-safe); ``limit`` stops
-    after that many values (a smoke test)."""
+    declared), each element in ulps of its own reference. ``strided``: as strided views (the
+    kernel's element-by-element loop) instead of contiguous chunks. Returns the shard's exact
+    maximum with its input (JSON-safe); ``limit`` stops after that many values (a smoke test)."""
     from .runner import OK
 
     i, n = shard
@@ -291,7 +292,7 @@ def sweep(runner, spec: OpSpec, variant: Variant, shard: Tuple[int, int] = (1, 1
         stop = min(start + chunk, hi)
         bits = np.arange(start, stop, dtype=np.uint64).astype(np.uint32)
         vals = bits.view(np.float32).astype(np.float64)
-        cand = candidate(spec, vals, params, origin="sweep")
+        cand = candidate(spec, vals, params, origin="sweep-strided" if strided else "sweep")
         q, ev = runner.evaluate(cand, keep_outputs=bool(nonfinite_input is None), quantized=True)
         done += stop - start
         if ev.status != OK or ev.metrics is None:
@@ -309,7 +310,7 @@ def sweep(runner, spec: OpSpec, variant: Variant, shard: Tuple[int, int] = (1, 1
         if progress:
             progress(done, hi - lo)
     return {"op": spec.name, "dtype": variant.dtype, "device": variant.device, "mode": variant.mode,
-            "shard": f"{i}/{n}", "range": [f"{lo:#010x}", f"{hi:#010x}"], "values": done, "failed": failed,
+            "path": "strided" if strided else "contiguous", "shard": f"{i}/{n}", "range": [f"{lo:#010x}", f"{hi:#010x}"], "values": done, "failed": failed,
             "params": {k: str(v) for k, v in params.items()}, "nonfinite": nonfinite,
             "nonfinite_input": nonfinite_input, "seconds": round(time.perf_counter() - t0, 2),
             **{k: v for k, v in best.items()}}
@@ -347,7 +348,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{path}: cannot read ({exc})", file=sys.stderr)
             return 2
         for r in doc.get("sweeps", []):
-            groups.setdefault((r["op"], f"{r['dtype']}/{r['device']}/{r['mode']}"), []).append(r)
+            key = f"{r['dtype']}/{r['device']}/{r['mode']}" + ("/strided" if r.get("path") == "strided" else "")
+            groups.setdefault((r["op"], key), []).append(r)
     out = [{"variant": v, **merge_sweeps(parts)} for (_, v), parts in sorted(groups.items())]
     print(json.dumps(out, indent=1))
     return 0 if all(o["complete"] for o in out) else 1

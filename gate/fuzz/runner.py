@@ -38,7 +38,7 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
     """``cand`` with every float input rounded to ``dtype`` (the values the kernel will see) and
     kept strictly inside its open value domain."""
     out = cand.derive()
-    exhaustive = is_exhaustive(cand)  # every value of the dtype, outside the domain too
+    exhaustive = cand.origin.startswith(("exhaustive", "sweep"))  # every value of the dtype, outside the domain too
     for t in spec.inputs:
         a = out.arrays.get(t.name)
         if a is None or t.kind != "float":
@@ -56,6 +56,8 @@ def is_exhaustive(cand: Candidate) -> bool:
 
 #: an exhaustive set passed as a strided view (every other element of a buffer): the element-by-
 #: element loop a kernel runs for non-contiguous tensors and for its scalar tail, not its vector body
+#: (any origin ending in "-strided"; a float32 sweep's chunks are "sweep" / "sweep-strided"); every
+#: element of such sets is measured in ulps of its own reference
 STRIDED_ORIGIN = "exhaustive-strided"
 
 
@@ -109,7 +111,7 @@ class VariantRunner:
         if lay is not None:
             kwargs.update(lay.params)
         memory_format = lay.memory_format if lay is not None else None
-        if low and memory_format is None and cand.origin == STRIDED_ORIGIN:
+        if low and memory_format is None and cand.origin.endswith("-strided"):
             memory_format = "strided"
         for t in self.spec.inputs:
             arr = cand.arrays[t.name]
@@ -173,7 +175,7 @@ class VariantRunner:
             return q, Evaluation(status, error=short, signature=sig, seconds=time.perf_counter() - t0)
         # an exhaustive set holds every value of the dtype: each element is its own input, measured
         # in ulps of its own reference (a floor from the set's largest output would hide them all)
-        floor = "dtype" if is_exhaustive(q) else self.spec.ulp_floor
+        floor = "dtype" if q.origin.startswith(("exhaustive", "sweep")) else self.spec.ulp_floor
         metrics = compare(out, ref, self.variant.dtype, floor, ftz=self.backend.flush_subnormals)
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
         if keep_outputs:
