@@ -22,6 +22,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--evals", type=int, default=40)
+    ap.add_argument("--cases", default="", help="comma-separated bed cases (default: all)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-fa-"))
     repo = make_repo(tmp, bed.OPS, config=bed.CONFIG, package="lib")
@@ -37,6 +38,8 @@ def main() -> int:
         prs.append((f"fix-{case}", f"buggy-{case}", case))
     runs = alarms = 0
     t0 = time.time()
+    want = set(filter(None, args.cases.split(",")))
+    prs = [p for p in prs if not want or p[2] in want]
     for name, base, case in prs:
         bad = []
         for seed in range(1, args.seeds + 1):

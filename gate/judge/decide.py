@@ -190,7 +190,8 @@ def decide(
 
     base_usable = base is not None and any(r.status != UNAVAILABLE for r in base)
     if base_usable:
-        return _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls)
+        return _true_value(spec, _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs,
+                                                   controls))
 
     # ---- no base replay: hold head against the stored baseline row ----------------------
     if base is not None:
@@ -389,6 +390,20 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     vv.base_nonfinite = base_nf
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
+    return vv
+
+
+def _true_value(spec: OpSpec, vv: V.VariantVerdict) -> V.VariantVerdict:
+    """With a declared ``reference:`` both sides are measured against the same trusted value
+    (a correctly rounded mpmath function, or the user's own): the verdict says which side is
+    closer to the true value instead of comparing two float64 runs."""
+    if not spec.reference or vv.details.get("kind") not in (None, "precision"):
+        return vv
+    vv.details["reference"] = spec.reference
+    if vv.outcome == V.IMPROVEMENT and not vv.reason.startswith("head fixes"):
+        vv.reason = f"head is closer to the true value ({spec.reference}): {vv.reason}"
+    elif vv.outcome == V.REGRESSION:
+        vv.reason = f"head is further from the true value ({spec.reference}): {vv.reason}"
     return vv
 
 

@@ -98,6 +98,26 @@ def resolve(path):
     return obj
 
 
+def mpmath_reference(path):
+    """``reference: mpmath.F``: the true value of F at each input element, rounded to float64."""
+    import mpmath
+    from mpmath.libmp import to_float
+
+    f = resolve(path)
+    arrays = np.broadcast_arrays(*[np.asarray(DATA["in_" + name], dtype=np.float64) for name, _ in INPUTS])
+    out = np.empty(arrays[0].shape)
+    with mpmath.workprec(160):
+        for i, xs in enumerate(zip(*(a.reshape(-1) for a in arrays))):
+            try:
+                v = f(*[mpmath.mpf(float(x)) for x in xs]) if not np.isnan(xs).any() else mpmath.nan
+            except (ValueError, ZeroDivisionError):
+                v = mpmath.nan
+            if isinstance(v, mpmath.mpc):
+                v = v.real if v.imag == 0 else mpmath.nan
+            out.flat[i] = float("nan") if mpmath.isnan(v) else to_float(mpmath.mpf(v)._mpf_, rnd="n")
+    return out
+
+
 def build(dtype, low):
     args = []
     kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
@@ -155,6 +175,8 @@ def main(argv=None):
     try:
         if grad:
             ref = outputs(call_grad(ref_fn, *build("float64", False), dtype="float64"), False)
+        elif REFERENCE and REFERENCE.replace(":", ".").startswith("mpmath."):
+            ref = [mpmath_reference(REFERENCE)]  # the true value, as the gate measured it
         else:
             ref = outputs(call(ref_fn, *build("float64", False), mode="input", dtype="float64"), False)
     except Exception as exc:  # the float64 run fails: outside the domain, nothing to compare

@@ -273,6 +273,13 @@ class OpSpec:
     modes: tuple = ("input",)
     layouts: tuple = ()  # of LayoutSpec (alternatives to the default layout)
     reference: Optional[str] = None  # import path; default: the same op in float64
+    #: each output element depends only on the same element of the inputs: with one float input,
+    #: every 16-bit input value is run (gate.fuzz.exhaustive) instead of a sample
+    elementwise: bool = False
+    #: correctly rounded reference for the exhaustive sets (gate.oracles.references: ``erf``,
+    #: ``mpmath.erf``); the search keeps the fast float64 run. A ``reference:`` that names an
+    #: mpmath function is a true reference everywhere.
+    truth: Optional[str] = None
     thresholds: Mapping[str, Threshold] = field(default_factory=dict)
     kind: str = "elementwise"
     exact: bool = False
@@ -329,6 +336,8 @@ class OpSpec:
             "modes": list(self.modes),
             "layouts": {lay.name: lay.to_dict() for lay in self.layouts},
             "reference": self.reference,
+            **({"elementwise": True} if self.elementwise else {}),
+            **({"truth": self.truth} if self.truth else {}),
             "thresholds": {d: t.to_dict() for d, t in self.thresholds.items()},
             "kind": self.kind,
             "exact": self.exact,
@@ -385,6 +394,8 @@ class OpSpec:
                 modes=tuple(merged.get("modes", ("input",))),
                 layouts=tuple(LayoutSpec.from_dict(k, v) for k, v in dict(layouts_raw).items()),
                 reference=merged.get("reference"),
+                elementwise=bool(merged.get("elementwise", False)),
+                truth=merged.get("truth"),
                 thresholds=thresholds,
                 kind=kind,
                 exact=bool(merged.get("exact", False)),
