@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SetupError
 from .discover import Package, Symbol, default_tests, find_package, run_worker, scan, uses_framework
-from .infer import Operator, from_records, probe_specs
+from .infer import Operator, from_records, probe_specs, widen
 
 CONFIG = ".dl-gate.yml"
 LOW = ("float16", "bfloat16", "float32")
@@ -129,7 +129,8 @@ def _run_quiet(fn, out):
         os.close(saved[1])
 
 
-def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str) -> Tuple[Optional[dict], str]:
+def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_rec: int = 1
+            ) -> Tuple[Optional[dict], str]:
     """The spec to write from the probe's answer, with what was dropped, or (None, why)."""
     if "failed" in answer:
         return None, answer["failed"]
@@ -161,7 +162,10 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str) -> 
     if grad and all(v[0] != "ok" for v in grad):
         spec["grad"] = False
         notes.append(f"gradient check off ({grad[0][1]})")
-    source = origin if answer["chosen"] == 0 and origin.startswith("from") else "probed: the first shape that ran"
+    if answer["chosen"] < n_rec:
+        source = origin + ("; real values (the tests use a narrower range)" if n_rec == 2 and answer["chosen"] == 0 else "")
+    else:
+        source = "probed: the first shape that ran" + (f" ({origin})" if origin else "")
     return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
 
 
@@ -191,7 +195,7 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
 
     # 1. what each definition is --------------------------------------------------------
     names = {m: [s.name for s in ss] for m, ss in syms.items()}
-    answers = run_worker("classify", list(syms), lambda m: m, {"names": names}, cwd=repo, sys_path=sys_path,
+    answers = run_worker("classify", list(syms), lambda m: m, {"names": names, "package": pkg.name}, cwd=repo, sys_path=sys_path,
                          item_timeout=120.0)
     import_errors = {m: a["error"] for m, a in answers.items() if "error" in a}
     import_errors.update({m: {"error": a["failed"], "hint": ""} for m, a in answers.items() if "failed" in a})
@@ -249,11 +253,18 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         sources = [op.file]
         cands: List[dict] = []
         origin = ""
+        n_rec = 0
         recs = records.get(op.name, [])
         if recs:
             inf = from_records(op, recs, op.framework, sources)
             if inf.spec is not None:
+                # the tests' value range shows what runs, not what must: real values first (a
+                # logit drawn from [0, 1) never overflows a sigmoid), the tests' range if not
+                wide = widen(inf.spec)
+                if wide is not None:
+                    cands.append(wide)
                 cands.append(inf.spec)
+                n_rec = len(cands)
                 tests_of = sorted({r.source.split("::")[0] for r in recs if r.source})
                 origin = f"from {inf.calls} test call(s)" + (f" in {', '.join(tests_of[:2])}" if tests_of else "")
             else:
@@ -263,7 +274,7 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         if not cands:
             report.left_out.append((op.name, why if not origin else f"{origin}; {why}"))
             continue
-        plans[op.name] = (op, cands, origin)
+        plans[op.name] = (op, cands, origin, n_rec)
 
     # 4. probe and validate in the child process -------------------------------------------
     done = [0]
@@ -273,13 +284,13 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         if done[0] % 10 == 0:
             log(f"probed {done[0]}/{len(plans)} operators")
 
-    probe_req = [{"name": n, "candidates": c} for n, (_, c, _) in plans.items()]
+    probe_req = [{"name": n, "candidates": c} for n, (_, c, _, _) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
                          sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress)
     final: List[Tuple[dict, str]] = []
-    for name, (op, cands, origin) in plans.items():
-        spec, note = _finish(op, answers.get(name, {"failed": "no answer"}), cands, origin)
+    for name, (op, cands, origin, n_rec) in plans.items():
+        spec, note = _finish(op, answers.get(name, {"failed": "no answer"}), cands, origin, n_rec)
         if spec is None:
             report.left_out.append((name, note))
             continue

@@ -258,6 +258,22 @@ def from_records(op: Operator, records: Sequence[CallRecord], framework: str, so
     return Inferred(spec, f"{len(calls)} test call(s)", calls=len(calls))
 
 
+def widen(spec: dict) -> Optional[dict]:
+    """``spec`` with the float inputs' bounded domains (what the tests happened to draw, e.g.
+    ``torch.rand``) opened to real values; ``None`` when nothing is bounded."""
+    import copy
+
+    out = copy.deepcopy(spec)
+    changed = False
+    for t in out["inputs"]:
+        dom = t.get("domain")
+        name = dom.get("name") if isinstance(dom, dict) else dom
+        if t.get("kind", "float") == "float" and name in ("prob", "nonneg"):
+            del t["domain"]
+            changed = True
+    return out if changed else None
+
+
 def tensor_params(op: Operator) -> Tuple[Optional[List[str]], str]:
     """The parameters a probe feeds tensors to (required ones with no non-tensor annotation), or
     ``(None, why)`` when a required parameter cannot be a tensor."""
@@ -304,4 +320,4 @@ def probe_specs(op: Operator, framework: str, sources: List[str]) -> Tuple[List[
     return out, ""
 
 
-__all__ = ["Operator", "Inferred", "bind", "from_records", "probe_specs", "tensor_params"]
+__all__ = ["Operator", "Inferred", "bind", "from_records", "probe_specs", "tensor_params", "widen"]

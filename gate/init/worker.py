@@ -91,6 +91,15 @@ def _mro_names(cls) -> List[str]:
 
 
 def classify(req: dict) -> None:
+    top = req.get("package", "").split(".")[0]
+    if top:  # the package itself first: a failure there (its version check) is everyone's
+        try:
+            importlib.import_module(top)
+        except BaseException as exc:
+            err = _import_error(exc, top)
+            for mod_name in req["modules"]:
+                _emit({"module": mod_name, **err})
+            return
     for mod_name, names in req["modules"].items():
         try:
             mod = importlib.import_module(mod_name)
