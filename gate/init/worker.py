@@ -141,9 +141,9 @@ def classify(req: dict) -> None:
             _emit(row)
 
 
-def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False):
+def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all: bool = False):
     """Outcome of the gate's runner for ``variant`` on ``seeds`` draws: ``("ok", None)`` as soon as
-    one runs, else the last failure's (status, message)."""
+    one runs (``need_all``: when every one does), else the last failure's (status, message)."""
     import numpy as np
 
     from ..fuzz.inputs import draw
@@ -172,6 +172,8 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False):
             return "crash", f"the operator called sys.exit({exc.code})"
         except Exception as exc:
             last = ("crash", f"{type(exc).__name__}: {exc}".splitlines()[0])
+            if need_all:
+                return last
             continue
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -179,13 +181,21 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False):
             m = ev.metrics
             if m is not None and (m.numel == 0 or m.shape_mismatch):
                 last = ("invalid", "empty output" if m.numel == 0 else f"output shape {m.shape_mismatch}")
+                if need_all:
+                    return last
                 continue
             if ev.reference is not None and not _some_finite(ev.reference):
                 last = ("invalid", "the float64 output is NaN/Inf everywhere (inputs outside the domain)")
+                if need_all:
+                    return last
                 continue
-            return "ok", None
+            if not need_all:
+                return "ok", None
+            continue
         last = (ev.status, ev.error or ev.status)
-    return last
+        if need_all:
+            return last
+    return ("ok", None) if need_all else last
 
 
 def _some_finite(outputs) -> bool:
@@ -214,7 +224,7 @@ def probe(req: dict) -> None:
                 continue
             from ..plan import Variant
 
-            status, why = _evaluate(spec, Variant(dtype="float32"), 3, timeout, keep=True)
+            status, why = _evaluate(spec, Variant(dtype="float32"), 3, timeout, keep=True, need_all=True)
             result["tries"].append([i, status, why])
             if status == "ok":
                 chosen = cand
