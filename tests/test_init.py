@@ -100,6 +100,16 @@ def rgb_to_gray(image):
     return 0.299 * r + 0.587 * g + 0.114 * b
 
 
+@torch.library.custom_op("focallib::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x) * 2.0
+
+
+@scaled_tanh.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 def save_tensor(x, path):
     torch.save(x, path)
 
@@ -167,7 +177,7 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     cfg = parse_config(text, repo / ".dl-gate.yml", repo)  # the real validator
     ops = {o.name: o for o in cfg.ops}
     assert set(ops) == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
-                        "focallib.Softplus", "focallib.rgb_to_gray"}, sorted(ops)
+                        "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh"}, sorted(ops)
     focal = ops["focallib.binary_focal_loss_with_logits"]
     # from the tests' calls: the batch size varies (2, 5), the 3 never does
     assert [t.name for t in focal.inputs] == ["input", "target"]
@@ -181,6 +191,9 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     assert gray.inputs[0].shape[-3] == 3
     # the autograd.Function's row is its class (resolved to .apply)
     assert ops["focallib.Softplus"].callable == "focallib.extra:Softplus"
+    # the torch.library custom op: its callable is the op; no autograd registered: no gradient row
+    assert ops["focallib.scaled_tanh"].callable == "focallib.extra:scaled_tanh"
+    assert ops["focallib.scaled_tanh"].grad is False and "gradient check off" in text
     # 4 calls from the tests, 1 from the module's forward (recorded too: a library's own calls count)
     assert "# focallib.binary_focal_loss_with_logits: from 5 test call(s) in tests/test_focal.py" in text
     left = dict(rep.left_out)
@@ -230,7 +243,7 @@ def test_rerun_keeps_the_users_edits_adds_new_operators_and_reports_removed_ones
     cfg_obj = parse_config(after, cfg, repo)
     ops = {o.name: o for o in cfg_obj.ops}
     assert ops["focallib.Softplus"].dtypes == ("float32",)
-    assert set(rep.added) == {"focallib.log1p_exp", "focallib.rgb_to_grey"}
+    assert set(rep.added) == {"focallib.log1p_exp", "focallib.rgb_to_grey"}, rep.added
     assert "focallib.binary_focal_loss_with_logits" in rep.kept
     assert rep.removed == ["focallib.rgb_to_gray"]
     assert after.index("focallib.Softplus") < after.index("focallib.log1p_exp")
