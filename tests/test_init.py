@@ -263,6 +263,16 @@ def test_a_package_that_reads_its_own_version_gets_a_one_line_hint(tmp_path):
     assert not (repo / ".dl-gate.yml").exists()
 
 
+def test_a_missing_declared_dependency_is_named_in_one_line(tmp_path):
+    repo = make_lib(tmp_path, init_extra="import einops_not_installed_anywhere\n")
+    (repo / "pyproject.toml").write_text('[project]\nname = "focallib"\nversion = "0.1"\n'
+                                         'dependencies = ["torch", "einops_not_installed_anywhere>=0.3"]\n')
+    with pytest.raises(SetupError) as exc:
+        run_init(repo, no_tests=True)
+    msg = str(exc.value)
+    assert "\n" not in msg and "einops_not_installed_anywhere is a declared dependency" in msg
+
+
 def test_no_package_and_an_unknown_package_are_one_line_errors(tmp_path):
     with pytest.raises(SetupError, match="no Python package"):
         run_init(tmp_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -202,6 +203,14 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     if import_errors and len(import_errors) == len(syms):
         first = next(iter(import_errors.values()))
         hint = first.get("hint") or "make it importable from the repository root (its declared dependencies installed)"
+        missing = re.search(r"No module named '([\w.]+)'", first["error"])
+        if missing:
+            top = missing.group(1).split(".")[0]
+            declared = [d for d in pkg.dependencies
+                        if re.split(r"[<>=!~;\[ ]", d, 1)[0].strip().lower().replace("-", "_") == top.lower()]
+            if declared:
+                hint = (f"{top} is a declared dependency of the project ({declared[0]}): install the project's "
+                        "dependencies (`pip install -e .`), then re-run dl-gate init")
         raise SetupError(f"cannot import {pkg.name}: {first['error']}: {hint}")
     for m, e in import_errors.items():
         report.left_out.append((m, f"module does not import: {e['error']}" + (f" ({e['hint']})" if e.get("hint") else "")))
