@@ -28,10 +28,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SetupError
-from .discover import Package, Symbol, default_tests, find_package, run_worker, scan, uses_framework
+from .discover import Symbol, default_tests, find_package, run_worker, scan, uses_framework
 from .infer import Operator, from_records, probe_specs, widen
 
 CONFIG = ".dl-gate.yml"
