@@ -217,6 +217,10 @@ def test_init_writes_workflows_that_actionlint_accepts(inited):
     res = subprocess.run([str(actionlint), "-color=false", "-shellcheck", str(shellcheck or "")], cwd=repo,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+    zizmor = bin_dir / "zizmor" if (bin_dir / "zizmor").exists() else shutil.which("zizmor")
+    res = subprocess.run([str(zizmor), "--offline", "--format", "plain", "--no-progress", ".github/workflows"],
+                         cwd=repo, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
     gate = yaml.safe_load((repo / ".github/workflows/dl-gate.yml").read_text())
     steps = " ".join(str(s.get("run", "")) for s in gate["jobs"]["gate"]["steps"])
     assert "pip install -e ." in steps and "dl-gate run --base" in steps
