@@ -363,3 +363,31 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
     assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
     if base_fixed:
         assert "new NaN/Inf" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.tf
+def test_init_on_a_keras_library(tmp_path):
+    pytest.importorskip("tensorflow")
+    repo = tmp_path / "tfrepo"
+    (repo / "tfops").mkdir(parents=True)
+    (repo / "tfops" / "__init__.py").write_text("from .ops import *  # noqa\n")
+    (repo / "tfops" / "ops.py").write_text(textwrap.dedent('''
+        import tensorflow as tf
+
+
+        def softplus_safe(x):
+            return tf.nn.softplus(x)
+
+
+        class Swish(tf.keras.layers.Layer):
+            def call(self, inputs):
+                return inputs * tf.sigmoid(inputs)
+        '''))
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, probe_timeout=30)
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert cfg.raw["framework"] == "tensorflow"
+    kinds = {name: kind for name, kind, _ in rep.found}
+    assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer"}
+    assert all(o.framework == "tensorflow" for o in cfg.ops)
+    assert "dl-gate[tensorflow]" in (repo / ".github/workflows/dl-gate.yml").read_text()

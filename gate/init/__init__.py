@@ -303,6 +303,8 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         if spec is None:
             report.left_out.append((name, note))
             continue
+        if spec.get("framework") == framework:
+            del spec["framework"]  # the file's own framework: said once at the top
         final.append((spec, f"{name}: {note}"))
         report.found.append((name, op.kind, note))
 
@@ -353,7 +355,8 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         raise ConfigError(f"the config dl-gate init would write does not validate: {exc}") from None
     path.write_text(text, encoding="utf-8")
     if workflows:
-        for rel, body in wf.render(config=config, extra="").items():
+        spec_name = "dl-gate[tensorflow]" if framework == "tensorflow" else "dl-gate[torch]"
+        for rel, body in wf.render(config=config, spec=spec_name).items():
             p = repo / rel
             if not p.exists():
                 p.parent.mkdir(parents=True, exist_ok=True)
