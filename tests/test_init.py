@@ -236,6 +236,10 @@ def test_rerun_keeps_the_users_edits_adds_new_operators_and_reports_removed_ones
     text = text.replace("  - name: focallib.Softplus\n",
                         "  # mine: keep it at float32\n  - name: focallib.Softplus\n    dtypes: [float32]\n")
     text = text.replace("budget: {total: 300", "budget: {total: 77")
+    # ... and deletes one row, keeping it out for good
+    start = text.index("  # focallib.BinaryFocalLossWithLogits:")
+    end = text.index("\n  # ", start + 5) if "\n  # " in text[start + 5:] else text.index("\n\n#", start)
+    text = text[:start] + "  # dl-gate init: skip focallib.BinaryFocalLossWithLogits\n" + text[end + 1:]
     cfg.write_text(text)
     # the library gains an operator and loses one
     extra = repo / "focallib" / "extra.py"
@@ -250,6 +254,8 @@ def test_rerun_keeps_the_users_edits_adds_new_operators_and_reports_removed_ones
     assert set(rep.added) == {"focallib.log1p_exp", "focallib.rgb_to_grey"}, rep.added
     assert "focallib.binary_focal_loss_with_logits" in rep.kept
     assert rep.removed == ["focallib.rgb_to_gray"]
+    assert "focallib.BinaryFocalLossWithLogits" not in ops
+    assert "skip" in dict(rep.left_out)["focallib.BinaryFocalLossWithLogits"]
     assert after.index("focallib.Softplus") < after.index("focallib.log1p_exp")
     assert rep.workflows == []  # present already: never rewritten
 

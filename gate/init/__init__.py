@@ -329,7 +329,11 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
                 return False
             return c not in scanned and (":" in c or mod not in known_mods)
 
-        report.added, report.kept, _ = yamlio.merge(doc, final, [])
+        keep_out = yamlio.skipped(path.read_text(encoding="utf-8"))
+        for spec, _ in final:
+            if spec["name"] in keep_out:
+                report.left_out.append((spec["name"], "kept out by a `# dl-gate init: skip` line"))
+        report.added, report.kept, _ = yamlio.merge(doc, [r for r in final if r[0]["name"] not in keep_out], [])
         report.removed = [r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict) and gone(r)]
     else:
         when = datetime.date.today().isoformat()

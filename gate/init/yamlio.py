@@ -8,6 +8,7 @@ renamed the callable); top-level keys the user set are kept."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -18,7 +19,15 @@ HEADER = """\
 dl-gate configuration, written by `dl-gate init` ({when}).
 Every key and parameter form: docs/config.md. Re-running `dl-gate init` adds new operators at
 the end and reports removed ones; it never changes a row that is already here, so edit freely.
+To keep an operator out for good, delete its row and add a line `# dl-gate init: skip NAME`.
 """
+
+SKIP = re.compile(r"^\s*#\s*dl-gate init:\s*skip\s+(.+?)\s*$", re.M)
+
+
+def skipped(text: str) -> set:
+    """Operators the user keeps out (``# dl-gate init: skip NAME [NAME...]`` lines)."""
+    return {n.strip(",") for m in SKIP.finditer(text) for n in m.group(1).split()}
 
 
 def _yaml() -> YAML:
