@@ -397,3 +397,40 @@ def test_init_on_a_keras_library(tmp_path):
     assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer"}
     assert all(o.framework == "tensorflow" for o in cfg.ops)
     assert "dl-gate[tensorflow]" in (repo / ".github/workflows/dl-gate.yml").read_text()
+
+
+def test_an_operator_that_exits_hangs_or_kills_its_process_costs_only_itself(tmp_path):
+    repo = tmp_path / "wild"
+    (repo / "wildlib").mkdir(parents=True)
+    (repo / "wildlib" / "__init__.py").write_text(textwrap.dedent('''
+        import os
+        import sys
+
+
+        def doubled(x):
+            return x * 2
+
+
+        def exits(x):
+            os._exit(3)
+
+
+        def spins(x):
+            while True:
+                pass
+
+
+        def quits(x):
+            sys.exit("no")
+
+
+        def halved(x):
+            return x / 2
+        '''))
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, probe_timeout=2)
+    assert {n for n, _, _ in rep.found} == {"wildlib.doubled", "wildlib.halved"}
+    left = dict(rep.left_out)
+    assert "died (exit 3)" in left["wildlib.exits"]
+    assert "no answer within 2s" in left["wildlib.spins"]
+    assert "sys.exit" in left["wildlib.quits"]

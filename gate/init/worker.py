@@ -230,6 +230,8 @@ def probe(req: dict) -> None:
                 chosen = cand
                 result["chosen"] = i
                 break
+            if status == "timeout" or (why or "").startswith("the operator called sys.exit"):
+                break  # a hang or an exit is the operator's, not the shape's: no more candidates
         if chosen is not None:
             variants = {}
             for v in variants_for(spec, available_devices=("cpu",)):
