@@ -77,6 +77,8 @@ def _private_helper(x):
 '''
 
 EXTRA = '''"""Other operators."""
+from typing import Literal
+
 import torch
 
 
@@ -108,6 +110,17 @@ def scaled_tanh(x: torch.Tensor) -> torch.Tensor:
 @scaled_tanh.register_fake
 def _(x):
     return torch.empty_like(x)
+
+
+def normalize(x, mode: Literal["l2", "max", "bogus"] = "l2", center: bool = False, inplace: bool = False):
+    """No test calls it: its modes come from the type hint, each tried ("bogus" raises)."""
+    if center:
+        x = x - x.mean(-1, keepdim=True)
+    if mode == "l2":
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    if mode == "max":
+        return x / x.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+    raise ValueError(f"unknown mode {mode}")
 
 
 def save_tensor(x, path):
@@ -177,7 +190,8 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     cfg = parse_config(text, repo / ".dl-gate.yml", repo)  # the real validator
     ops = {o.name: o for o in cfg.ops}
     assert set(ops) == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
-                        "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh"}, sorted(ops)
+                        "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh",
+                        "focallib.normalize"}, sorted(ops)
     focal = ops["focallib.binary_focal_loss_with_logits"]
     # from the tests' calls: the batch size varies (2, 5), the 3 never does
     assert [t.name for t in focal.inputs] == ["input", "target"]
@@ -189,6 +203,10 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     # probed: no test calls it, the first shape it accepts has 3 channels
     gray = ops["focallib.rgb_to_gray"]
     assert gray.inputs[0].shape[-3] == 3
+    # parameter values from type hints and defaults, each tried: "bogus" raises, inplace is never flipped
+    norm = {p.name: p for p in ops["focallib.normalize"].params}
+    assert norm["mode"].choices == ("l2", "max") and norm["center"].choices == (False, True)
+    assert "inplace" not in norm
     # the autograd.Function's row is its class (resolved to .apply)
     assert ops["focallib.Softplus"].callable == "focallib.extra:Softplus"
     # the torch.library custom op: its callable is the op; no autograd registered: no gradient row

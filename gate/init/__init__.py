@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SetupError
 from .discover import Symbol, default_tests, find_package, run_worker, scan, uses_framework
-from .infer import Operator, from_records, probe_specs, widen
+from .infer import Operator, from_records, hinted_options, probe_specs, widen
 
 CONFIG = ".dl-gate.yml"
 LOW = ("float16", "bfloat16", "float32")
@@ -142,6 +142,12 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         why = (first or last or [0, "", "no candidate"])[2] or "no candidate ran"
         return None, f"no inferred spec runs ({len(tries)} tried; first: {why})"
     spec = dict(candidates[answer["chosen"]])
+    defaults = {p["name"]: p["default"] for p in op.params if p["has_default"]}
+    hinted = []
+    for pname, values in (answer.get("options") or {}).items():
+        spec.setdefault("params", {})
+        spec["params"] = dict(spec["params"], **{pname: {"choices": [defaults.get(pname)] + list(values)}})
+        hinted.append(pname)
     variants = answer.get("variants") or {}
     notes = []
     dtypes = []
@@ -167,6 +173,8 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         source = origin + ("; real values (the tests use a narrower range)" if n_rec == 2 and answer["chosen"] == 0 else "")
     else:
         source = "probed: the first shape that ran" + (f" ({origin})" if origin else "")
+    if hinted:
+        notes.insert(0, f"{', '.join(hinted)}: values from the type hints")
     return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
 
 
@@ -293,7 +301,8 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         if done[0] % 10 == 0:
             log(f"probed {done[0]}/{len(plans)} operators")
 
-    probe_req = [{"name": n, "candidates": c} for n, (_, c, _, _) in plans.items()]
+    probe_req = [{"name": n, "candidates": c, "options": hinted_options(op, c[0])}
+                 for n, (op, c, _, _) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
                          sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress)

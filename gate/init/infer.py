@@ -274,6 +274,41 @@ def widen(spec: dict) -> Optional[dict]:
     return out if changed else None
 
 
+#: bool parameters never flipped: they change what is computed on, not how (in-place writes,
+#: the output's structure, training-mode randomness)
+BOOL_KEEP = ("inplace", "in_place", "out", "training", "deterministic")
+
+
+def hinted_options(op: Operator, spec: dict) -> Dict[str, list]:
+    """Other values of parameters no test call set, from their type hints and defaults: the
+    members of a ``Literal[...]``, a bool's other value. Each is tried by the probe before it
+    becomes a choice."""
+    import ast
+    import re
+
+    taken = set(spec.get("params") or {}) | {t["name"] for t in spec["inputs"]}
+    out: Dict[str, list] = {}
+    for p in op.params:
+        if not p["has_default"] or p["name"] in taken or isinstance(p["default"], dict):
+            continue
+        ann = (p.get("annotation") or "").replace("typing.", "").replace("typing_extensions.", "")
+        default = p["default"]
+        values: List[Any] = []
+        m = re.fullmatch(r"(?:Optional\[)?Literal\[(.*)\]\]?", ann)
+        if m:
+            try:
+                values = list(ast.literal_eval(f"[{m.group(1)}]"))
+            except (ValueError, SyntaxError):
+                values = []
+        elif isinstance(default, bool) and (ann in ("", "bool")) and p["name"] not in BOOL_KEEP \
+                and not p["name"].startswith(("return_", "keep")):
+            values = [not default]
+        values = [v for v in values if v != default and isinstance(v, (bool, int, float, str))][:6]
+        if values:
+            out[p["name"]] = values
+    return out
+
+
 def tensor_params(op: Operator) -> Tuple[Optional[List[str]], str]:
     """The parameters a probe feeds tensors to (required ones with no non-tensor annotation), or
     ``(None, why)`` when a required parameter cannot be a tensor."""
@@ -320,4 +355,5 @@ def probe_specs(op: Operator, framework: str, sources: List[str]) -> Tuple[List[
     return out, ""
 
 
-__all__ = ["Operator", "Inferred", "bind", "from_records", "probe_specs", "tensor_params", "widen"]
+__all__ = ["Operator", "Inferred", "bind", "from_records", "hinted_options", "probe_specs", "tensor_params",
+           "widen"]

@@ -58,8 +58,8 @@ def _params_of(fn, drop_first: bool = False) -> List[dict]:
         if drop_first and i == 0:
             continue
         ann = p.annotation
-        ann_s = None if ann is inspect.Parameter.empty else (ann if isinstance(ann, str) else
-                                                             getattr(ann, "__name__", None) or str(ann))
+        ann_s = None if ann is inspect.Parameter.empty else (
+            ann if isinstance(ann, str) else ann.__name__ if isinstance(ann, type) else str(ann))
         out.append({
             "name": p.name,
             "kind": p.kind.name,
@@ -232,6 +232,21 @@ def probe(req: dict) -> None:
                 break
             if status == "timeout" or (why or "").startswith("the operator called sys.exit"):
                 break  # a hang or an exit is the operator's, not the shape's: no more candidates
+        if chosen is not None and op.get("options"):
+            # values the type hints allow (Literal[...], a bool's other value), each kept only if
+            # the operator runs with it
+            ok: Dict[str, list] = {}
+            for pname, values in op["options"].items():
+                for v in values:
+                    trial = dict(chosen, params={**(chosen.get("params") or {}), pname: v if not isinstance(v, list)
+                                                 else {"value": v}})
+                    try:
+                        tspec = OpSpec.from_dict(trial, defaults, origin="user")
+                    except Exception:
+                        continue
+                    if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, need_all=True)[0] == "ok":
+                        ok.setdefault(pname, []).append(v)
+            result["options"] = ok
         if chosen is not None:
             variants = {}
             for v in variants_for(spec, available_devices=("cpu",)):
