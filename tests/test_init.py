@@ -452,3 +452,19 @@ def test_an_operator_that_exits_hangs_or_kills_its_process_costs_only_itself(tmp
     assert "died (exit 3)" in left["wildlib.exits"]
     assert "no answer within 2s" in left["wildlib.spins"]
     assert "sys.exit" in left["wildlib.quits"]
+
+
+def test_a_src_layout_package_is_found_from_its_project_name(tmp_path):
+    repo = tmp_path / "srcrepo"
+    (repo / "src" / "my_ops").mkdir(parents=True)
+    (repo / "src" / "my_ops" / "__init__.py").write_text("import torch\n\n\ndef log1p_exp(x):\n"
+                                                         "    return torch.log1p(torch.exp(x))\n")
+    (repo / "tools").mkdir()
+    (repo / "tools" / "__init__.py").write_text("")
+    (repo / "pyproject.toml").write_text('[project]\nname = "my-ops"\nversion = "0.1"\n')
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, workflows=False, probe_timeout=20)
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert rep.package == "my_ops" and cfg.raw["python_path"] == ["src"]
+    assert [o.sources for o in cfg.ops] == [("src/my_ops/__init__.py",)]
+    assert not (repo / ".github").exists()
