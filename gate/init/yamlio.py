@@ -35,6 +35,7 @@ def _yaml() -> YAML:
     y.indent(mapping=2, sequence=4, offset=2)
     y.width = 110
     y.preserve_quotes = True
+    y.representer.add_representer(type(None), lambda r, d: r.represent_scalar("tag:yaml.org,2002:null", "null"))
     return y
 
 
