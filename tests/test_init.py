@@ -151,6 +151,14 @@ def test_module():
 
 def test_softplus():
     assert Softplus.apply(torch.randn(4, 6)).shape == (4, 6)
+
+
+def test_normalize_rejects_an_unknown_mode():
+    import pytest
+    from focallib import normalize
+
+    with pytest.raises(ValueError):
+        normalize(torch.rand(2, 3), mode="bogus")
 '''
 
 
@@ -207,6 +215,8 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     norm = {p.name: p for p in ops["focallib.normalize"].params}
     assert norm["mode"].choices == ("l2", "max") and norm["center"].choices == (False, True)
     assert "inplace" not in norm
+    # its only test call raised (a negative case): recorded as such and not used
+    assert "# focallib.normalize: probed: the first shape that ran; mode, center: values from the type hints" in text
     # the autograd.Function's row is its class (resolved to .apply)
     assert ops["focallib.Softplus"].callable == "focallib.extra:Softplus"
     # the torch.library custom op: its callable is the op; no autograd registered: no gradient row

@@ -301,8 +301,8 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         if done[0] % 10 == 0:
             log(f"probed {done[0]}/{len(plans)} operators")
 
-    probe_req = [{"name": n, "candidates": c, "options": hinted_options(op, c[0])}
-                 for n, (op, c, _, _) in plans.items()]
+    probe_req = [{"name": n, "candidates": c, "options": hinted_options(op, c[0]), "recorded": n_rec}
+                 for n, (op, c, _, n_rec) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
                          sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress)
