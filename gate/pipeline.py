@@ -271,7 +271,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         run_tasks, skipped = [p["task"] for p in planned], []
     else:
         # history: how close the base's stored error came to the gate's floor (closer = sooner)
-        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant.dtype)
+        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant)
                    for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
         alloc = allocate([p["task"] for p in planned], total, history=history)
         report.env["allocation"] = alloc.to_dict()

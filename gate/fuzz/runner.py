@@ -14,7 +14,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import Backend, Output
 from ..errors import UnsupportedVariant
-from ..ops.spec import OpSpec, resolve_params
+from ..ops.spec import OpSpec, check_imports, resolve_params
 from ..oracles.precision import Metrics, compare
 from ..plan import Variant
 from .inputs import Candidate, inside_after_rounding
@@ -74,6 +74,7 @@ class VariantRunner:
         if variant.device not in self.backend.devices():
             raise UnsupportedVariant(f"device {variant.device} is not available to {self.backend.name}")
         self.fn = fn or self.backend.resolve(spec.callable)
+        check_imports(spec)
         self.ref_fn = reference or (self.backend.resolve(spec.reference) if spec.reference else self.fn)
         self.layout = spec.layout(variant.layout)
         self.input_dtype = "float32" if variant.mode == "operator" else variant.dtype

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backends.base import Output
 from ..fuzz.finding import Finding
-from ..fuzz.runner import CRASH, INVALID, OK
+from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
 from ..ops.spec import OpSpec
 from ..oracles.precision import compare
 from ..plan import Variant
@@ -38,6 +38,13 @@ from .replay import UNAVAILABLE, ReplayResult, replay
 
 DEFAULT_MULTIPLIERS = {"float16": 3.0, "bfloat16": 3.0, "float32": 2.0, "float64": 2.0}
 DEFAULT_FLOORS = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0, "float64": 8.0}
+# a gradient is a longer computation than its forward pass (the chain rule's products and the
+# reductions over broadcast or reduced axes): two correct backward formulas of one function (a
+# benign refactor: ``xc * rsqrt(v)`` vs ``xc / sqrt(v)``, an approximation replaced by the exact
+# function) round 2-3x apart on the same input, measured on the verdict bed; its floor is this
+# many times the forward floor (``gate.grad_floor_factor``)
+GRAD_FLOOR_FACTOR = 4.0
+NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.fuzz.gradients)
 BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
 
 
@@ -46,6 +53,7 @@ class GateSettings:
     multipliers: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
     floor_ulp: Dict[str, float] = field(default_factory=dict)  # overrides the spec's thresholds
     behaviour_change: str = "fail"  # fail | warn
+    grad_floor_factor: float = GRAD_FLOOR_FACTOR
 
     @classmethod
     def from_config(cls, gate_cfg: Optional[dict]) -> "GateSettings":
@@ -54,16 +62,23 @@ class GateSettings:
             multipliers={**DEFAULT_MULTIPLIERS, **dict(g.get("multipliers") or {})},
             floor_ulp=dict(g.get("floor_ulp") or {}),
             behaviour_change=g.get("behaviour_change", "fail"),
+            grad_floor_factor=float(g.get("grad_floor_factor", GRAD_FLOOR_FACTOR)),
         )
 
     def m(self, dtype: str) -> float:
         return float(self.multipliers.get(dtype, 2.0))
 
-    def floor(self, spec: OpSpec, dtype: str) -> float:
+    def floor(self, spec: OpSpec, variant) -> float:
+        """The error no verdict fails below, in ulps, for ``variant`` (a Variant, or a dtype name
+        for the forward pass): the user's ``floor_ulp``, else the operator's threshold, else the
+        dtype's default; a gradient variant's is ``grad_floor_factor`` times that."""
+        dtype = getattr(variant, "dtype", variant)
         if dtype in self.floor_ulp:
-            return float(self.floor_ulp[dtype])
-        thr = spec.threshold(dtype).ulp
-        return float(thr) if math.isfinite(thr) else DEFAULT_FLOORS.get(dtype, 4.0)
+            f = float(self.floor_ulp[dtype])
+        else:
+            thr = spec.threshold(dtype).ulp
+            f = float(thr) if math.isfinite(thr) else DEFAULT_FLOORS.get(dtype, 4.0)
+        return f * self.grad_floor_factor if getattr(variant, "oracle", None) == "grad" else f
 
 
 def _failed(r: ReplayResult) -> bool:
@@ -116,7 +131,7 @@ def decide(
     controls: Sequence[bool] = (),
 ) -> V.VariantVerdict:
     dtype = variant.dtype
-    m, floor = settings.m(dtype), settings.floor(spec, dtype)
+    m, floor = settings.m(dtype), settings.floor(spec, variant)
     vv = V.VariantVerdict(
         op=spec.name, framework=spec.framework, variant=variant.to_dict(), outcome=V.PASS, reason="",
         seed=finding.seed if finding else None, evals=finding.evals if finding else 0,
@@ -125,8 +140,20 @@ def decide(
     vv.details["floor_ulp"] = floor
     vv.details["multiplier"] = m
     vv.details["baseline"] = row_status
+    lost = [i for i, (h, b) in enumerate(zip(head, base or ()))
+            if h.status == UNSUPPORTED and str(h.error or "").startswith(NOT_DIFFERENTIABLE) and b.status == OK]
+    if lost:  # base had a gradient on these inputs; head's output no longer carries one (a .detach(), no_grad)
+        vv.outcome = V.REGRESSION
+        vv.reason = (f"gradient lost: base's output is differentiable on {len(lost)} input(s) where head's is not "
+                     f"({head[lost[0]].error})")
+        vv.details["kind"] = "grad-lost"
+        vv.details["input_index"] = lost[0]
+        return vv
     if finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head):
-        vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
+        if str(finding.message or "").startswith(NOT_DIFFERENTIABLE):
+            vv.outcome, vv.reason = V.UNSUPPORTED, f"gradient not checked: {finding.message}"
+        else:
+            vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
         return vv
 
     ok_head = [r for r in head if r.status == OK]
@@ -177,7 +204,7 @@ def decide(
 
 def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls) -> V.VariantVerdict:
     dtype = variant.dtype
-    m, floor = settings.m(dtype), settings.floor(spec, dtype)
+    m, floor = settings.m(dtype), settings.floor(spec, variant)
     worst: Tuple[float, int, str] = (-1.0, -1, "")
     behaviour: Tuple[float, int] = (-1.0, -1)
     base_max = head_max_same = 0.0

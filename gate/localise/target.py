@@ -15,8 +15,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..fuzz.runner import CRASH, INVALID, OK
-from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings, new_nonfinite, ref_divergence, same_outputs
+from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
+from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite, ref_divergence, same_outputs
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
 from ..oracles.precision import floor_value, ulp
@@ -25,7 +25,10 @@ CRASH_KIND, NONFINITE, INT_MISMATCH, PRECISION, BEHAVIOUR = "crash", "nonfinite"
 
 
 def failed(r: Optional[ReplayResult]) -> bool:
-    return r is not None and r.status in (CRASH, INVALID)
+    """A crash, an invalid call, or (gradient variants) an output that lost its gradient."""
+    if r is None:
+        return False
+    return r.status in (CRASH, INVALID) or (r.status == UNSUPPORTED and str(r.error or "").startswith(NOT_DIFFERENTIABLE))
 
 
 def signature(r: ReplayResult) -> str:
@@ -74,14 +77,18 @@ class Target:
     the variation is inconclusive)."""
 
     def __init__(self, spec: OpSpec, settings: GateSettings, kind: str, crash_signature: Optional[str] = None,
-                 row_limit: Optional[Callable[[object], Optional[RowLimit]]] = None):
+                 row_limit: Optional[Callable[[object], Optional[RowLimit]]] = None, oracle: str = "precision"):
         self.spec = spec
+        self.oracle = oracle
         self.settings = settings
         self.kind = kind
         self.crash_signature = crash_signature
         self.row_limit = row_limit
 
-    def floor(self, dtype: str) -> float:
+    def floor(self, dtype) -> float:
+        """The floor for this finding's variant at ``dtype`` (or a Variant)."""
+        if isinstance(dtype, str):
+            return self.settings.floor(self.spec, dtype) * (self.settings.grad_floor_factor if self.oracle == "grad" else 1.0)
         return self.settings.floor(self.spec, dtype)
 
     def threshold(self, b: Optional[ReplayResult], dtype: str, limit: Optional[RowLimit] = None) -> float:

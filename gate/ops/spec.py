@@ -52,7 +52,8 @@ class Domain:
             lo, hi = DOMAINS[raw]
             return cls(lo=lo, hi=hi, name=raw)
         if isinstance(raw, Mapping):
-            base = cls.parse(raw.get("name", "real"))
+            # "custom": a domain given by its bounds (what to_dict writes for one)
+            base = cls() if raw.get("name") in (None, "custom") else cls.parse(raw["name"])
             lo = raw.get("lo", base.lo)
             hi = raw.get("hi", base.hi)
             return cls(
@@ -120,6 +121,18 @@ def _import_value(raw: Any) -> Any:
     if isinstance(raw, Mapping) and set(raw) == {"import"}:
         return ImportRef(str(raw["import"]))
     return raw
+
+
+def check_imports(spec: "OpSpec") -> None:
+    """Import every object the operator's parameters name (``{import: ...}``), so that a typo is
+    one :class:`ConfigError` where the operator is first loaded, not an evaluation that fails
+    on the choices that carry it while the others run."""
+    for p in spec.params:
+        refs = {c for c in (p.choices or ()) if isinstance(c, ImportRef)}
+        if isinstance(p.default, ImportRef):
+            refs.add(p.default)
+        for ref in sorted(refs, key=str):
+            resolve_params({p.name: ref}, spec.name)
 
 
 def resolve_params(params: Mapping[str, Any], op: str = "") -> dict:
