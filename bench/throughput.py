@@ -10,7 +10,9 @@ CPU kernels run far slower than on a normal draw):
   fuzz/s       evaluations/s of the whole search loop (mutation, quantisation, both runs, scoring)
   normal op/s  calls/s of the op on one fixed normal input (for reference)
 
-and the ratios fuzz/op and fuzz/(op+ref). Target: fuzz >= 50% of the raw rate for ops that take
+and the ratios fuzz/op and fuzz/(op+ref); ``batched/(op+ref)``: the same search with the default
+batching (8 children of one parent in one call for ``batch_dim`` rows), evaluations/s over the
+single-candidate op+ref rate (``-`` for rows that cannot batch). Target: fuzz >= 50% of the raw rate for ops that take
 > 1 ms. Usage: python bench/throughput.py [--seconds 3] [--dtype float32]
 """
 from __future__ import annotations
@@ -88,7 +90,7 @@ def main() -> int:
     args = ap.parse_args()
     cat = load_catalog(builtin=("torch",))
     print(f"{'operator':36} {'ms/call':>8} {'op/s':>8} {'op+ref/s':>9} {'fuzz/s':>8} {'fuzz/op':>8} "
-          f"{'fuzz/(op+ref)':>13} {'normal op/s':>11}")
+          f"{'fuzz/(op+ref)':>13} {'batched/(op+ref)':>16} {'normal op/s':>11}")
     for name in args.ops:
         spec = pinned(cat.get(name), CASES[name])
         v = Variant(args.dtype)
@@ -114,8 +116,12 @@ def main() -> int:
         fz = f.evals / f.seconds
         op_rate = clocked.op_n / clocked.op_s
         op_ref_rate = clocked.op_n / (clocked.op_s + clocked.ref_s)
+        runner.backend = b
+        fb = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=args.seconds), seed=0), runner=runner)
+        width = (fb.coverage.get("batch") or {}).get("width", 1)
+        batched = f"{fb.evals / fb.seconds / op_ref_rate:.2f} (x{width})" if width > 1 else "-"
         print(f"{name:36} {1000 / op_rate:8.2f} {op_rate:8.1f} {op_ref_rate:9.1f} {fz:8.1f} {fz / op_rate:8.2f} "
-              f"{fz / op_ref_rate:13.2f} {normal:11.1f}")
+              f"{fz / op_ref_rate:13.2f} {batched:>16} {normal:11.1f}")
     return 0
 
 

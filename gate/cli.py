@@ -25,6 +25,7 @@ COMMANDS = [
     "gate.commands.publish",
     "gate.commands.action",
     "gate.commands.explain",
+    "gate.commands.init",
 ]
 
 

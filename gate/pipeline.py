@@ -277,7 +277,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         run_tasks, skipped = [p["task"] for p in planned], []
     else:
         # history: how close the base's stored error came to the gate's floor (closer = sooner)
-        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant.dtype)
+        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant)
                    for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
         alloc = allocate([p["task"] for p in planned], total, history=history)
         report.env["allocation"] = alloc.to_dict()
@@ -326,6 +326,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                     controls=[c.origin == "control" for c in w["cands"]])
         vv.source_file, vv.source_line = w["src"]
         vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
+        if finding.extra.get("search") == "exhaustive":  # every 16-bit value was run: exact maxima, head and base
+            vv.details["search"] = "exhaustive"
+            vv.details["exhaustive"] = {k: v for k, v in finding.extra["exhaustive"].items() if k != "sets"}
         if vv.input_summary is None and finding.best is not None:
             vv.input_summary = finding.best.summary()
         vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "

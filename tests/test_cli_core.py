@@ -272,6 +272,9 @@ def test_ops_json_file_and_operators_by_import_path(capsys, tmp_path):
     assert cat.get("torch.nn.functional.softmax").name == "torch.softmax"
     assert cat.get("torch.nn.functional.conv2d").name == "torch.conv2d"
     assert cat.get("torch.nn.modules.conv.F.conv2d").name == "torch.conv2d"
+    # a Python wrapper of the framework's own function (F.relu calls torch.relu): the row of its name
+    assert cat.get("torch.nn.functional.relu").name == "torch.relu"
+    assert cat.get("torch.nn.functional.gelu").name == "torch.gelu"
     with pytest.raises(UnknownOpError, match="unknown operator 'torch.nn.functional.no_such_op'"):
         cat.get("torch.nn.functional.no_such_op")
 
@@ -300,3 +303,34 @@ def test_progress_is_rich_on_a_terminal_and_plain_lines_elsewhere(monkeypatch, c
         say("fuzzing torch.relu[float32/cpu/input]")  # updates the status line in place only
     text = fake.getvalue()
     assert "dl-gate: selected 2 operator(s)" in text and "dl-gate: fuzzing" not in text
+
+
+def test_refresh_budget_is_total_seconds_shared_by_the_operators_and_per_op_is_per_operator(tmp_path, capsys):
+    """One grammar: ``--budget`` is the refresh's total (split over the operators, then over each
+    operator's variants), ``--per-op`` each operator's seconds, as for ``run``."""
+    import os
+    import re
+
+    from tests.test_gate_run import make_repo
+
+    repo = make_repo(tmp_path, baselines=False)
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        def budgets(*argv):
+            code = main(["baseline", "refresh", "--dtype", "float32", "--mode", "input", *argv])
+            err = capsys.readouterr().err
+            assert code == 0, err
+            got = {}
+            for op, sec in re.findall(r"measuring (\S+?)\[\S+\] \(([0-9.e+-]+)s\)", err):
+                got[op] = got.get(op, 0.0) + float(sec)
+            return got
+
+        total = budgets("--budget", "3")
+        per_op = budgets("--per-op", "1")
+    finally:
+        os.chdir(old)
+    assert len(total) >= 2, total
+    assert abs(sum(total.values()) - 3.0) < 0.02, total  # the total, shared (messages round to 3 digits)
+    for op, sec in total.items():
+        assert abs(sec - 3.0 / len(total)) < 0.01 and abs(per_op[op] - 1.0) < 0.01, (op, sec, per_op)

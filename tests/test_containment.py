@@ -137,6 +137,14 @@ def test_a_hang_is_a_hang_finding_within_the_deadline(repo, tmp_path):
     v = report["verdicts"][0]
     assert v["outcome"] == "regression" and "timeout after" in json.dumps(v), v
     assert took < 90 + 25, took  # the deadline (plus the SIGTERM grace) bounds the run whatever happens
+    # its repro waits as long as the gate did: on head it hangs (exit 1, where it hung), on base it returns
+    script = (v.get("diagnosis") or {}).get("repro_script")
+    assert script, v.get("diagnosis")
+    on_head = subprocess.run([sys.executable, script, "--repo", str(pr)], capture_output=True, text=True, timeout=60)
+    assert on_head.returncode == 1 and "ops.py" in on_head.stderr, on_head.stdout + on_head.stderr
+    git(pr, "checkout", "-q", "main")
+    on_base = subprocess.run([sys.executable, script, "--repo", str(pr)], capture_output=True, text=True, timeout=60)
+    assert on_base.returncode == 0 and "does not reproduce" in on_base.stdout, on_base.stdout + on_base.stderr
 
 
 def test_without_isolation_an_exit_is_an_error_report_not_a_pass(repo, tmp_path):

@@ -32,12 +32,16 @@ def test_the_regression_example_fails_and_localises_every_failing_row(tmp_path):
     for v in failing:
         d = v.get("diagnosis") or {}
         notes = " ".join(d.get("notes") or [])
-        assert d.get("kind") == "nonfinite", (v["op"], v["variant"], d.get("kind"))
+        # dropping the max-shift overflows (new NaN/Inf) and, short of overflow, cancels in x - lse
+        # (a precision loss: what a time-budgeted search on a loaded machine may reach first)
+        kind = "nonfinite" if "NaN/Inf" in v["reason"] else "precision"
+        assert d.get("kind") == kind, (v["op"], v["variant"], v["reason"], d.get("kind"))
         assert "does not reproduce" not in notes and "undetermined" not in json.dumps(d), (v["op"], v["variant"], notes)
         assert any(c.get("file") == "oplib/_helpers.py" for c in d.get("changed_code") or []), (v["op"], d.get("changed_code"))
         assert d.get("repro_script") and Path(d["repro_script"]).exists()
     # a new NaN where head's own float64 run is NaN too reproduces (against base's stored output)
-    res = subprocess.run([sys.executable, failing[0]["diagnosis"]["repro_script"]], capture_output=True, text=True,
+    first = next((v for v in failing if "NaN/Inf" in v["reason"]), failing[0])
+    res = subprocess.run([sys.executable, first["diagnosis"]["repro_script"]], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
 

@@ -282,3 +282,42 @@ def test_tensorflow_repro_script_runs_with_tensorflow_alone(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     assert "float16 max error" in res.stdout and "worst element output[0][0]" in res.stdout
 
+
+
+def _trace(calls):
+    from gate.localise.trace import Call, OpTrace, Trace
+
+    return OpTrace("bfloat16", low=Trace(calls=[Call(index=i, name=n, file="lib/ops.py", line=ln, function="f",
+                                                      stack=[f"lib/ops.py:{ln} f"], inputs=ins, delta=d)
+                                                 for i, (n, ln, ins, d) in enumerate(calls)]))
+
+
+def test_a_cast_that_rounds_what_an_amplifier_consumes_is_blamed_not_the_amplifier():
+    # diffusers#13922-like: head casts angles to bf16 (line 3) then takes cos (line 4); base took
+    # cos of the float32 angles and rounded after: base's cos got exact inputs
+    from gate.localise.trace import culprit
+
+    head = _trace([("torch.Tensor.to", 3, [-1], 0.5), ("torch.Tensor.cos", 4, [0], 232.0), ("torch.mul", 4, [1], 232.0)])
+    base = _trace([("torch.Tensor.cos", 3, [-1], 0.002), ("torch.Tensor.to", 3, [0], 0.5), ("torch.mul", 4, [1], 0.5)])
+    found, _ = culprit(head, base, "precision", 2.0, 3.0, "output")
+    assert (found["call"], found["line"]) == ("to", 3), found
+    assert "cos" in found["how"] and "amplifies" in found["how"]
+
+
+def test_when_base_fed_its_amplifier_the_same_rounded_input_the_changed_amplifier_is_blamed():
+    # both sides cast first; head replaced a stable function of the rounded value by an unstable one
+    from gate.localise.trace import culprit
+
+    head = _trace([("torch.Tensor.to", 3, [-1], 0.5), ("torch.Tensor.cos", 4, [0], 232.0)])
+    base = _trace([("torch.Tensor.to", 3, [-1], 0.5), ("torch.Tensor.cos", 4, [0], 0.6)])
+    found, _ = culprit(head, base, "precision", 2.0, 3.0, "output")
+    assert (found["call"], found["line"]) == ("cos", 4), found
+
+
+def test_a_domain_given_by_bounds_survives_the_trip_to_the_base_worker():
+    from gate.ops.spec import OpSpec
+
+    s = OpSpec.from_dict({"name": "a", "framework": "torch", "callable": "m:f",
+                          "inputs": [{"name": "x", "shape": [3], "domain": {"lo": 0, "hi": 4096}}]})
+    again = OpSpec.from_dict(s.to_dict())
+    assert again == s and (again.inputs[0].domain.lo, again.inputs[0].domain.hi) == (0.0, 4096.0)

@@ -182,7 +182,7 @@ class TorchBackend(Backend):
             # nothing autograd can differentiate (e.g. a Triton kernel launched outside a
             # torch.autograd.Function writes its output in place): no gradient to judge, not a
             # gradient of zero
-            raise NotDifferentiable("no floating-point output requires grad (computed outside autograd, e.g. a kernel "
+            raise NotDifferentiable("not differentiable: no floating-point output requires grad (computed outside autograd, e.g. a kernel "
                                     "launched without a torch.autograd.Function)")
         if roots and leaves:
             grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)

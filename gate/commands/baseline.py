@@ -99,7 +99,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         for t in tasks:
             if evals:
                 t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
-            say(f"measuring {t.id}")
+            say(f"measuring {t.id} ({t.budget.evals} evals)" if t.budget.evals else f"measuring {t.id} ({t.budget.seconds:.3g}s)")
             findings.append(fuzz_task(t, seed_store=seed_store, isolate=isolate))
     # a variant where nothing was measured gets no row: a "0 ulp" row would make it look exact
     unmeasured = [f for f in findings if f.status in ("no-valid-input", "error")

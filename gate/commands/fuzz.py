@@ -8,18 +8,21 @@ import sys
 from pathlib import Path
 from typing import List
 
+import numpy as np
+
 from ..backends import get_backend
 from ..errors import GateError
 from ..plan import FUZZ_ORACLES, Budget, plan, validate_variant_filters
 from ..report import make_output_dir
-from .common import add_config_arg, add_variant_args, count, load, progress_enabled, seconds, split_list
+from .common import add_config_arg, add_variant_args, count, load, seconds, split_list
 from .common import print_table as table
 from .common import fmt_num as fmt
 
 
 def register(sub) -> None:
     p = sub.add_parser("fuzz", help="fuzz operators for their worst precision error", formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  dl-gate fuzz torch.softmax --per-op 5 --dtype float16 --json out.json")
+                       epilog="example:\n  dl-gate fuzz torch.softmax --per-op 5 --dtype float16 --json out.json\n"
+                              "  dl-gate fuzz torch.erf --exhaustive --dtype float32 --shard 3/64 --json shard3.json")
     p.add_argument("ops", nargs="+", metavar="OP", help="operator name(s), see `dl-gate ops`")
     add_config_arg(p)
     add_variant_args(p)
@@ -41,6 +44,15 @@ def register(sub) -> None:
                    help="mutation scheduler: uct (bandit, default) or uniform (control)")
     p.add_argument("--no-seeds", action="store_true",
                    help="ignore stored seeds (<baselines>/seeds from `dl-gate harvest`, OpInfo samples)")
+    p.add_argument("--exhaustive", action=argparse.BooleanOptionalAction, default=None,
+                   help="elementwise rows run every float16/bfloat16 value by default (--no-exhaustive: the search "
+                        "alone); --exhaustive with --dtype float32 sweeps the 2^32 float32 values of --shard")
+    p.add_argument("--shard", metavar="I/N", default="1/1",
+                   help="with --exhaustive at float32: run shard I of N of the 2^32 values (a nightly or GPU "
+                        "campaign; join the shards' JSON with `python -m gate.fuzz.exhaustive merge FILES`)")
+    p.add_argument("--strided", action="store_true",
+                   help="with --exhaustive at float32: pass the values as strided views (the kernel's element-by-"
+                        "element loop, which non-contiguous tensors and vector tails take) instead of contiguous chunks")
     p.add_argument("--json", metavar="FILE", help="write findings (with worst inputs) as JSON")
     p.add_argument("--save-inputs", metavar="DIR", default="dl-gate-out/inputs",
                    help="directory for worst inputs as .npz (default dl-gate-out/inputs)")
@@ -87,32 +99,30 @@ def run(args) -> int:
                           devices=devices, modes=modes, available_devices=backend.devices(), oracles=oracles))
     if not tasks:
         raise GateError("no variant to fuzz on this machine (check --dtype/--device/--mode)")
+    from ..oracles.references import is_true_reference
+
     for spec in specs:  # fail fast, before any work, on an un-importable callable
         get_backend(spec.framework).resolve(spec.callable)
-        if spec.reference:
+        if spec.reference and not is_true_reference(spec.reference):
             get_backend(spec.framework).resolve(spec.reference)
+    if args.exhaustive and any(t.variant.dtype == "float32" for t in tasks):
+        return sweep_float32(args, [t for t in tasks if t.variant.dtype == "float32"])
     print(f"dl-gate fuzz: seed {seed}, strategy {args.strategy}, budget per operator: "
           + (f"{per_op.seconds:g}s" if per_op.seconds else "") + (" " if per_op.seconds and per_op.evals else "")
           + (f"{per_op.evals} evals" if per_op.evals else ""), file=sys.stderr)
     findings = []
-    bar = None
-    if progress_enabled():
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(tasks), unit="variant", file=sys.stderr, leave=False)
     store = None
     if not args.no_seeds:
         from ..fuzz.seeds import SeedStore
 
         store = SeedStore(cfg.baselines_dir / "seeds")
-    for task in tasks:
-        if bar:
-            bar.set_description(task.id)
-        findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler, isolate=isolate))
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
+    from .common import Progress
+
+    with Progress() as say:  # rich on a terminal, one line per variant in CI (as run and refresh)
+        for i, task in enumerate(tasks, 1):
+            say(f"fuzzing {task.id} ({i}/{len(tasks)})")
+            findings.append(fuzz_task(task, seed_store=store, scheduler=args.scheduler, isolate=isolate,
+                                      exhaustive=args.exhaustive is not False))
     print_table(findings)
     out_dir = Path(args.save_inputs) if args.save_inputs else None
     if out_dir:
@@ -133,7 +143,7 @@ def print_table(findings) -> None:
         # with a NaN/Inf as the worst input, the error columns show the worst finite error found
         e = f.finite_metrics if f.finite_metrics is not None and m is not None and m.nonfinite else m
         rows.append((
-            f.id, f.status, str(f.evals),
+            f.id, f.status + (" (exhaustive)" if f.extra.get("search") == "exhaustive" else ""), str(f.evals),
             fmt(e.ulp) if e else "-", fmt(e.abs) if e else "-", fmt(e.rel) if e else "-",
             ("shape!" if m.shape_mismatch else str(m.nonfinite)) if m else "-", str(sum(c.count for c in f.crashes)),
             (f.best.summary() if f.best else (f.message or "")),
@@ -145,9 +155,42 @@ def print_table(findings) -> None:
         if f.metrics is not None and f.metrics.shape_mismatch:
             print(f"shape mismatch in {f.id}: {f.metrics.shape_mismatch}")
     for f in findings:
-        facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair") and not isinstance(v, (list, dict))}
+        facts = {k: v for k, v in f.extra.items() if k not in ("oracle", "pair", "search") and not isinstance(v, (list, dict))}
+        ex = f.extra.get("exhaustive")
+        if isinstance(ex, dict):
+            print(f"{f.id}: exhaustive over every {ex['dtype']} value ({ex['values']} inputs, reference "
+                  f"{ex['reference']}): exact max {fmt(ex['max_ulp']) if isinstance(ex['max_ulp'], float) else ex['max_ulp']}"
+                  f" ulp at x = {ex['worst_input']!r}" + (f" {ex['worst_params']}" if ex.get("worst_params") else ""))
         if facts:
             print(f"{f.id}: " + ", ".join(f"{k}={fmt(v) if isinstance(v, float) else v}" for k, v in facts.items()))
+
+
+def sweep_float32(args, tasks) -> int:
+    """``--exhaustive`` at float32: every float32 value of ``--shard`` through each elementwise
+    operator (in this process: a campaign over trusted rows), its exact maximum and input."""
+    from ..fuzz import exhaustive as EX
+    from ..fuzz.runner import VariantRunner
+
+    shard = EX.parse_shard(args.shard)
+    results = []
+    for task in tasks:
+        if not task.op.elementwise or EX.float_input(task.op) is None or task.variant.oracle != "precision":
+            raise GateError(f"{task.op.name}: --exhaustive at float32 needs an elementwise row with one float input "
+                            "(elementwise: true)")
+        lo, hi = EX.shard_range(*shard)
+        print(f"{task.id}: float32 values {lo:#010x}..{hi - 1:#010x} (shard {args.shard}, {hi - lo} values)",
+              file=sys.stderr)
+        with np.errstate(all="ignore"):
+            r = EX.sweep(VariantRunner(task.op, task.variant), task.op, task.variant, shard=shard,
+                         strided=args.strided)
+        results.append(r)
+        print(f"{task.id} shard {r['shard']} ({r['path']}): {r['values']} values, exact max {fmt(r.get('max_ulp'))} ulp at "
+              f"x = {r.get('worst_input')!r} ({r.get('worst_bits')}), {r['nonfinite']} NaN/Inf where float64 is "
+              f"finite, {r['seconds']:.1f}s" + (f", {r['failed']} values failed" if r["failed"] else ""))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"sweeps": results}, indent=1))
+    return 0
 
 
 def save_inputs(findings, out_dir: Path) -> int:

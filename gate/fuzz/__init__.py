@@ -30,6 +30,7 @@ def fuzz_task(
     on_best: Optional[Callable] = None,
     isolate=None,
     stop_on_inf: bool = False,
+    exhaustive: bool = True,
 ) -> Finding:
     """Search ``task``'s variant for the input with the largest error of its oracle
     (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
@@ -49,20 +50,22 @@ def fuzz_task(
     ``on_best(q, ev, fitness)`` is called on every new best (streaming, benchmarks).
     ``stop_on_inf``: end the search at the first NaN/Inf (nothing can beat it). By default the
     search goes on, so that a precision error elsewhere is found too (``Finding.best_finite``):
-    a NaN/Inf the base produces as well must not hide a new precision regression."""
+    a NaN/Inf the base produces as well must not hide a new precision regression.
+    ``exhaustive``: an elementwise row at a 16-bit dtype runs every value of the dtype first
+    (:mod:`gate.fuzz.exhaustive`: the exact maximum); the search gets the rest of the budget."""
     own_runner = runner is None
     runner = runner or build_runner(task.op, task.variant, isolate=isolate)
     try:
         return _fuzz(task, runner, seeds=seeds, progress=progress, mutators=mutators, scheduler=scheduler,
                      seed_store=seed_store, coverage=coverage, batch=batch, max_seeds=max_seeds, on_best=on_best,
-                     stop_on_inf=stop_on_inf)
+                     stop_on_inf=stop_on_inf, exhaustive=exhaustive)
     finally:
         if own_runner and hasattr(runner, "close"):
             runner.close()
 
 
 def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_store, coverage, batch, max_seeds,
-          on_best, stop_on_inf) -> Finding:
+          on_best, stop_on_inf, exhaustive=True) -> Finding:
     from .batch import BatchEvaluator
     from .coverage import CoverageMap
     from .schedule import make_scheduler
@@ -117,13 +120,22 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     batchable = type(runner) is VariantRunner
     evaluator = BatchEvaluator(runner) if batchable else None
     width = 1 if not batchable else (batch if batch is not None else (8 if evaluator.pays else 1))
+    from . import exhaustive as EX
+
+    ex = None
+    seconds = task.budget.seconds
+    if exhaustive and EX.applies(task.op, task.variant):
+        with np.errstate(all="ignore"):
+            ex = EX.run(runner, task.op, task.variant)  # every value of the dtype: the exact maximum
+        if seconds is not None:
+            seconds = max(0.0, seconds - ex.seconds)  # the search gets what is left
     with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
         res = search(
             runner.evaluate,
             fresh,
             bound,
             rng,
-            seconds=task.budget.seconds,
+            seconds=seconds,
             evals=task.budget.evals,
             guidance=guidance,
             seeds=seed_list,
@@ -141,6 +153,21 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             _, alone = runner.evaluate(res.best, quantized=True)
             if alone.status == OK:
                 best_eval = alone
+    best, best_fin, best_fin_eval = res.best, res.best_finite, res.best_finite_eval
+    if best_fin is best:
+        best_fin = best_fin_eval = None
+    if ex is not None and ex.best_eval is not None:
+        # the exact maximum over every value: it is the finding unless the search found worse
+        # (a length-dependent path, a crash); the one-value witness is what gets replayed first
+        em = ex.best_eval.metrics
+        worst = ex.worst
+        witness = (worst.nonfinite_witness if em.nonfinite else None) or worst.witness
+        if best_eval is None or (em.severity, em.abs) >= (best_eval.metrics.severity, best_eval.metrics.abs):
+            if not em.nonfinite:
+                best_fin = best_fin_eval = None  # the exact finite maximum supersedes the search's
+            elif best_fin is None and best_eval is not None and not best_eval.metrics.nonfinite:
+                best_fin, best_fin_eval = best, best_eval
+            best, best_eval = witness or ex.candidates[0], ex.best_eval
     status, message = "ok", None
     if res.unsupported and best_eval is None:
         status, message = "unsupported", res.unsupported
@@ -156,7 +183,7 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
         seconds=res.seconds,
         status=status,
         metrics=best_eval.metrics if best_eval else None,
-        best=res.best,
+        best=best,
         crashes=[Crash(c.signature, c.message, c.count, c.candidate) for c in res.crashes.values()],
         invalid=res.invalid,
         message=message,
@@ -164,8 +191,15 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
         env=runner.backend.environment(task.variant.device),
         extra=dict(best_eval.extra) if best_eval is not None else {},
     )
-    if res.best_finite is not None and res.best_finite is not res.best and res.best_finite_eval is not None:
-        finding.best_finite, finding.finite_metrics = res.best_finite, res.best_finite_eval.metrics
+    if best_fin is not None and best_fin_eval is not None:
+        finding.best_finite, finding.finite_metrics = best_fin, best_fin_eval.metrics
+    if ex is not None:
+        finding.extra["exhaustive"] = ex.summary()  # per set: its figures, or why it did not run
+        finding.seconds += ex.seconds
+        if ex.best_eval is not None:  # measured: the exact maximum, replayed on head and base
+            finding.exhaustive = [*ex.witnesses, *ex.candidates]
+            finding.extra["search"] = "exhaustive"
+            finding.evals += sum(s.values for s in ex.sets if s.metrics is not None)
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
     if res.mutator_errors:
         finding.coverage["mutator_error"] = res.mutator_errors

@@ -57,11 +57,16 @@ class Finding:
     #: when ``best`` is a NaN/Inf: the worst input with a finite error, and its figures
     best_finite: Optional[Candidate] = None
     finite_metrics: Optional[Metrics] = None
+    #: exhaustive mode (gate.fuzz.exhaustive): the one-value witnesses and every value of the
+    #: dtype per parameter setting, replayed on head and base alike (regenerated, not serialised)
+    exhaustive: List[Candidate] = field(default_factory=list)
 
     @property
     def inputs(self) -> List[Candidate]:
-        """The inputs worth replaying: the worst, the worst finite one, each crash's."""
-        return [c for c in [self.best, self.best_finite, *[x.candidate for x in self.crashes]] if c is not None]
+        """The inputs worth replaying: the worst, the worst finite one, each crash's, and the
+        exhaustive sets (so that head and base are compared on the exact maxima)."""
+        out = [c for c in [self.best, self.best_finite, *[x.candidate for x in self.crashes]] if c is not None]
+        return out + [c for c in self.exhaustive if not any(c is o for o in out)]
 
     @property
     def id(self) -> str:

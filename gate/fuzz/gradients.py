@@ -64,6 +64,9 @@ class _GradBase(OracleRunner):
         outs, grads = self.backend.vjp(fn, args, kwargs, self._upstream(q, upstream_dtype), dtype=dtype,
                                        device=self.variant.device)
         names = float_input_names(self.spec)
+        if names and all(g is None for g in grads):
+            raise NotDifferentiable("not differentiable: no float output of the operator has a gradient with respect "
+                                    "to its float inputs (integer outputs, torch.no_grad, .detach(), a NumPy round trip)")
         full = []
         for name, g in zip(names, grads):
             if g is None:  # unused input: its gradient is zero
@@ -81,12 +84,15 @@ class GradRunner(_GradBase):
         dtype = self.variant.dtype
         try:
             _, ref = self._vjp(q, "float64", self.ref_fn, dtype)
-        except NotDifferentiable as exc:  # the float64 side is the operator itself: no gradient to judge
-            return q, Evaluation(UNSUPPORTED, error=f"backward: {exc}", seconds=time.perf_counter() - t0)
+        except NotDifferentiable as exc:  # found not to be differentiable: the variant does not apply
+            return q, Evaluation(UNSUPPORTED, error=str(exc), signature=str(exc), seconds=time.perf_counter() - t0)
         except Exception as exc:  # outside the domain (forward or backward)
             return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
         try:
             _, low = self._vjp(q, dtype, self.fn, dtype)
+        except NotDifferentiable as exc:  # the reference has a gradient, the operator does not (a kernel launched
+            # outside autograd): nothing to judge here; base having one on the same input is judged "gradient lost"
+            return q, Evaluation(UNSUPPORTED, error=str(exc), signature=str(exc), seconds=time.perf_counter() - t0)
         except Exception as exc:
             sig, short = exception_signature(exc)
             return q, Evaluation(self.classify(exc), error=f"backward: {short}", signature=f"backward: {sig}",

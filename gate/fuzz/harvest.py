@@ -112,6 +112,8 @@ def load_records(raw_dir: Path) -> List[CallRecord]:
         data = json.loads(js.read_text())
         with np.load(js.with_suffix(".npz"), allow_pickle=False) as arrays:
             for r in data.get("records", []):
+                if r.get("raised"):  # the call raised (a test's negative case): not a seed
+                    continue
                 if "error" in r:
                     out.append(CallRecord(op=r["op"], args=[], kwargs={}, source=f"error: {r['error']}"))
                     continue

@@ -119,7 +119,9 @@ def _record(op, args, kwargs):
             _state["arrays"][prefix + k] = arr
         _rename(enc, prefix)
         source = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-        _state["records"].append({"op": op, "source": source, **enc})
+        rec = {"op": op, "source": source, **enc}
+        _state["records"].append(rec)
+        return rec
     except Exception as exc:  # recording must never break the test run
         _state["records"].append({"op": op, "error": f"{type(exc).__name__}: {exc}"})
     finally:
@@ -143,8 +145,13 @@ def _wrap(op, fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        _record(op, args, kwargs)
-        return fn(*args, **kwargs)
+        rec = _record(op, args, kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            if rec is not None:  # a test's negative case (pytest.raises): not how the op is called
+                rec["raised"] = True
+            raise
 
     wrapper.__dl_gate_harvest__ = op
     return wrapper

@@ -14,7 +14,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import Backend, Output
 from ..errors import UnsupportedVariant
-from ..ops.spec import OpSpec, resolve_params
+from ..ops.spec import OpSpec, check_imports, resolve_params
 from ..oracles.precision import Metrics, compare
 from ..plan import Variant
 from .inputs import Candidate, inside_after_rounding
@@ -38,14 +38,27 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
     """``cand`` with every float input rounded to ``dtype`` (the values the kernel will see) and
     kept strictly inside its open value domain."""
     out = cand.derive()
+    exhaustive = cand.origin.startswith(("exhaustive", "sweep"))  # every value of the dtype, outside the domain too
     for t in spec.inputs:
         a = out.arrays.get(t.name)
         if a is None or t.kind != "float":
             continue
         d = t.dtype_at(dtype)  # an input that keeps its own dtype (mixed precision)
         q = backend.quantize(np.asarray(a, dtype=np.float64), d)
-        out.arrays[t.name] = inside_after_rounding(q, t.domain, d)
+        out.arrays[t.name] = q if exhaustive else inside_after_rounding(q, t.domain, d)
     return out
+
+
+def is_exhaustive(cand: Candidate) -> bool:
+    """A set of every value of the dtype (gate.fuzz.exhaustive), or one value taken from it."""
+    return cand.origin.startswith("exhaustive")
+
+
+#: an exhaustive set passed as a strided view (every other element of a buffer): the element-by-
+#: element loop a kernel runs for non-contiguous tensors and for its scalar tail, not its vector body
+#: (any origin ending in "-strided"; a float32 sweep's chunks are "sweep" / "sweep-strided"); every
+#: element of such sets is measured in ulps of its own reference
+STRIDED_ORIGIN = "exhaustive-strided"
 
 
 def exit_signature(exc: SystemExit) -> Tuple[str, str]:
@@ -74,7 +87,15 @@ class VariantRunner:
         if variant.device not in self.backend.devices():
             raise UnsupportedVariant(f"device {variant.device} is not available to {self.backend.name}")
         self.fn = fn or self.backend.resolve(spec.callable)
-        self.ref_fn = reference or (self.backend.resolve(spec.reference) if spec.reference else self.fn)
+        check_imports(spec)
+        from ..oracles.references import resolve as resolve_truth
+
+        # a correctly rounded reference (``reference: mpmath.erf``) is the reference everywhere;
+        # the row's ``truth`` only on the exhaustive 16-bit sets (cached), where it is cheap
+        self.true_ref = None if reference is not None else resolve_truth(spec.reference)
+        self.truth = self.true_ref or resolve_truth(spec.truth)
+        self.ref_fn = reference or (self.backend.resolve(spec.reference) if spec.reference and self.true_ref is None
+                                    else self.fn)
         self.layout = spec.layout(variant.layout)
         self.input_dtype = "float32" if variant.mode == "operator" else variant.dtype
 
@@ -89,13 +110,15 @@ class VariantRunner:
         lay = self.layout if low else None
         if lay is not None:
             kwargs.update(lay.params)
+        memory_format = lay.memory_format if lay is not None else None
+        if low and memory_format is None and cand.origin.endswith("-strided"):
+            memory_format = "strided"
         for t in self.spec.inputs:
             arr = cand.arrays[t.name]
             if lay is not None and t.name in lay.permute:
                 arr = np.ascontiguousarray(np.transpose(arr, lay.permute[t.name]))
             in_dtype = t.dtype if (t.dtype and t.kind == "float" and dtype != "float64") else dtype
-            native = self.backend.to_native(arr, in_dtype, self.variant.device,
-                                            memory_format=lay.memory_format if lay is not None else None)
+            native = self.backend.to_native(arr, in_dtype, self.variant.device, memory_format=memory_format)
             if t.keyword:
                 kwargs[t.name] = native
             else:
@@ -111,6 +134,11 @@ class VariantRunner:
 
     # -- running ----------------------------------------------------------------------------
     def run_reference(self, cand: Candidate) -> List[Output]:
+        truth = self.true_ref or (self.truth if is_exhaustive(cand) else None)
+        if truth is not None:
+            arrays = [cand.arrays[t.name] for t in self.spec.inputs if t.kind == "float"]
+            return [Output(truth.values(arrays, resolve_params(cand.params, self.spec.name), self.variant.dtype),
+                           "float64")]
         args, kwargs = self.build_call(cand, "float64", low=False)
         return self.backend.to_outputs(
             self.backend.call(self.ref_fn, args, kwargs, mode="input", dtype="float64", device=self.variant.device)
@@ -145,7 +173,10 @@ class VariantRunner:
             sig, short = exception_signature(exc)
             status = UNSUPPORTED if self.backend.is_unsupported(exc) else CRASH
             return q, Evaluation(status, error=short, signature=sig, seconds=time.perf_counter() - t0)
-        metrics = compare(out, ref, self.variant.dtype, self.spec.ulp_floor, ftz=self.backend.flush_subnormals)
+        # an exhaustive set holds every value of the dtype: each element is its own input, measured
+        # in ulps of its own reference (a floor from the set's largest output would hide them all)
+        floor = "dtype" if q.origin.startswith(("exhaustive", "sweep")) else self.spec.ulp_floor
+        metrics = compare(out, ref, self.variant.dtype, floor, ftz=self.backend.flush_subnormals)
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
         if keep_outputs:
             ev.outputs, ev.reference = out, ref

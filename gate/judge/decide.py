@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backends.base import Output
 from ..fuzz.finding import Finding
-from ..fuzz.runner import CRASH, INVALID, OK
+from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
 from ..ops.spec import OpSpec
 from ..oracles.precision import compare
 from ..plan import Variant
@@ -38,6 +38,19 @@ from .replay import UNAVAILABLE, ReplayResult, replay
 
 DEFAULT_MULTIPLIERS = {"float16": 3.0, "bfloat16": 3.0, "float32": 2.0, "float64": 2.0}
 DEFAULT_FLOORS = {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0, "float64": 8.0}
+# a gradient is a longer computation than its forward pass (the chain rule's products and the
+# reductions over broadcast or reduced axes): two correct backward formulas of one function (a
+# benign refactor: ``xc * rsqrt(v)`` vs ``xc / sqrt(v)``, an approximation replaced by the exact
+# function) round 2-3x apart on the same input, measured on the verdict bed; its floor is this
+# many times the forward floor (``gate.grad_floor_factor``)
+GRAD_FLOOR_FACTOR = 4.0
+# and on ill-conditioned inputs (the gradient of a near-constant row's normalisation) two correct
+# backward formulas differ by up to 8.5x in error on the same input (bench/false_alarms.py, the
+# benign layer_norm refactor over 20 seeds): a gradient variant's multiplier is this many times m
+# (``gate.grad_multiplier_factor``); a real gradient regression (a NaN, a cancellation that
+# costs 1e3+ ulps) is far beyond it
+GRAD_MULTIPLIER_FACTOR = 8.0
+NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.fuzz.gradients)
 BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
 
 
@@ -46,6 +59,8 @@ class GateSettings:
     multipliers: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
     floor_ulp: Dict[str, float] = field(default_factory=dict)  # overrides the spec's thresholds
     behaviour_change: str = "fail"  # fail | warn
+    grad_floor_factor: float = GRAD_FLOOR_FACTOR
+    grad_multiplier_factor: float = GRAD_MULTIPLIER_FACTOR
 
     @classmethod
     def from_config(cls, gate_cfg: Optional[dict]) -> "GateSettings":
@@ -54,16 +69,41 @@ class GateSettings:
             multipliers={**DEFAULT_MULTIPLIERS, **dict(g.get("multipliers") or {})},
             floor_ulp=dict(g.get("floor_ulp") or {}),
             behaviour_change=g.get("behaviour_change", "fail"),
+            grad_floor_factor=float(g.get("grad_floor_factor", GRAD_FLOOR_FACTOR)),
+            grad_multiplier_factor=float(g.get("grad_multiplier_factor", GRAD_MULTIPLIER_FACTOR)),
         )
 
-    def m(self, dtype: str) -> float:
-        return float(self.multipliers.get(dtype, 2.0))
+    def m(self, variant) -> float:
+        """How many times base's error head may reach, for ``variant`` (a Variant, or a dtype
+        name for the forward pass); a gradient variant's is ``grad_multiplier_factor`` times it."""
+        dtype = getattr(variant, "dtype", variant)
+        m = float(self.multipliers.get(dtype, 2.0))
+        return m * self.grad_multiplier_factor if getattr(variant, "oracle", None) == "grad" else m
 
-    def floor(self, spec: OpSpec, dtype: str) -> float:
+    def floor(self, spec: OpSpec, variant) -> float:
+        """The error no verdict fails below, in ulps, for ``variant`` (a Variant, or a dtype name
+        for the forward pass): the user's ``floor_ulp``, else the operator's threshold, else the
+        dtype's default; a gradient variant's is ``grad_floor_factor`` times that."""
+        dtype = getattr(variant, "dtype", variant)
         if dtype in self.floor_ulp:
-            return float(self.floor_ulp[dtype])
-        thr = spec.threshold(dtype).ulp
-        return float(thr) if math.isfinite(thr) else DEFAULT_FLOORS.get(dtype, 4.0)
+            f = float(self.floor_ulp[dtype])
+        else:
+            thr = spec.threshold(dtype).ulp
+            f = float(thr) if math.isfinite(thr) else DEFAULT_FLOORS.get(dtype, 4.0)
+        return f * self.grad_floor_factor if getattr(variant, "oracle", None) == "grad" else f
+
+
+def no_correct_digits(err_ulp: Optional[float], dtype: str) -> bool:
+    """An error of 2^p ulps (p: the dtype's significand bits) is a relative error of 1 against
+    the output's scale: not one correct digit. Where base's error is that large on an input
+    (a near-constant row whose float64 result is ~1e-30 of its inputs, the gradient of a
+    variance that rounds to 0), head has no digit left to lose there, and the two errors are
+    sizes of rounding garbage whose ratio says nothing: a precision regression is judged on
+    inputs where base had correct digits."""
+    from ..backends.base import FLOAT_FORMATS
+
+    p = FLOAT_FORMATS.get(dtype, (53,))[0]
+    return err_ulp is not None and math.isfinite(err_ulp) and err_ulp >= 2.0 ** p
 
 
 def _failed(r: ReplayResult) -> bool:
@@ -116,7 +156,7 @@ def decide(
     controls: Sequence[bool] = (),
 ) -> V.VariantVerdict:
     dtype = variant.dtype
-    m, floor = settings.m(dtype), settings.floor(spec, dtype)
+    m, floor = settings.m(variant), settings.floor(spec, variant)
     vv = V.VariantVerdict(
         op=spec.name, framework=spec.framework, variant=variant.to_dict(), outcome=V.PASS, reason="",
         seed=finding.seed if finding else None, evals=finding.evals if finding else 0,
@@ -125,8 +165,20 @@ def decide(
     vv.details["floor_ulp"] = floor
     vv.details["multiplier"] = m
     vv.details["baseline"] = row_status
+    lost = [i for i, (h, b) in enumerate(zip(head, base or ()))
+            if h.status == UNSUPPORTED and str(h.error or "").startswith(NOT_DIFFERENTIABLE) and b.status == OK]
+    if lost:  # base had a gradient on these inputs; head's output no longer carries one (a .detach(), no_grad)
+        vv.outcome = V.REGRESSION
+        vv.reason = (f"gradient lost: base's output is differentiable on {len(lost)} input(s) where head's is not "
+                     f"({head[lost[0]].error})")
+        vv.details["kind"] = "grad-lost"
+        vv.details["input_index"] = lost[0]
+        return vv
     if finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head):
-        vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
+        if str(finding.message or "").startswith(NOT_DIFFERENTIABLE):
+            vv.outcome, vv.reason = V.UNSUPPORTED, f"gradient not checked: {finding.message}"
+        else:
+            vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
         return vv
 
     ok_head = [r for r in head if r.status == OK]
@@ -138,7 +190,8 @@ def decide(
 
     base_usable = base is not None and any(r.status != UNAVAILABLE for r in base)
     if base_usable:
-        return _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls)
+        return _true_value(spec, _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs,
+                                                   controls))
 
     # ---- no base replay: hold head against the stored baseline row ----------------------
     if base is not None:
@@ -177,11 +230,11 @@ def decide(
 
 def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls) -> V.VariantVerdict:
     dtype = variant.dtype
-    m, floor = settings.m(dtype), settings.floor(spec, dtype)
+    m, floor = settings.m(variant), settings.floor(spec, variant)
     worst: Tuple[float, int, str] = (-1.0, -1, "")
     behaviour: Tuple[float, int] = (-1.0, -1)
     base_max = head_max_same = 0.0
-    fixed = 0
+    fixed = garbage = 0
     pairs = 0
     identical = moved_ref = 0  # inputs with bit-identical outputs; of those, with a moved reference
     ref_moved = 0.0  # the largest move of the float64 run within the threshold (not a behaviour change)
@@ -234,7 +287,9 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
                         key=lambda x: x[0])
             continue
         thr = max(floor, m * bm.ulp)
-        if hm.ulp > thr:
+        if no_correct_digits(bm.ulp, dtype):
+            garbage += 1  # base had no correct digit here: head cannot lose any (NaN/Inf, crashes still count)
+        elif hm.ulp > thr:
             sev = hm.ulp / thr
             if sev > worst[0]:
                 worst = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x base {_f(bm.ulp)})) on the same input")
@@ -256,6 +311,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             behaviour = (d, i)
     vv.details["pairs"] = pairs
     vv.details["identical_outputs"] = identical
+    if garbage:
+        vv.details["base_no_correct_digits"] = garbage  # inputs where precision was not judged
     if ref_moved:
         vv.details["reference_moved_ulp"] = round(ref_moved, 3)
     if moved_ref:
@@ -333,6 +390,20 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     vv.base_nonfinite = base_nf
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
+    return vv
+
+
+def _true_value(spec: OpSpec, vv: V.VariantVerdict) -> V.VariantVerdict:
+    """With a declared ``reference:`` both sides are measured against the same trusted value
+    (a correctly rounded mpmath function, or the user's own): the verdict says which side is
+    closer to the true value instead of comparing two float64 runs."""
+    if not spec.reference or vv.details.get("kind") not in (None, "precision"):
+        return vv
+    vv.details["reference"] = spec.reference
+    if vv.outcome == V.IMPROVEMENT and not vv.reason.startswith("head fixes"):
+        vv.reason = f"head is closer to the true value ({spec.reference}): {vv.reason}"
+    elif vv.outcome == V.REGRESSION:
+        vv.reason = f"head is further from the true value ({spec.reference}): {vv.reason}"
     return vv
 
 

@@ -58,7 +58,7 @@ class Localiser:
 
         def limit(variant):
             if variant == self.variant:
-                return RowLimit(threshold=vv.threshold if vv.threshold is not None else settings.floor(spec, variant.dtype),
+                return RowLimit(threshold=vv.threshold if vv.threshold is not None else settings.floor(spec, variant),
                                 nonfinite=vv.base_nonfinite or 0, crash=vv.base_crash)
             if variant.key not in cache:
                 cache[variant.key] = None
@@ -76,7 +76,7 @@ class Localiser:
                     env = get_backend(spec.framework).environment(variant.device)
                     row, status = store.lookup(spec.name, variant.key, env)
                     if row is not None and status == "ok":
-                        cache[variant.key] = RowLimit(max(settings.floor(spec, variant.dtype), settings.m(variant.dtype) * row.ulp),
+                        cache[variant.key] = RowLimit(max(settings.floor(spec, variant), settings.m(variant) * row.ulp),
                                                       row.nonfinite, row.crash)
                 except Exception:
                     pass
@@ -96,7 +96,7 @@ class Localiser:
         b0 = self.w["base"][i] if self.use_base else None
         kind = classify(h0, b0, vv.outcome)
         self.target = Target(spec, self.settings, kind, crash_signature=signature(h0) if kind == CRASH_KIND else None,
-                             row_limit=self._row_limit())
+                             row_limit=self._row_limit(), oracle=variant.oracle)
         diag = Diagnosis(variant={k: v for k, v in variant.to_dict().items() if k != "oracle" or v != "precision"},
                          kind=kind)
         q0 = self.session.head.quantize(spec, variant, found)
@@ -266,7 +266,7 @@ class Localiser:
                          "head": f"{fmt(dv)} (tolerance {fmt(BEHAVIOUR_TOLERANCE_ULP)})"})
         if self.target.kind == PRECISION and h.metrics is not None:
             thr = self.target.threshold(b, dtype, self.target.row_limit(self.variant) if not self.use_base else None)
-            how = (f"max(floor {fmt(self.target.floor(dtype))}, {self.settings.m(dtype):g} x base)" if self.use_base
+            how = (f"max(floor {fmt(self.target.floor(dtype))}, {self.target.m(dtype):g} x base)" if self.use_base
                    else "the baseline row's limit")
             rows.append({"name": "threshold (ulp)", "base": "", "head": f"{fmt(thr)} = {how}"})
         loc = focus_element(self.target, h, b, dtype)
@@ -391,8 +391,8 @@ class Localiser:
                                                 float64_run=self.target.kind == BEHAVIOUR)
             if base is None:
                 diag.notes.append(f"base could not be traced ({err}): head's change rate alone")
-        floor = self.settings.floor(spec, variant.dtype)
-        m = self.settings.m(variant.dtype)
+        floor = self.settings.floor(spec, variant)
+        m = self.settings.m(variant)
         sub, table = culprit(head, base, self.target.kind, floor, m, spec.ulp_floor, BEHAVIOUR_TOLERANCE_ULP)
         self.details["trace"] = {"head_calls": len(head.low.calls) if head.low else 0,
                                  "base_calls": len(base.low.calls) if base is not None and base.low else None,
@@ -438,10 +438,10 @@ class Localiser:
             limit = self.target.row_limit(variant) if not self.use_base else None
             thr = self.target.threshold(chk.base, variant.dtype, limit)
             bu = chk.base.metrics.ulp if chk.base is not None and chk.base.metrics is not None else None
-            why = (f"max(floor {fmt(self.target.floor(variant.dtype))}, {self.settings.m(variant.dtype):g} x base's "
+            why = (f"max(floor {fmt(self.target.floor(variant))}, {self.settings.m(variant):g} x base's "
                    f"{fmt(bu)} ulp on this input)" if bu is not None else "the baseline row's limit")
         else:
-            thr, why = self.target.floor(variant.dtype), "any NaN/Inf or exception reproduces"
+            thr, why = self.target.floor(variant), "any NaN/Inf or exception reproduces"
         try:
             ftz = get_backend(spec.framework).flush_subnormals
         except Exception:
@@ -451,7 +451,8 @@ class Localiser:
                             repo=Path(self.ctx["repo"]), python_path=self.shared.get("head_python_path") or ["."],
                             reason=self.vv.reason, ftz=ftz, summary=diag.minimal_input,
                             base_reference=chk.base.reference if kind == BEHAVIOUR and chk.base is not None else None,
-                            base_outputs=chk.base.outputs if chk.base is not None and chk.base.status == "ok" else None)
+                            base_outputs=chk.base.outputs if chk.base is not None and chk.base.status == "ok" else None,
+                            hang_after=_hang_seconds(chk.head.signature or chk.head.error) if kind == CRASH_KIND else None)
         diag.repro_script, diag.repro_data, diag.repro_command = paths["script"], paths["data"], paths["command"]
 
     def _save(self, diag: Diagnosis) -> None:
@@ -476,6 +477,14 @@ def _values(a: np.ndarray) -> str:
     if a.ndim == 0:
         return _num(a)
     return "[" + ", ".join(_values(x) for x in a) + "]"
+
+
+def _hang_seconds(sig) -> Optional[float]:
+    """The evaluation timeout a hang's signature names ("timeout after 1s in ops.py:3 f")."""
+    import re
+
+    m = re.match(r"timeout after ([0-9.]+)s", str(sig or ""))
+    return float(m.group(1)) if m else None
 
 
 def _ends_a_process(sig) -> bool:

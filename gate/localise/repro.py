@@ -5,7 +5,8 @@ The script loads the (minimal) input, runs the operator at the variant's dtype (
 memory format and computation mode as the gate) and at float64 on the same values, and prints
 the max error in ULPs of the dtype (with the gate's floor), the worst element, NaN/Inf counts,
 or the exception. For a behaviour change it compares the float64 output with base's, stored in
-the ``.npz``; a gradient finding runs backward with the gate's upstream gradient; a new NaN/Inf
+the ``.npz``; a gradient finding runs backward with the gate's upstream gradient; a hang waits as
+long as the gate did and, if the call has not returned, prints where it is and exits 1; a new NaN/Inf
 is counted against base's output stored in the ``.npz`` (the judge's definition). Exit status 1
 when the finding reproduces, 0 when it does not, 2 when the library cannot be imported.
 """
@@ -97,6 +98,26 @@ def resolve(path):
     return obj
 
 
+def mpmath_reference(path):
+    """``reference: mpmath.F``: the true value of F at each input element, rounded to float64."""
+    import mpmath
+    from mpmath.libmp import to_float
+
+    f = resolve(path)
+    arrays = np.broadcast_arrays(*[np.asarray(DATA["in_" + name], dtype=np.float64) for name, _ in INPUTS])
+    out = np.empty(arrays[0].shape)
+    with mpmath.workprec(160):
+        for i, xs in enumerate(zip(*(a.reshape(-1) for a in arrays))):
+            try:
+                v = f(*[mpmath.mpf(float(x)) for x in xs]) if not np.isnan(xs).any() else mpmath.nan
+            except (ValueError, ZeroDivisionError):
+                v = mpmath.nan
+            if isinstance(v, mpmath.mpc):
+                v = v.real if v.imag == 0 else mpmath.nan
+            out.flat[i] = float("nan") if mpmath.isnan(v) else to_float(mpmath.mpf(v)._mpf_, rnd="n")
+    return out
+
+
 def build(dtype, low):
     args = []
     kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
@@ -130,18 +151,32 @@ def main(argv=None):
         return 2
     print(f"{OP} [{VARIANT}] on {SUMMARY}")
     grad = ORACLE == "grad"
+    if HANG_AFTER:  # a hang: a call that has not returned after this long reproduces it
+        import faulthandler
+
+        print(f"{DTYPE}: the gate's call did not return within {HANG_AFTER:g}s; waiting as long "
+              "(a hang prints where it is and exits 1)", flush=True)
+        faulthandler.dump_traceback_later(HANG_AFTER, exit=True)  # its watchdog needs no GIL: exits 1
     try:
         if grad:  # backward at the variant dtype, the same upstream gradient as the gate's
             low = outputs(call_grad(fn, *build(DTYPE, False), dtype=DTYPE), False)
         else:
             low = outputs(call(fn, *build(INPUT_DTYPE, True), mode=MODE, dtype=DTYPE), True)
+        if HANG_AFTER:
+            faulthandler.cancel_dump_traceback_later()
+            print(f"{DTYPE}: returned within {HANG_AFTER:g}s: the hang does not reproduce")
+            return 0
     except Exception as exc:
+        if HANG_AFTER:
+            faulthandler.cancel_dump_traceback_later()
         msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         print(f"{DTYPE}: raises {msg}")
         return 1 if KIND == "crash" else 0
     try:
         if grad:
             ref = outputs(call_grad(ref_fn, *build("float64", False), dtype="float64"), False)
+        elif REFERENCE and REFERENCE.replace(":", ".").startswith("mpmath."):
+            ref = [mpmath_reference(REFERENCE)]  # the true value, as the gate measured it
         else:
             ref = outputs(call(ref_fn, *build("float64", False), mode="input", dtype="float64"), False)
     except Exception as exc:  # the float64 run fails: outside the domain, nothing to compare
@@ -267,6 +302,8 @@ def call_grad(fn, args, kwargs, dtype):
         ups.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
                    .to(device=t.device, dtype=t.dtype))
     grads = torch.autograd.grad(roots, leaves, ups, allow_unused=True) if roots and leaves else [None] * len(leaves)
+    if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
+        raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
     return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, leaves)]
 
 
@@ -338,6 +375,8 @@ def call_grad(fn, args, kwargs, dtype):
             targets.append(t)
             ups.append(tf.cast(tf.constant(upstream(k, tuple(t.shape))), t.dtype))
         grads = tape.gradient(targets, leaves, output_gradients=ups) if targets and leaves else [None] * len(leaves)
+        if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
+            raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
         return [g if g is not None else tf.zeros_like(x) for g, x in zip(grads, leaves)]
 
 
@@ -373,7 +412,8 @@ def _py(v) -> str:
 
 def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: Candidate, *, kind: str,
                 threshold: float, threshold_why: str, repo: Path, python_path, reason: str,
-                base_reference=None, base_outputs=None, ftz: bool = False, summary: Optional[str] = None) -> dict:
+                base_reference=None, base_outputs=None, ftz: bool = False, summary: Optional[str] = None,
+                hang_after: Optional[float] = None) -> dict:
     """Write ``<stem>.py`` and ``<stem>.npz`` into ``folder``; returns their paths and the command."""
     folder.mkdir(parents=True, exist_ok=True)
     script, data = folder / f"{stem}.py", folder / f"{stem}.npz"
@@ -398,6 +438,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
         "OUT_PERMUTE": tuple(lay.out_permute) if lay and lay.out_permute else None,
         "LAYOUT_PARAMS": dict(lay.params) if lay else {},
         "KIND": kind, "THRESHOLD_ULP": float(threshold), "THRESHOLD_WHY": threshold_why,
+        "HANG_AFTER": float(hang_after) if hang_after else None,
         "ULP_FLOOR": spec.ulp_floor, "FTZ": bool(ftz), "SUMMARY": summary or cand.summary(),
         "PYTHON_PATH": list(python_path), "DEFAULT_REPO": str(Path(repo).resolve()),
     }

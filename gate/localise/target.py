@@ -15,8 +15,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..fuzz.runner import CRASH, INVALID, OK
-from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP, GateSettings, new_nonfinite, ref_divergence, same_outputs
+from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
+from ..judge.decide import (BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite, no_correct_digits,
+                            ref_divergence, same_outputs)
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
 from ..oracles.precision import floor_value, ulp
@@ -25,7 +26,10 @@ CRASH_KIND, NONFINITE, INT_MISMATCH, PRECISION, BEHAVIOUR = "crash", "nonfinite"
 
 
 def failed(r: Optional[ReplayResult]) -> bool:
-    return r is not None and r.status in (CRASH, INVALID)
+    """A crash, an invalid call, or (gradient variants) an output that lost its gradient."""
+    if r is None:
+        return False
+    return r.status in (CRASH, INVALID) or (r.status == UNSUPPORTED and str(r.error or "").startswith(NOT_DIFFERENTIABLE))
 
 
 def signature(r: ReplayResult) -> str:
@@ -74,19 +78,29 @@ class Target:
     the variation is inconclusive)."""
 
     def __init__(self, spec: OpSpec, settings: GateSettings, kind: str, crash_signature: Optional[str] = None,
-                 row_limit: Optional[Callable[[object], Optional[RowLimit]]] = None):
+                 row_limit: Optional[Callable[[object], Optional[RowLimit]]] = None, oracle: str = "precision"):
         self.spec = spec
+        self.oracle = oracle
         self.settings = settings
         self.kind = kind
         self.crash_signature = crash_signature
         self.row_limit = row_limit
 
-    def floor(self, dtype: str) -> float:
+    def floor(self, dtype) -> float:
+        """The floor for this finding's variant at ``dtype`` (or a Variant)."""
+        if isinstance(dtype, str):
+            return self.settings.floor(self.spec, dtype) * (self.settings.grad_floor_factor if self.oracle == "grad" else 1.0)
         return self.settings.floor(self.spec, dtype)
+
+    def m(self, dtype) -> float:
+        """The multiplier for this finding's variant at ``dtype`` (or a Variant)."""
+        if isinstance(dtype, str):
+            return self.settings.m(dtype) * (self.settings.grad_multiplier_factor if self.oracle == "grad" else 1.0)
+        return self.settings.m(dtype)
 
     def threshold(self, b: Optional[ReplayResult], dtype: str, limit: Optional[RowLimit] = None) -> float:
         if b is not None and b.metrics is not None:
-            return max(self.floor(dtype), self.settings.m(dtype) * b.metrics.ulp)
+            return max(self.floor(dtype), self.m(dtype) * b.metrics.ulp)
         if limit is not None:
             return limit.threshold
         return self.floor(dtype)
@@ -143,6 +157,8 @@ class Target:
             return False  # a new NaN/Inf: another kind of finding (the judge calls it that first)
         if h.outputs is not None and same_outputs(h, b):
             return False  # the same output: only the reference moved
+        if no_correct_digits(b.metrics.ulp, dtype):
+            return False  # base had no correct digit on this input: nothing for head to lose (the judge's rule)
         return h.metrics.ulp > self.threshold(b, dtype)
 
     def severity(self, h: ReplayResult, b: Optional[ReplayResult], dtype: str) -> float:
@@ -195,7 +211,7 @@ def focus_element(target: Target, h: ReplayResult, b: Optional[ReplayResult], dt
                 bo, br = np.asarray(b.outputs[k]), np.asarray(b.reference[k])
                 if bo.shape == o.shape:
                     base_err = element_ulps(bo, br, dtype, target.spec.ulp_floor)
-                    m = target.settings.m(dtype)
+                    m = target.m(dtype)
                     with np.errstate(invalid="ignore"):
                         score = np.where(np.isinf(score) & ~np.isinf(base_err), np.inf,
                                          score / np.maximum(m * base_err, target.floor(dtype)))

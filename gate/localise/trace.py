@@ -735,7 +735,51 @@ def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: 
                               how="no call's error jumps above the floor; the call with the largest error")
     if found is not None and isinstance(found.get("delta"), float) and math.isinf(found["delta"]):
         found = _overflow_source(head.low, found) or found  # a NaN/Inf that an overflow upstream caused
+    elif found is not None and base is not None and base.low is not None:
+        found = _rounding_source(head.low, base.low, found, din_h, m) or found
     return found, table
+
+
+ROUNDED = 0.25  # ulps: an input carrying less error than this is as exact as the dtype holds it
+
+
+def _rounding_source(head: Trace, base: Trace, found: dict, din_h: List[float], m: float) -> Optional[dict]:
+    """When the culprit jumps because its *input* already carries a rounding error that base's
+    calls of the same function never received (a cast of angles to bfloat16 before ``cos``,
+    where base took ``cos`` in float32 and rounded after), the call that introduced that error
+    from exact inputs is where the PR went wrong: the culprit only amplifies it (``cos`` of a
+    large argument, a subtraction that cancels). Base is the control: if its calls of the same
+    function got inputs as rounded as head's, the amplifier itself is what changed."""
+    idx = next((c.index for c in head.calls if c.file == found.get("file") and c.line == found.get("line")
+                and _short(c.name) == found.get("call")), None)
+    if idx is None or din_h[idx] < ROUNDED:
+        return None
+    same = [j for j, c in enumerate(base.calls) if _short(c.name) == found.get("call")]
+    if not same:
+        return None
+    db = [c.delta for c in base.calls]
+    din_b, _ = rates(base, db)
+    if din_h[idx] <= m * min(din_b[j] for j in same):
+        return None
+    # walk back along the input that carries the most error to where it first appeared
+    k, seen = idx, set()
+    while True:
+        c = head.calls[k]
+        ins = [p for p in c.inputs if 0 <= p < len(head.calls) and head.calls[p].delta is not None]
+        if k in seen or not ins:
+            break
+        seen.add(k)
+        p = max(ins, key=lambda q: head.calls[q].delta)
+        if head.calls[p].delta < ROUNDED:
+            break
+        k = p
+    if k == idx:
+        return None
+    o = head.calls[k]
+    return _pick(o, delta=o.delta, delta_inputs=din_h[k],
+                 how=(f"rounds exact inputs by {o.delta:.3g} ulp here; {found.get('call')} "
+                      f"({found.get('file')}:{found.get('line')}) amplifies it to {found.get('delta', 0):.3g} ulp, "
+                      f"where base's {found.get('call')} received inputs with at most {min(din_b[j] for j in same):.3g} ulp"))
 
 
 def _overflow_source(trace: Trace, found: dict) -> Optional[dict]:

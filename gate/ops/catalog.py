@@ -122,7 +122,17 @@ class Catalog:
                     found.append(s)
             except Exception:
                 continue
-        return found[0] if len(found) == 1 else None
+        if len(found) == 1:
+            return found[0]
+        if found:
+            return None
+        # a thin wrapper of the framework (torch.nn.functional.relu calls torch.relu): the row of
+        # the same framework whose callable or native kernel has the wrapper's name, if only one
+        leaf = norm.rsplit(".", 1)[-1]
+        same = [s for s in self if s.callable and s.callable.replace(":", ".").split(".", 1)[0] == root
+                and (s.callable.replace(":", ".").rsplit(".", 1)[-1] == leaf
+                     or any(n.split(".")[0] == leaf for n in s.native))]
+        return same[0] if len(same) == 1 else None
 
     def select(self, names: Optional[Iterable[str]]) -> List[OpSpec]:
         if not names:

@@ -55,7 +55,8 @@ class Domain:
             lo, hi = DOMAINS[raw]
             return cls(lo=lo, hi=hi, name=raw)
         if isinstance(raw, Mapping):
-            base = cls.parse(raw.get("name", "real"))
+            # "custom": a domain given by its bounds (what to_dict writes for one)
+            base = cls() if raw.get("name") in (None, "custom") else cls.parse(raw["name"])
             lo = raw.get("lo", base.lo)
             hi = raw.get("hi", base.hi)
             return cls(
@@ -123,6 +124,18 @@ def _import_value(raw: Any) -> Any:
     if isinstance(raw, Mapping) and set(raw) == {"import"}:
         return ImportRef(str(raw["import"]))
     return raw
+
+
+def check_imports(spec: "OpSpec") -> None:
+    """Import every object the operator's parameters name (``{import: ...}``), so that a typo is
+    one :class:`ConfigError` where the operator is first loaded, not an evaluation that fails
+    on the choices that carry it while the others run."""
+    for p in spec.params:
+        refs = {c for c in (p.choices or ()) if isinstance(c, ImportRef)}
+        if isinstance(p.default, ImportRef):
+            refs.add(p.default)
+        for ref in sorted(refs, key=str):
+            resolve_params({p.name: ref}, spec.name)
 
 
 def resolve_params(params: Mapping[str, Any], op: str = "") -> dict:
@@ -263,6 +276,13 @@ class OpSpec:
     modes: tuple = ("input",)
     layouts: tuple = ()  # of LayoutSpec (alternatives to the default layout)
     reference: Optional[str] = None  # import path; default: the same op in float64
+    #: each output element depends only on the same element of the inputs: with one float input,
+    #: every 16-bit input value is run (gate.fuzz.exhaustive) instead of a sample
+    elementwise: bool = False
+    #: correctly rounded reference for the exhaustive sets (gate.oracles.references: ``erf``,
+    #: ``mpmath.erf``); the search keeps the fast float64 run. A ``reference:`` that names an
+    #: mpmath function is a true reference everywhere.
+    truth: Optional[str] = None
     thresholds: Mapping[str, Threshold] = field(default_factory=dict)
     kind: str = "elementwise"
     exact: bool = False
@@ -319,6 +339,8 @@ class OpSpec:
             "modes": list(self.modes),
             "layouts": {lay.name: lay.to_dict() for lay in self.layouts},
             "reference": self.reference,
+            **({"elementwise": True} if self.elementwise else {}),
+            **({"truth": self.truth} if self.truth else {}),
             "thresholds": {d: t.to_dict() for d, t in self.thresholds.items()},
             "kind": self.kind,
             "exact": self.exact,
@@ -375,6 +397,8 @@ class OpSpec:
                 modes=tuple(merged.get("modes", ("input",))),
                 layouts=tuple(LayoutSpec.from_dict(k, v) for k, v in dict(layouts_raw).items()),
                 reference=merged.get("reference"),
+                elementwise=bool(merged.get("elementwise", False)),
+                truth=merged.get("truth"),
                 thresholds=thresholds,
                 kind=kind,
                 exact=bool(merged.get("exact", False)),

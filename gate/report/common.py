@@ -223,6 +223,11 @@ def facts(v: VariantVerdict) -> List[tuple]:
         out.append(("seed", str(v.seed)))
     if v.evals:
         out.append(("evaluations", f"{v.evals} in {v.seconds:.1f}s"))
+    ex = v.details.get("exhaustive")
+    if isinstance(ex, dict) and ex.get("values"):
+        out.append(("exhaustive", f"every {ex.get('dtype')} value ({ex['values']} inputs) against "
+                                  f"{ex.get('reference')}: exact max {fmt_num(ex.get('max_ulp'))} ulp at "
+                                  f"x = {ex.get('worst_input')!r}"))
     mi = minimal_input(v)
     if mi:
         out.append(("minimal input", one_line(mi, 1000)))

@@ -87,7 +87,8 @@ def _row(report: GateReport, v: VariantVerdict) -> str:
     if is_failing(report, v):
         outcome = f"**{outcome}**"
     ratio = verdict_ratio(v)
-    return (f"| {icon(report, v)} | {md_code(v.op, 80)} | {md_text(v.key, 80)} | "
+    key = v.key + (" · exhaustive" if v.details.get("search") == "exhaustive" else "")
+    return (f"| {icon(report, v)} | {md_code(v.op, 80)} | {md_text(key, 80)} | "
             f"{err(v.base_error)}{nonfinite(v.base_nonfinite)} | {err(v.head_error)}{nonfinite(v.head_nonfinite)} | "
             f"{ratio} | {err(v.threshold)} | {outcome} |")
 

@@ -1,0 +1,74 @@
+"""``dl-gate init [--tests CMD] [--package NAME]``: discover a library's operators, infer their
+specs from its own tests, signatures and small probes, check each one runs at every dtype, and
+write a commented ``.dl-gate.yml`` plus the PR-gate and baseline-refresh workflows. Re-running
+adds new operators and reports removed ones without touching rows already in the file."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import print_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("init", help="write .dl-gate.yml (and the workflows) for this repository's operators",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  dl-gate init\n  dl-gate init --tests \"pytest tests/test_ops.py\" "
+                              "--package mylib",
+                       description="Find the operators of the package in the current repository (public "
+                                   "functions, nn.Module / Keras Layer classes, autograd.Functions, torch.library "
+                                   "custom ops), infer their inputs and parameters from the calls the library's "
+                                   "own tests make, from signatures and by probing small tensors (in a child "
+                                   "process), run every spec once at each dtype, and write the config. "
+                                   "See docs/config.md.")
+    p.add_argument("--tests", metavar="CMD",
+                   help="the library's test command to record calls from (default: pytest on tests/ if present)")
+    p.add_argument("--no-tests", action="store_true", help="do not run the tests (signatures and probing only)")
+    p.add_argument("--package", metavar="NAME", help="the package (or sub-package, pkg.sub) to gate")
+    p.add_argument("--config", default=".dl-gate.yml", metavar="FILE", help="the config to write (default .dl-gate.yml)")
+    p.add_argument("--no-workflows", action="store_true", help="do not write .github/workflows/dl-gate*.yml")
+    p.add_argument("--ops", action="append", metavar="NAME", help="only these operators (repeatable)")
+    p.add_argument("--probe-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds one probe evaluation may take (default 10)")
+    p.add_argument("--tests-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds the test command may run (default 600; the calls made until then are kept)")
+    p.add_argument("--json", metavar="FILE", help="also write what init did as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..errors import GateError
+    from ..init import run_init
+    from .common import split_list
+
+    if args.probe_timeout <= 0 or args.tests_timeout <= 0:
+        raise GateError("--probe-timeout and --tests-timeout must be positive numbers of seconds")
+
+    def log(line: str) -> None:
+        print(f"dl-gate init: {line}", file=sys.stderr, flush=True)
+
+    rep = run_init(Path.cwd(), package=args.package, tests=None if args.no_tests else args.tests, no_tests=args.no_tests,
+                   config=args.config, workflows=not args.no_workflows, probe_timeout=args.probe_timeout,
+                   tests_timeout=args.tests_timeout, only=split_list(args.ops) or None, log=log)
+    print_table(("operator", "is", "spec"), rep.found, title=f"{len(rep.found)} operators gated")
+    if rep.left_out:
+        print()
+        print_table(("left out", "why"), rep.left_out, title=f"{len(rep.left_out)} left out")
+    print()
+    if rep.kept or rep.removed:
+        print(f"{args.config}: {len(rep.added)} operators added, {len(rep.kept)} kept as they are in the file")
+        for n in rep.removed:
+            print(f"  removed from the library (still in {args.config}: delete its row): {n}")
+    else:
+        print(f"wrote {args.config} ({len(rep.added)} operators)")
+    for w in rep.workflows:
+        print(f"wrote {w}")
+    if rep.seeds:
+        print(f"stored {rep.seeds} harvested calls as seeds under baselines/seeds/")
+    print(f"done in {rep.seconds:.0f}s. Next:\n  dl-gate baseline refresh      # measure the baselines "
+          "(commit baselines/)\n  dl-gate run --base origin/main  # the gate on a pull request")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rep.to_dict(), indent=2, default=str))
+    return 0

@@ -1,0 +1,405 @@
+"""``dl-gate init``: from an operator library to a working gate, with no hand-written spec.
+
+The stages, each its own module:
+
+1. :mod:`gate.init.discover` — the package (``--package``, the project's declared name, or
+   the one package at the root or under ``src/``) and its public definitions (AST), then what
+   each one is and its signature (imported in a child process, :mod:`gate.init.worker`);
+2. harvest — the library's own tests run with every discovered operator wrapped
+   (:func:`gate.fuzz.harvest.run_harvest`), so each call they make is recorded;
+3. :mod:`gate.init.infer` — a spec from those calls (shapes → dims, values → domains and
+   parameter choices), else small probe shapes of a few ranks;
+4. probing and validation in the child process — the first candidate spec that runs with the
+   gate's own runner, then once at every variant the gate would plan (each dtype, the
+   non-contiguous layout, the gradient): what fails is dropped or turned off, and said so;
+5. :mod:`gate.init.yamlio` — a commented ``.dl-gate.yml`` (validated against the schema), merged
+   into an existing one without touching the user's rows; :mod:`gate.init.workflows` — the PR
+   gate and baseline-refresh workflows; the harvested calls stored as seeds.
+"""
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+import re
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError, SetupError
+from .discover import Symbol, default_tests, find_package, run_worker, scan, uses_framework
+from .infer import Operator, from_records, hinted_options, probe_specs, widen
+
+CONFIG = ".dl-gate.yml"
+LOW = ("float16", "bfloat16", "float32")
+
+
+@dataclass
+class InitReport:
+    package: str = ""
+    config: str = ""
+    found: List[Tuple[str, str, str]] = field(default_factory=list)  # (name, from, dtypes/notes)
+    left_out: List[Tuple[str, str]] = field(default_factory=list)  # (name, why)
+    added: List[str] = field(default_factory=list)
+    kept: List[str] = field(default_factory=list)
+    removed: List[str] = field(default_factory=list)
+    workflows: List[str] = field(default_factory=list)
+    seeds: int = 0
+    harvest: str = ""  # what the test run did
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+class _SignatureOnly:
+    """Stands in for a callable when seeds are bound to specs: its signature, no code."""
+
+    def __init__(self, params: Sequence[dict]):
+        ps = []
+        for p in params:
+            kind = getattr(inspect.Parameter, p["kind"])
+            default = p["default"] if p["has_default"] and not isinstance(p["default"], dict) else inspect.Parameter.empty
+            if p["has_default"] and default is inspect.Parameter.empty:
+                default = None
+            ps.append(inspect.Parameter(p["name"], kind, default=default))
+        try:
+            self.__signature__ = inspect.Signature(ps)
+        except ValueError:
+            self.__signature__ = inspect.Signature([])
+
+    def __call__(self, *a, **k):  # pragma: no cover - never called
+        raise RuntimeError("signature only")
+
+
+def _op_name(sym: Symbol, pkg: str, taken: Dict[str, int]) -> str:
+    top = pkg.split(".")[0]
+    short = f"{top}.{sym.name}"
+    return short if taken.get(sym.name, 0) <= 1 else f"{sym.module}.{sym.name}"
+
+
+def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequence[str], timeout: float,
+             log) -> Tuple[Dict[str, list], str]:
+    from types import SimpleNamespace
+
+    from ..fuzz.harvest import load_records, run_harvest
+
+    argv = shlex.split(command)
+    if argv and argv[0] in ("pytest", "py.test"):
+        argv = [sys.executable, "-m", "pytest"] + argv[1:]
+    argv = ["timeout", "-s", "INT", "-k", "30", str(int(timeout))] + argv
+    targets = [SimpleNamespace(name=o.name, callable=o.harvest_target) for o in ops]
+    with tempfile.TemporaryDirectory(prefix="dl-gate-init-harvest-") as tmp:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(list(sys_path) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        log(f"running the library's tests to record how they call its operators: {command}")
+        t0 = time.monotonic()
+        with open(Path(tmp) / "out.log", "w") as out:
+            code = _run_quiet(lambda: run_harvest(argv, targets, Path(tmp), cwd=repo, python_path=(),
+                                                  max_calls=64, env=env), out)
+        records = load_records(Path(tmp))
+    by: Dict[str, list] = {}
+    for r in records:
+        if not r.source.startswith("error: "):
+            by.setdefault(r.op, []).append(r)
+    what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
+            f" in {time.monotonic() - t0:.0f}s; {sum(len(v) for v in by.values())} distinct calls of "
+            f"{len(by)} operators recorded")
+    return by, what
+
+
+def _run_quiet(fn, out):
+    """Run ``fn`` with this process's stdout/stderr (and so the child's) sent to ``out``."""
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        return fn()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_rec: int = 1
+            ) -> Tuple[Optional[dict], str]:
+    """The spec to write from the probe's answer, with what was dropped, or (None, why)."""
+    if "failed" in answer:
+        return None, answer["failed"]
+    if answer.get("chosen") is None:
+        tries = answer.get("tries") or []
+        last = next((t for t in reversed(tries) if t[1] != "ok"), None)
+        first = tries[0] if tries else None
+        why = (first or last or [0, "", "no candidate"])[2] or "no candidate ran"
+        return None, f"no inferred spec runs ({len(tries)} tried; first: {why})"
+    spec = dict(candidates[answer["chosen"]])
+    defaults = {p["name"]: p["default"] for p in op.params if p["has_default"]}
+    hinted = []
+    for pname, values in (answer.get("options") or {}).items():
+        spec.setdefault("params", {})
+        spec["params"] = dict(spec["params"], **{pname: {"choices": [defaults.get(pname)] + list(values)}})
+        hinted.append(pname)
+    variants = answer.get("variants") or {}
+    notes = []
+    dtypes = []
+    for d in LOW:
+        st = variants.get(f"{d}/cpu/input")
+        if st is None or st[0] == "ok":
+            dtypes.append(d)
+        else:
+            notes.append(f"{d} dropped ({st[1]})")
+    if not dtypes:
+        return None, "runs at no dtype: " + "; ".join(notes)
+    if len(dtypes) < len(LOW):
+        spec["dtypes"] = dtypes
+    lay = [v for k, v in variants.items() if k.endswith("/noncontiguous")]
+    if lay and all(v[0] != "ok" for v in lay):
+        spec["layouts"] = {}
+        notes.append(f"non-contiguous inputs off ({lay[0][1]})")
+    grad = [v for k, v in variants.items() if k.endswith("/grad")]
+    if grad and all(v[0] != "ok" for v in grad):
+        spec["grad"] = False
+        notes.append(f"gradient check off ({grad[0][1]})")
+    if answer["chosen"] < n_rec:
+        source = origin + ("; real values (the tests use a narrower range)" if n_rec == 2 and answer["chosen"] == 0 else "")
+    else:
+        source = "probed: the first shape that ran" + (f" ({origin})" if origin else "")
+    if hinted:
+        notes.insert(0, f"{', '.join(hinted)}: values from the type hints")
+    return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
+
+
+def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] = None, config: str = CONFIG,
+             workflows: bool = True, probe_timeout: float = 10.0, tests_timeout: float = 600.0,
+             only: Optional[Sequence[str]] = None, no_tests: bool = False, log: Callable[[str], None] = lambda s: None) -> InitReport:
+    """Discover, infer, probe and write; returns what was done (nothing is written when no
+    operator runs)."""
+    from .. import __version__
+    from ..config import parse_config
+    from . import workflows as wf
+    from . import yamlio
+
+    t_start = time.monotonic()
+    repo = Path(repo).resolve()
+    pkg = find_package(repo, package)
+    framework = uses_framework(pkg)
+    report = InitReport(package=pkg.name, config=config)
+    syms, bad = scan(pkg, repo)
+    for f in bad:
+        report.left_out.append((f, "does not parse (SyntaxError)"))
+    if not syms:
+        raise SetupError(f"package {pkg.name} defines no public function or class")
+    sys_path = [str(pkg.root)]
+    log(f"package {pkg.name} ({'src/' if pkg.python_path == 'src' else 'repository root'}), "
+        f"{sum(len(v) for v in syms.values())} public definitions in {len(syms)} modules")
+
+    # 1. what each definition is --------------------------------------------------------
+    names = {m: [s.name for s in ss] for m, ss in syms.items()}
+    answers = run_worker("classify", list(syms), lambda m: m, {"names": names, "package": pkg.name}, cwd=repo, sys_path=sys_path,
+                         item_timeout=120.0)
+    import_errors = {m: a["error"] for m, a in answers.items() if "error" in a}
+    import_errors.update({m: {"error": a["failed"], "hint": ""} for m, a in answers.items() if "failed" in a})
+    if import_errors and len(import_errors) == len(syms):
+        first = next(iter(import_errors.values()))
+        hint = first.get("hint") or "make it importable from the repository root (its declared dependencies installed)"
+        missing = re.search(r"No module named '([\w.]+)'", first["error"])
+        if missing:
+            top = missing.group(1).split(".")[0]
+            declared = [d for d in pkg.dependencies
+                        if re.split(r"[<>=!~;\[ ]", d, 1)[0].strip().lower().replace("-", "_") == top.lower()]
+            if declared:
+                hint = (f"{top} is a declared dependency of the project ({declared[0]}): install the project's "
+                        "dependencies (`pip install -e .`), then re-run dl-gate init")
+        raise SetupError(f"cannot import {pkg.name}: {first['error']}: {hint}")
+    for m, e in import_errors.items():
+        report.left_out.append((m, f"module does not import: {e['error']}" + (f" ({e['hint']})" if e.get("hint") else "")))
+    rows = {(r["module"], r["name"]): r for a in answers.values() for r in a.get("rows", []) if "name" in r}
+    counts: Dict[str, int] = {}
+    for ss in syms.values():
+        for s in ss:
+            counts[s.name] = counts.get(s.name, 0) + 1
+    ops: List[Operator] = []
+    by_sym: Dict[str, Symbol] = {}
+    for m, ss in syms.items():
+        for s in ss:
+            r = rows.get((m, s.name))
+            name = _op_name(s, pkg.name, counts)
+            if only and name not in only and s.name not in only:
+                continue
+            if r is None:
+                if m not in import_errors:
+                    report.left_out.append((name, "no answer from the import (the child process stopped)"))
+                continue
+            if "skip" in r:
+                if not r["skip"].startswith("re-exported"):
+                    report.left_out.append((name, r["skip"]))
+                continue
+            op = Operator(name=name, module=m, qualname=s.name, kind=r["kind"], file=s.file, line=s.line,
+                          framework=r.get("framework", framework), params=r.get("params") or [],
+                          init=r.get("init") or [])
+            if op.kind in ("module", "layer") and op.required_init():
+                report.left_out.append((name, f"its constructor needs {', '.join(op.required_init())} "
+                                              "(declare an instance or a factory function)"))
+                continue
+            ops.append(op)
+            by_sym[name] = s
+    if not ops:
+        raise SetupError(f"no operator candidates in {pkg.name}: " +
+                         ("; ".join(f"{n}: {w}" for n, w in report.left_out[:3]) or "nothing public"))
+
+    # 2. the library's own tests ----------------------------------------------------------
+    records: Dict[str, list] = {}
+    if tests is None and not no_tests:
+        tests = default_tests(repo, pkg)
+    if tests:
+        records, report.harvest = _harvest(ops, tests, repo, sys_path, tests_timeout, log)
+        log(report.harvest)
+
+    # 3. candidate specs ------------------------------------------------------------------
+    plans: Dict[str, Tuple[Operator, List[dict], str]] = {}
+    for op in ops:
+        sources = [op.file]
+        cands: List[dict] = []
+        origin = ""
+        n_rec = 0
+        recs = records.get(op.name, [])
+        if recs:
+            inf = from_records(op, recs, op.framework, sources)
+            if inf.spec is not None:
+                # the tests' value range shows what runs, not what must: real values first (a
+                # logit drawn from [0, 1) never overflows a sigmoid), the tests' range if not
+                wide = widen(inf.spec)
+                if wide is not None:
+                    cands.append(wide)
+                cands.append(inf.spec)
+                n_rec = len(cands)
+                tests_of = sorted({r.source.split("::")[0] for r in recs if r.source})
+                origin = f"from {inf.calls} test call(s)" + (f" in {', '.join(tests_of[:2])}" if tests_of else "")
+            else:
+                origin = f"test calls not usable: {inf.why}"
+        probes, why = probe_specs(op, op.framework, sources)
+        cands.extend(probes)
+        if not cands:
+            report.left_out.append((op.name, why if not origin else f"{origin}; {why}"))
+            continue
+        plans[op.name] = (op, cands, origin, n_rec)
+
+    # 4. probe and validate in the child process -------------------------------------------
+    done = [0]
+
+    def progress(msg):
+        done[0] += 1
+        if done[0] % 10 == 0:
+            log(f"probed {done[0]}/{len(plans)} operators")
+
+    probe_req = [{"name": n, "candidates": c, "options": hinted_options(op, c[0]), "recorded": n_rec}
+                 for n, (op, c, _, n_rec) in plans.items()]
+    log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
+    answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
+                         sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress)
+    final: List[Tuple[dict, str]] = []
+    for name, (op, cands, origin, n_rec) in plans.items():
+        spec, note = _finish(op, answers.get(name, {"failed": "no answer"}), cands, origin, n_rec)
+        if spec is None:
+            report.left_out.append((name, note))
+            continue
+        if spec.get("framework") == framework:
+            del spec["framework"]  # the file's own framework: said once at the top
+        final.append((spec, f"{name}: {note}"))
+        report.found.append((name, op.kind, note))
+
+    # 5. the seeds, the config, the workflows ------------------------------------------------
+    path = repo / config
+    existing = path.is_file()
+    if not final and not existing:
+        raise SetupError(f"no operator of {pkg.name} runs with an inferred spec: " +
+                         "; ".join(f"{n}: {w}" for n, w in report.left_out[:3]))
+    tail = ""
+    if existing:
+        doc = yamlio.load(path)
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: not a mapping; move it away to start afresh")
+        scanned = {f"{m}:{s.name}" for m, ss in syms.items() for s in ss}
+        known_mods = set(syms)
+
+        def gone(row) -> bool:
+            c = str(row.get("callable", ""))
+            mod = c.split(":")[0] if ":" in c else c.rsplit(".", 1)[0]
+            if not mod.startswith(pkg.name.split(".")[0]):
+                return False
+            return c not in scanned and (":" in c or mod not in known_mods)
+
+        keep_out = yamlio.skipped(path.read_text(encoding="utf-8"))
+        for spec, _ in final:
+            if spec["name"] in keep_out:
+                report.left_out.append((spec["name"], "kept out by a `# dl-gate init: skip` line"))
+        report.added, report.kept, _ = yamlio.merge(doc, [r for r in final if r[0]["name"] not in keep_out], [])
+        report.removed = [r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict) and gone(r)]
+    else:
+        when = datetime.date.today().isoformat()
+        top = {"version": 1, "framework": framework, "python_path": [pkg.python_path], "seed": 0,
+               "budget": {"total": 300, "per_op": 10, "localise": 60},
+               "gate": {"dtypes": list(LOW), "behaviour_change": "fail"}}
+        comments = {"python_path": "where the package imports from (relative to this file)",
+                    "budget": "seconds: a PR's fuzzing, each operator's baseline, localisation",
+                    "gate": "only a real regression fails the check"}
+        tail = ""
+        if report.left_out:
+            tail = "Left out by dl-gate init (add a row by hand to gate them):\n" + "\n".join(
+                f"  {n}: {w}" for n, w in report.left_out)
+        header = yamlio.HEADER.format(when=f"dl-gate {__version__}, {when}")
+        doc = yamlio.new_document(top, final, header, comments)
+        report.added = [s["name"] for s, _ in final]
+    text = yamlio.dump(doc)
+    if not existing and tail:
+        text += yamlio.comment_block(tail)
+    try:
+        parse_config(text, path, repo)
+    except ConfigError as exc:  # a bug of init, or a user's edit that was already invalid
+        raise ConfigError(f"the config dl-gate init would write does not validate: {exc}") from None
+    path.write_text(text, encoding="utf-8")
+    if workflows:
+        spec_name = "dl-gate[tensorflow]" if framework == "tensorflow" else "dl-gate[torch]"
+        for rel, body in wf.render(config=config, spec=spec_name).items():
+            p = repo / rel
+            if not p.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(body)
+                report.workflows.append(rel)
+    if records:
+        report.seeds = _store_seeds(parse_config(text, path, repo), records, plans)
+    report.seconds = time.monotonic() - t_start
+    return report
+
+
+def _store_seeds(cfg, records: Dict[str, list], plans) -> int:
+    """The harvested calls, stored as seeds beside the baselines (where the fuzzer finds them)."""
+    from ..fuzz.harvest import store_records
+    from ..fuzz.seeds import CallRecord, Opaque, SeedStore
+
+    store = SeedStore(cfg.baselines_dir / "seeds", opinfo=False)
+    specs = [s for s in cfg.ops if s.name in records]
+    sigs = {n: _SignatureOnly(plans[n][0].params) for n in records if n in plans}
+    flat = []
+    for n, recs in records.items():
+        op = plans.get(n, (None,))[0]
+        for r in recs:
+            args = list(r.args)
+            if op is not None and op.kind in ("module", "layer") and args and isinstance(args[0], Opaque):
+                args = args[1:]
+            flat.append(CallRecord(op=n, args=args, kwargs=r.kwargs, source=r.source))
+    by_callable = {s.callable: sigs.get(s.name) for s in specs}
+    rep = store_records(flat, specs, store, resolve=lambda c: by_callable.get(c))
+    return sum(rep.stored.values())
+
+
+__all__ = ["run_init", "InitReport"]

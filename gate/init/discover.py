@@ -1,0 +1,274 @@
+"""Finding a repository's operator package and its public callables.
+
+The AST says what each module *defines* (public top-level functions and classes, and functions
+decorated with ``torch.library.custom_op``), without running anything; importing the modules in
+a child process (:mod:`gate.init.worker`) then says what each one *is* (function, ``nn.Module``,
+Keras ``Layer``, ``autograd.Function``, custom op) and its signature. Names alone never decide."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import SetupError
+
+try:  # Python 3.11+
+    import tomllib
+except ImportError:  # pragma: no cover - 3.10
+    tomllib = None  # type: ignore[assignment]
+
+SKIP_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench", "scripts",
+             "build", "dist", "site-packages", "node_modules", "baselines", "dl-gate-out"}
+
+
+@dataclass
+class Package:
+    name: str  # import name of the top-level package (or a sub-package)
+    root: Path  # the folder on sys.path that holds it (repository root or src/)
+    python_path: str  # that folder relative to the repository root ("." or "src")
+    dependencies: List[str] = field(default_factory=list)
+
+
+def _project_meta(repo: Path) -> Tuple[Optional[str], List[str]]:
+    name, deps = None, []
+    pp = repo / "pyproject.toml"
+    if pp.is_file() and tomllib is not None:
+        try:
+            data = tomllib.loads(pp.read_text())
+            proj = data.get("project") or {}
+            name = proj.get("name")
+            deps = list(proj.get("dependencies") or [])
+        except Exception:
+            pass
+    req = repo / "requirements.txt"
+    if req.is_file():
+        for line in req.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line and not line.startswith("-"):
+                deps.append(line)
+    if name is None and (repo / "setup.py").is_file():
+        m = re.search(r"name\s*=\s*['\"]([A-Za-z0-9_.\-]+)['\"]", (repo / "setup.py").read_text(errors="replace"))
+        if m:
+            name = m.group(1)
+    return name, deps
+
+
+def find_package(repo: Path, package: Optional[str] = None) -> Package:
+    """The operator package of ``repo``: ``package`` if given (``pkg`` or ``pkg.sub``), else the
+    project's declared name, else the one top-level package outside tests/docs/examples."""
+    repo = repo.resolve()
+    declared, deps = _project_meta(repo)
+    roots = [(repo / "src", "src"), (repo, ".")]
+    candidates: List[Tuple[str, Path, str]] = []
+    for root, rel in roots:
+        if not root.is_dir():
+            continue
+        for child in sorted(root.iterdir()):
+            if child.is_dir() and (child / "__init__.py").is_file() and child.name not in SKIP_DIRS \
+                    and not child.name.startswith((".", "_")):
+                candidates.append((child.name, root, rel))
+    if package:
+        top = package.split(".")[0]
+        for name, root, rel in candidates:
+            if name == top:
+                if not (root / Path(*package.split("."))).is_dir():
+                    raise SetupError(f"--package {package}: no folder {root / Path(*package.split('.'))}")
+                return Package(package, root, rel, deps)
+        raise SetupError(f"--package {package}: no package folder {top}/ (with __init__.py) at the repository root "
+                         "or under src/")
+    if not candidates:
+        raise SetupError(f"no Python package (a folder with __init__.py) at {repo} or {repo / 'src'}: "
+                         "run dl-gate init at the repository root, or pass --package NAME")
+    if declared:
+        norm = declared.replace("-", "_").lower()
+        for name, root, rel in candidates:
+            if name.lower() in (norm, norm.replace("pytorch_", "").replace("torch_", "")):
+                return Package(name, root, rel, deps)
+    if len(candidates) == 1:
+        name, root, rel = candidates[0]
+        return Package(name, root, rel, deps)
+    raise SetupError(f"several packages here ({', '.join(c[0] for c in candidates)}): pass --package NAME")
+
+
+def _decorator_name(d: ast.expr) -> str:
+    if isinstance(d, ast.Call):
+        d = d.func
+    parts = []
+    while isinstance(d, ast.Attribute):
+        parts.append(d.attr)
+        d = d.value
+    if isinstance(d, ast.Name):
+        parts.append(d.id)
+    return ".".join(reversed(parts))
+
+
+@dataclass
+class Symbol:
+    module: str
+    name: str
+    file: str  # relative to the repository root
+    line: int
+    ast_kind: str  # function | class | custom_op
+
+
+def scan(pkg: Package, repo: Path) -> Tuple[Dict[str, List[Symbol]], List[str]]:
+    """Public top-level definitions per module of ``pkg`` (AST only), and files that do not parse."""
+    base = pkg.root / Path(*pkg.name.split("."))
+    out: Dict[str, List[Symbol]] = {}
+    bad: List[str] = []
+    files = sorted(base.rglob("*.py"))
+    for f in files:
+        rel_parts = f.relative_to(pkg.root).with_suffix("").parts
+        if any(p in SKIP_DIRS or p.startswith(".") for p in rel_parts[:-1]):
+            continue
+        if rel_parts[-1].startswith("test_") or rel_parts[-1].endswith("_test") or rel_parts[-1] == "conftest":
+            continue  # the library's tests: they call the operators, they are not operators
+        if any(p.startswith("_") and p != "__init__" for p in rel_parts[len(pkg.name.split(".")):]):
+            continue  # private modules: their public names are reached through a public module
+        mod = ".".join(rel_parts[:-1] if rel_parts[-1] == "__init__" else rel_parts)
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8", errors="replace"), filename=str(f))
+        except SyntaxError:
+            bad.append(str(f.relative_to(repo)))
+            continue
+        exported = None
+        for node in tree.body:  # __all__ = [...] narrows what is public
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                try:
+                    exported = set(ast.literal_eval(node.value))
+                except Exception:
+                    exported = None
+        syms = []
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                if node.name.startswith("_") or (exported is not None and node.name not in exported):
+                    continue
+                kind = "class" if isinstance(node, ast.ClassDef) else "function"
+                if kind == "function" and any(_decorator_name(d).endswith(("custom_op", "triton_op"))
+                                              for d in node.decorator_list):
+                    kind = "custom_op"
+                if kind == "function" and any(_decorator_name(d) in ("property", "overload", "typing.overload")
+                                              for d in node.decorator_list):
+                    continue
+                syms.append(Symbol(mod, node.name, str(f.relative_to(repo)), node.lineno, kind))
+        if syms:
+            out[mod] = syms
+    return out, bad
+
+
+def default_tests(repo: Path, pkg: Package) -> Optional[str]:
+    """The library's test command: pytest on tests/ (or test/), else on the package when its
+    test modules live inside it."""
+    for d in ("tests", "test"):
+        if (repo / d).is_dir():
+            return f"pytest -q -p no:cacheprovider {d}"
+    base = pkg.root / Path(*pkg.name.split("."))
+    if any(base.rglob("test_*.py")) or any(base.rglob("*_test.py")):
+        return f"pytest -q -p no:cacheprovider {base.relative_to(repo)}"
+    return None
+
+
+def uses_framework(pkg: Package) -> str:
+    """``tensorflow`` when the package imports TensorFlow/Keras and not torch, else ``torch``."""
+    base = pkg.root / Path(*pkg.name.split("."))
+    tf = torch = False
+    for f in base.rglob("*.py"):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        torch = torch or bool(re.search(r"^\s*(import|from)\s+torch\b", text, re.M))
+        tf = tf or bool(re.search(r"^\s*(import|from)\s+(tensorflow|keras)\b", text, re.M))
+    return "tensorflow" if tf and not torch else "torch"
+
+
+# ---------------------------------------------------------------------------------------
+# the child process
+# ---------------------------------------------------------------------------------------
+def _gate_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys_path: Sequence[str],
+               item_timeout: float, start_timeout: float = 180.0, progress=None) -> Dict[str, dict]:
+    """Run ``gate.init.worker`` on ``items`` (``req[job_key]`` built by ``key``); answers by item
+    key. A worker that dies or stops answering costs the item it was on (answered with
+    ``{"failed": why}``); a new worker goes on with the items after it."""
+    answers: Dict[str, dict] = {}
+    pending = list(items)
+    while pending:
+        with tempfile.TemporaryDirectory(prefix="dl-gate-init-") as tmp:
+            body = dict(req, job=job, cwd=str(cwd), sys_path=list(sys_path))
+            if job == "classify":
+                body["modules"] = {key(it): it_names for it, it_names in ((i, req["names"][key(i)]) for i in pending)}
+            else:
+                body["ops"] = list(pending)
+            path = Path(tmp) / "request.json"
+            path.write_text(json.dumps(body, default=str))
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([*sys_path, _gate_root()] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+            env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")  # probing is a CPU job
+            err_path = Path(tmp) / "stderr.log"
+            with open(err_path, "w") as err:
+                proc = subprocess.Popen([sys.executable, "-m", "gate.init.worker", str(path)], cwd=str(cwd), env=env,
+                                        stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+                lines: "queue.Queue[Optional[str]]" = queue.Queue()
+
+                def reader():
+                    for line in proc.stdout:  # type: ignore[union-attr]
+                        lines.put(line)
+                    lines.put(None)
+
+                threading.Thread(target=reader, daemon=True).start()
+                first = True
+                while True:
+                    try:
+                        line = lines.get(timeout=start_timeout + item_timeout if first else item_timeout)
+                    except queue.Empty:
+                        line, why = None, "hung"
+                    else:
+                        why = "died"
+                    if line is None:
+                        break
+                    first = False
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        continue
+                    if msg.get("done"):
+                        pending = []
+                        break
+                    k = msg.get("module") if job == "classify" else msg.get("op")
+                    if job == "classify":
+                        answers.setdefault(k, {"rows": []})
+                        answers[k]["rows"].append(msg)
+                        if "error" in msg:
+                            answers[k]["error"] = msg
+                    else:
+                        answers[k] = msg
+                        if progress:
+                            progress(msg)
+                    done_keys = set(answers)
+                    pending = [i for i in pending if key(i) not in done_keys or job == "classify" and
+                               len(answers[key(i)]["rows"]) < len(req["names"][key(i)]) and "error" not in answers[key(i)]]
+                if proc.poll() is None:
+                    try:
+                        os.killpg(proc.pid, 9)
+                    except OSError:
+                        pass
+                proc.wait()
+            if pending:  # the worker died or hung on the first pending item
+                culprit = pending.pop(0)
+                tail = err_path.read_text(errors="replace").strip().splitlines()[-3:] if err_path.exists() else []
+                what = ("stopped answering" if why == "hung" else f"died (exit {proc.returncode})")
+                answers.setdefault(key(culprit), {}).update(failed=f"the child process {what}" +
+                                                             (f": {tail[-1][:200]}" if tail else ""))
+    return answers

@@ -1,0 +1,359 @@
+"""Operator specs inferred from what is known about a callable: the calls the library's own
+tests make (harvested, :mod:`gate.fuzz.harvest`), its signature (defaults, annotations), and,
+where neither says enough, a list of small shapes of a few ranks to probe in that order.
+
+Everything here is data in, spec dicts out (the ``.dl-gate.yml`` row form); nothing imports
+the library or a framework. :func:`candidates` gives the specs to try, best first."""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..fuzz.seeds import CallRecord, Opaque, TensorArg
+
+#: annotations that mean "not a tensor" (a required parameter with one of them and no default
+#: cannot be probed with tensors)
+SCALAR_ANNOTATIONS = {"int", "float", "bool", "str", "Optional[int]", "Optional[float]", "Optional[str]",
+                      "Tuple[int, int]", "tuple", "list", "dict", "List[int]", "Sequence[int]", "Callable"}
+#: parameter names that mean a file or a place: never probed (probing must not write files)
+PATH_NAMES = {"path", "filename", "file", "fname", "filepath", "url", "dir", "directory", "folder", "root"}
+#: dims of the probed shapes: small, so one evaluation is milliseconds
+PROBE_DIMS = {"N": [1, 8], "L": [1, 16], "D": [1, 64], "C": [1, 4], "H": [1, 16], "W": [1, 16]}
+PROBE_SHAPES: List[Tuple[list, Dict[str, list]]] = [
+    (["N", "D"], {}),
+    (["D"], {}),
+    (["N", "L", "D"], {}),
+    (["N", "C", "H", "W"], {}),
+    (["N", 3], {}),
+    (["N", 4], {}),
+    (["N", 3, 3], {}),
+    (["N", 3, "H", "W"], {}),
+    (["N", 4, 4], {}),
+]
+PROBE_DOMAINS = [None, "prob"]
+
+
+@dataclass
+class Operator:
+    """One discovered operator: where it lives and what the child process said it is."""
+
+    name: str  # the gate's name for it (package.qualname)
+    module: str
+    qualname: str
+    kind: str  # function | module | autograd_function | layer | custom_op
+    file: str
+    line: int
+    framework: str = "torch"
+    params: List[dict] = field(default_factory=list)  # the call signature (self/ctx dropped)
+    init: List[dict] = field(default_factory=list)  # constructor signature of a class
+
+    @property
+    def callable(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+    @property
+    def harvest_target(self) -> str:
+        """The attribute the recorder wraps: a class's ``forward`` / ``call`` / ``apply``."""
+        if self.kind == "module":
+            return f"{self.module}:{self.qualname}.forward"
+        if self.kind == "layer":
+            return f"{self.module}:{self.qualname}.call"
+        if self.kind == "autograd_function":
+            return f"{self.module}:{self.qualname}.apply"
+        return self.callable
+
+    def required_init(self) -> List[str]:
+        return [p["name"] for p in self.init if not p["has_default"] and p["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
+
+
+def _positional_names(op: Operator) -> List[str]:
+    return [p["name"] for p in op.params if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+
+
+def bind(op: Operator, rec: CallRecord) -> Optional[Dict[str, Any]]:
+    """The record's arguments by parameter name (``None`` when they do not fit the signature)."""
+    names = _positional_names(op)
+    args = list(rec.args)
+    if op.kind in ("module", "layer") and args and isinstance(args[0], Opaque):
+        args = args[1:]  # the recorded forward's self
+    if len(args) > len(names):
+        return None
+    out = dict(zip(names, args))
+    for k, v in rec.kwargs.items():
+        if k in out:
+            return None
+        out[k] = v
+    return out
+
+
+def _tensor_kind(t: TensorArg) -> str:
+    d = t.dtype.lower()
+    if "bool" in d:
+        return "bool"
+    if "int" in d or "long" in d:
+        return "index"
+    if "complex" in d:
+        return "complex"
+    return "float"
+
+
+def _domain(values: List[np.ndarray]) -> Optional[Any]:
+    vals = [v for v in values if v is not None and v.size]
+    if not vals:
+        return None
+    lo = min(float(np.nanmin(v)) for v in vals)
+    hi = max(float(np.nanmax(v)) for v in vals)
+    if lo >= 0.0 and hi <= 1.0:
+        return "prob" if lo > 0.0 or hi < 1.0 else {"name": "prob", "lo": 0.0, "hi": 1.0}
+    if lo >= 0.0:
+        return "nonneg"
+    std = max(float(np.nanstd(v)) for v in vals)
+    scale = max(abs(lo), abs(hi), std)
+    if scale > 2.0:
+        return {"name": "real", "scale": float(f"{min(std if std > 0 else scale, 1e4):.2g}")}
+    return None
+
+
+def _dim_name(i: int, used: set) -> str:
+    letters = "NCDHWLKMPQRSTUVXYZ"
+    for ch in letters:
+        if ch not in used:
+            used.add(ch)
+            return ch
+    name = f"D{i}"
+    used.add(name)
+    return name
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+@dataclass
+class Inferred:
+    spec: Optional[dict]  # a spec dict, or None
+    why: str  # where it came from, or why there is none
+    calls: int = 0  # test calls it is built from
+
+
+def from_records(op: Operator, records: Sequence[CallRecord], framework: str, sources: List[str]) -> Inferred:
+    """A spec built from the test calls of ``op``: the most common tensor signature (names,
+    ranks, kinds), dims shared where sizes agree in every call (a size that never changes stays
+    a literal), observed ranges and value domains, observed parameter values as choices."""
+    bound = [b for b in (bind(op, r) for r in records) if b]
+    if not bound:
+        return Inferred(None, "no test call fits its signature")
+    sig_count: Dict[tuple, int] = collections.Counter()
+    for b in bound:
+        sig = tuple((k, len(v.shape), _tensor_kind(v)) for k, v in b.items() if isinstance(v, TensorArg))
+        if sig:
+            sig_count[sig] += 1
+    if not sig_count:
+        return Inferred(None, "its test calls pass no tensor")
+    best = max(sig_count.items(), key=lambda kv: (kv[1], -len(kv[0])))[0]
+    if any(kind == "complex" for _, _, kind in best):
+        return Inferred(None, "complex tensors (the gate compares real outputs)")
+    names = [k for k, _, _ in best]
+    calls = [b for b in bound if tuple((k, len(v.shape), _tensor_kind(v)) for k, v in b.items()
+                                       if isinstance(v, TensorArg)) == best]
+    # dims: axis positions whose sizes agree in every call share a name
+    positions = [(k, ax) for k, rank, _ in best for ax in range(rank)]
+    sizes = {p: [int(c[p[0]].shape[p[1]]) for c in calls] for p in positions}
+    groups: List[List[tuple]] = []
+    for p in positions:
+        for g in groups:
+            if sizes[g[0]] == sizes[p]:
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    used: set = set()
+    shape_of: Dict[tuple, Any] = {}
+    dims: Dict[str, list] = {}
+    dim_values: Dict[str, List[int]] = {}
+    for g in groups:
+        vals = sizes[g[0]]
+        if len(set(vals)) == 1:
+            for p in g:
+                shape_of[p] = vals[0]
+            continue
+        name = _dim_name(len(dims), used)
+        dims[name] = [max(1, min(vals)), max(vals)]
+        dim_values[name] = vals
+        for p in g:
+            shape_of[p] = name
+    inputs = []
+    positional = _positional_names(op)
+    order = [p["name"] for p in op.params]
+    for i, (k, rank, kind) in enumerate(best):
+        row: Dict[str, Any] = {"name": k, "shape": [shape_of[(k, ax)] for ax in range(rank)]}
+        if kind != "float":
+            row["kind"] = kind
+        if kind == "index":
+            hi = min(int(np.max(c[k].values)) + 1 if c[k].values is not None and c[k].values.size else 1 for c in calls)
+            row["index_hi"] = max(1, hi)
+        if kind == "float":
+            dom = _domain([c[k].values for c in calls])
+            if dom is not None:
+                row["domain"] = dom
+        # positional only while every parameter before it is a positional tensor input
+        before = order[: order.index(k)] if k in order else []
+        if k not in positional or any(b not in names[:i] for b in before):
+            row["keyword"] = True
+        inputs.append(row)
+    params: Dict[str, Any] = {}
+    dropped: List[str] = []
+    for k in sorted({k for c in calls for k, v in c.items() if not isinstance(v, TensorArg)}):
+        values = [c.get(k, "__absent__") for c in calls]
+        if any(isinstance(v, Opaque) or (isinstance(v, (list, tuple)) and any(isinstance(x, (Opaque, TensorArg)) for x in v))
+               for v in values):
+            dropped.append(k)
+            continue
+        present = [_plain(v) for v in values if v != "__absent__"]
+        if not present:
+            continue
+        default = next((p for p in op.params if p["name"] == k), {})
+        if "__absent__" in values and default.get("has_default"):
+            present.append(_plain(default.get("default")))
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+            tied = [d for d, dv in dim_values.items()
+                    if len(dv) == len(values) and all(v == x for v, x in zip(values, dv))]
+            if tied:
+                params[k] = {"expr": tied[0]}
+                continue
+        uniq: List[Any] = []
+        for v in present:
+            if v not in uniq:
+                uniq.append(v)
+        counts = collections.Counter(repr(v) for v in present)
+        uniq.sort(key=lambda v: -counts[repr(v)])
+        uniq = uniq[:6]
+        if len(uniq) == 1:
+            params[k] = uniq[0] if not isinstance(uniq[0], list) else {"value": uniq[0]}
+        else:
+            params[k] = {"choices": uniq}
+    required = [p["name"] for p in op.params if not p["has_default"] and p["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
+    missing = [r for r in required if r not in names and r not in params]
+    if missing:
+        return Inferred(None, f"required argument {missing[0]} is not replayable from the test calls "
+                              f"({'an object' if missing[0] in dropped else 'absent'})")
+    spec = {"name": op.name, "callable": op.callable, "kind": "composite", "sources": sources}
+    if framework != "torch":
+        spec["framework"] = framework
+    if params:
+        spec["params"] = params
+    if dims:
+        spec["dims"] = dims
+    spec["inputs"] = inputs
+    return Inferred(spec, f"{len(calls)} test call(s)", calls=len(calls))
+
+
+def widen(spec: dict) -> Optional[dict]:
+    """``spec`` with the float inputs' bounded domains (what the tests happened to draw, e.g.
+    ``torch.rand``) opened to real values; ``None`` when nothing is bounded."""
+    import copy
+
+    out = copy.deepcopy(spec)
+    changed = False
+    for t in out["inputs"]:
+        dom = t.get("domain")
+        name = dom.get("name") if isinstance(dom, dict) else dom
+        if t.get("kind", "float") == "float" and name in ("prob", "nonneg"):
+            del t["domain"]
+            changed = True
+    return out if changed else None
+
+
+#: bool parameters never flipped: they change what is computed on, not how (in-place writes,
+#: the output's structure, training-mode randomness)
+BOOL_KEEP = ("inplace", "in_place", "out", "training", "deterministic")
+
+
+def hinted_options(op: Operator, spec: dict) -> Dict[str, list]:
+    """Other values of parameters no test call set, from their type hints and defaults: the
+    members of a ``Literal[...]``, a bool's other value. Each is tried by the probe before it
+    becomes a choice."""
+    import ast
+    import re
+
+    taken = set(spec.get("params") or {}) | {t["name"] for t in spec["inputs"]}
+    out: Dict[str, list] = {}
+    for p in op.params:
+        if not p["has_default"] or p["name"] in taken or isinstance(p["default"], dict):
+            continue
+        ann = (p.get("annotation") or "").replace("typing.", "").replace("typing_extensions.", "")
+        default = p["default"]
+        values: List[Any] = []
+        m = re.fullmatch(r"(?:Optional\[)?Literal\[(.*)\]\]?", ann)
+        if m:
+            try:
+                values = list(ast.literal_eval(f"[{m.group(1)}]"))
+            except (ValueError, SyntaxError):
+                values = []
+        elif isinstance(default, bool) and (ann in ("", "bool")) and p["name"] not in BOOL_KEEP \
+                and not p["name"].startswith(("return_", "keep")):
+            values = [not default]
+        values = [v for v in values if v != default and isinstance(v, (bool, int, float, str))][:6]
+        if values:
+            out[p["name"]] = values
+    return out
+
+
+def tensor_params(op: Operator) -> Tuple[Optional[List[str]], str]:
+    """The parameters a probe feeds tensors to (required ones with no non-tensor annotation), or
+    ``(None, why)`` when a required parameter cannot be a tensor."""
+    out = []
+    for p in op.params:
+        if p["kind"] in ("VAR_POSITIONAL", "VAR_KEYWORD") or p["has_default"]:
+            continue
+        ann = (p.get("annotation") or "").replace("typing.", "")
+        if p["name"].lower() in PATH_NAMES:
+            return None, f"takes a {p['name']} (never probed: it could write files)"
+        if ann in SCALAR_ANNOTATIONS or ann.startswith(("int", "float", "str", "bool", "Callable")):
+            return None, f"required argument {p['name']}: {ann} has no default and no test call shows a value"
+        out.append(p["name"])
+    if not out:
+        return None, "takes no required argument to feed a tensor to"
+    return out, ""
+
+
+def probe_specs(op: Operator, framework: str, sources: List[str]) -> Tuple[List[dict], str]:
+    """Specs to probe, in order: every required tensor parameter gets the same small shape, of a
+    few ranks and sizes, with real then (0, 1) values."""
+    names, why = tensor_params(op)
+    if names is None:
+        return [], why
+    positional = _positional_names(op)
+    out = []
+    for dom in PROBE_DOMAINS:
+        for shape, _ in PROBE_SHAPES:
+            dims = {d: list(PROBE_DIMS[d]) for d in shape if isinstance(d, str)}
+            inputs = []
+            for i, n in enumerate(names):
+                row: Dict[str, Any] = {"name": n, "shape": list(shape)}
+                if dom:
+                    row["domain"] = dom
+                if n not in positional or positional.index(n) != i:
+                    row["keyword"] = True
+                inputs.append(row)
+            spec = {"name": op.name, "callable": op.callable, "kind": "composite", "sources": sources}
+            if framework != "torch":
+                spec["framework"] = framework
+            spec["dims"] = dims
+            spec["inputs"] = inputs
+            out.append(spec)
+    return out, ""
+
+
+__all__ = ["Operator", "Inferred", "bind", "from_records", "hinted_options", "probe_specs", "tensor_params",
+           "widen"]

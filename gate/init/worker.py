@@ -1,0 +1,292 @@
+"""The part of ``dl-gate init`` that runs the library's code: run as ``python -m gate.init.worker
+REQUEST.json`` in a child process (never in the gate's own), one JSON line per answer on
+stdout, so that a library that hangs, crashes or exits at import or on a probe costs the
+answers after it, never the ones before it (the parent restarts it past the culprit).
+
+Two jobs:
+
+* ``classify``: import each module and say what each public name found by the AST scan is
+  (function, ``nn.Module`` / Keras ``Layer`` class, ``autograd.Function``, ``torch.library``
+  custom op), with its signature (names, defaults, annotations), or why it is not an operator;
+* ``probe``: for each operator, try its candidate specs in order with the gate's own runners
+  (:func:`gate.fuzz.registry.build_runner`, the code path the fuzzer takes) on inputs drawn
+  as the fuzzer draws them (:func:`gate.fuzz.inputs.draw`), keep the first that runs, then run
+  it once at every variant the gate would plan for it (each dtype, the non-contiguous layout,
+  the gradient) and report each one's outcome.
+
+Each evaluation gets a SIGALRM deadline, the worker the gate's memory limit and the
+die-with-parent flag (:mod:`gate.fuzz.isolate`)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Any, Dict, List, Optional
+
+
+class _Deadline(BaseException):
+    """Raised by SIGALRM in a probe that runs too long (a BaseException: the library's own
+    ``except Exception`` does not swallow it)."""
+
+
+def _emit(obj: dict) -> None:
+    sys.__stdout__.write(json.dumps(obj, default=str) + "\n")
+    sys.__stdout__.flush()
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if v == v and v not in (float("inf"), float("-inf")) else repr(v)
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float, str, type(None))) for x in v):
+        return [_jsonable(x) for x in v]
+    return {"opaque": type(v).__name__}
+
+
+def _params_of(fn, drop_first: bool = False) -> List[dict]:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    out = []
+    for i, p in enumerate(sig.parameters.values()):
+        if drop_first and i == 0:
+            continue
+        ann = p.annotation
+        ann_s = None if ann is inspect.Parameter.empty else (
+            ann if isinstance(ann, str) else ann.__name__ if isinstance(ann, type) else str(ann))
+        out.append({
+            "name": p.name,
+            "kind": p.kind.name,
+            "has_default": p.default is not inspect.Parameter.empty,
+            "default": None if p.default is inspect.Parameter.empty else _jsonable(p.default),
+            "annotation": ann_s,
+        })
+    return out
+
+
+def _import_error(exc: BaseException, module: str) -> dict:
+    """One line saying why ``module`` does not import, and what to do about it."""
+    name = type(exc).__name__
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    hint = ""
+    if name == "PackageNotFoundError" or "No package metadata was found" in text or "DistributionNotFound" in name:
+        hint = ("the package reads its own installed version (importlib.metadata): install it first, "
+                "e.g. `pip install --no-deps -e .` in the repository, then re-run dl-gate init")
+    elif isinstance(exc, ModuleNotFoundError) and getattr(exc, "name", None):
+        top = exc.name.split(".")[0]
+        hint = f"a dependency is missing: `pip install {top}` (or the package's declared dependencies), then re-run"
+    return {"error": f"{name}: {text}", "where": where, "hint": hint}
+
+
+def _mro_names(cls) -> List[str]:
+    return [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__[1:]]
+
+
+def classify(req: dict) -> None:
+    top = req.get("package", "").split(".")[0]
+    if top:  # the package itself first: a failure there (its version check) is everyone's
+        try:
+            importlib.import_module(top)
+        except BaseException as exc:
+            err = _import_error(exc, top)
+            for mod_name in req["modules"]:
+                _emit({"module": mod_name, **err})
+            return
+    for mod_name, names in req["modules"].items():
+        try:
+            mod = importlib.import_module(mod_name)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt from library code included
+            _emit({"module": mod_name, **_import_error(exc, mod_name)})
+            continue
+        for name in names:
+            obj = getattr(mod, name, None)
+            row: Dict[str, Any] = {"module": mod_name, "name": name}
+            if obj is None:
+                row["skip"] = "not an attribute after import"
+            elif inspect.isclass(obj):
+                mro = _mro_names(obj)
+                if any(m.startswith("torch.autograd.function.") and m.endswith("Function") for m in mro):
+                    row.update(kind="autograd_function", params=_params_of(obj.forward, drop_first=True),
+                               framework="torch")
+                elif any(m.startswith("torch.nn.modules.module.Module") for m in mro):
+                    init = _params_of(obj.__init__, drop_first=True)
+                    row.update(kind="module", params=_params_of(obj.forward, drop_first=True), init=init,
+                               framework="torch")
+                elif any(m.endswith(".Layer") and ("keras" in m or "tensorflow" in m) for m in mro):
+                    init = _params_of(obj.__init__, drop_first=True)
+                    row.update(kind="layer", params=_params_of(obj.call, drop_first=True), init=init,
+                               framework="tensorflow")
+                else:
+                    row["skip"] = "a class that is not an nn.Module, a Keras Layer or an autograd.Function"
+            elif type(obj).__name__ in ("CustomOpDef",) and hasattr(obj, "_init_fn"):
+                row.update(kind="custom_op", params=_params_of(obj._init_fn), framework="torch")
+            elif inspect.isfunction(obj) or inspect.isbuiltin(obj) or callable(obj):
+                if inspect.isfunction(obj) and getattr(obj, "__module__", mod_name) != mod_name:
+                    row["skip"] = f"re-exported from {obj.__module__}"
+                else:
+                    fw = "torch"
+                    if "tensorflow" in sys.modules and "torch" not in sys.modules:
+                        fw = "tensorflow"
+                    row.update(kind="function", params=_params_of(obj), framework=fw)
+            else:
+                row["skip"] = f"a {type(obj).__name__}, not callable"
+            _emit(row)
+
+
+def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all: bool = False):
+    """Outcome of the gate's runner for ``variant`` on ``seeds`` draws: ``("ok", None)`` as soon as
+    one runs (``need_all``: when every one does), else the last failure's (status, message)."""
+    import numpy as np
+
+    from ..fuzz.inputs import draw
+    from ..fuzz.registry import build_runner, hooks
+
+    try:
+        runner = build_runner(spec, variant)
+    except _Deadline:
+        raise
+    except BaseException as exc:
+        return "error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    search_spec = hooks(spec, variant)[0]
+    last = ("invalid", "no input")
+    for s in range(seeds):
+        rng = np.random.default_rng(1000 + s)
+        try:
+            cand = draw(search_spec, rng, size_scale=0.5 if s else 0.25)
+        except Exception as exc:
+            return "error", f"{type(exc).__name__}: {exc}"
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            _, ev = runner.evaluate(cand, keep_outputs=keep)
+        except _Deadline:
+            return "timeout", f"no answer within {timeout:g}s"
+        except SystemExit as exc:
+            return "crash", f"the operator called sys.exit({exc.code})"
+        except Exception as exc:
+            last = ("crash", f"{type(exc).__name__}: {exc}".splitlines()[0])
+            if need_all:
+                return last
+            continue
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if ev.status == "ok":
+            m = ev.metrics
+            if m is not None and (m.numel == 0 or m.shape_mismatch):
+                last = ("invalid", "empty output" if m.numel == 0 else f"output shape {m.shape_mismatch}")
+                if need_all:
+                    return last
+                continue
+            if ev.reference is not None and not _some_finite(ev.reference):
+                last = ("invalid", "the float64 output is NaN/Inf everywhere (inputs outside the domain)")
+                if need_all:
+                    return last
+                continue
+            if not need_all:
+                return "ok", None
+            continue
+        last = (ev.status, ev.error or ev.status)
+        if need_all:
+            return last
+    return ("ok", None) if need_all else last
+
+
+def _some_finite(outputs) -> bool:
+    import numpy as np
+
+    floats = [o.array for o in outputs if o.is_float]
+    return not floats or any(np.isfinite(np.asarray(a, dtype=np.float64)).any() for a in floats if np.size(a))
+
+
+def probe(req: dict) -> None:
+    from ..ops.catalog import builtin_defaults
+    from ..ops.spec import OpSpec
+    from ..plan import variants_for
+
+    timeout = float(req.get("timeout", 10.0))
+    for op in req["ops"]:
+        result: Dict[str, Any] = {"op": op["name"], "tries": []}
+        chosen: Optional[dict] = None
+        for i, cand in enumerate(op["candidates"]):
+            try:
+                defaults = builtin_defaults(cand.get("framework", "torch"))
+                defaults["devices"] = ["cpu", "cuda"]
+                spec = OpSpec.from_dict(cand, defaults, origin="user")
+            except Exception as exc:
+                result["tries"].append([i, "error", f"{type(exc).__name__}: {exc}"])
+                continue
+            from ..plan import Variant
+
+            # a shape the tests used needs one draw that runs (the search skips invalid ones); a
+            # guessed shape must run on every draw
+            status, why = _evaluate(spec, Variant(dtype="float32"), 3, timeout, keep=True,
+                                    need_all=i >= op.get("recorded", 0))
+            result["tries"].append([i, status, why])
+            if status == "ok":
+                chosen = cand
+                result["chosen"] = i
+                break
+            if status == "timeout" or (why or "").startswith("the operator called sys.exit"):
+                break  # a hang or an exit is the operator's, not the shape's: no more candidates
+        if chosen is not None and op.get("options"):
+            # values the type hints allow (Literal[...], a bool's other value), each kept only if
+            # the operator runs with it
+            ok: Dict[str, list] = {}
+            for pname, values in op["options"].items():
+                for v in values:
+                    trial = dict(chosen, params={**(chosen.get("params") or {}), pname: v if not isinstance(v, list)
+                                                 else {"value": v}})
+                    try:
+                        tspec = OpSpec.from_dict(trial, defaults, origin="user")
+                    except Exception:
+                        continue
+                    if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, need_all=True)[0] == "ok":
+                        ok.setdefault(pname, []).append(v)
+            result["options"] = ok
+        if chosen is not None:
+            variants = {}
+            for v in variants_for(spec, available_devices=("cpu",)):
+                status, why = _evaluate(spec, v, 3, timeout)
+                variants[v.key] = [status, why]
+            result["variants"] = variants
+        _emit(result)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from ..fuzz.isolate import _die_with_parent, _limit_memory
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with open(argv[0]) as fh:
+        req = json.load(fh)
+    _die_with_parent()
+    _limit_memory(req.get("memory"))
+
+    def on_alarm(signum, frame):
+        raise _Deadline()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    if req.get("cwd"):
+        os.chdir(req["cwd"])
+    sys.path[:0] = [p for p in req.get("sys_path", []) if p not in sys.path]
+    sys.stdout = sys.stderr  # the library's prints must not corrupt the answers
+    import warnings
+
+    warnings.simplefilter("ignore")
+    if req["job"] == "classify":
+        classify(req)
+    else:
+        probe(req)
+    _emit({"done": True})
+    sys.stdout.flush()
+    os._exit(0)  # no atexit / interpreter teardown of the library's threads
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a child process
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""``dl-gate init`` on small real libraries in temporary git repositories.
+
+The library (``focallib``) is modelled on kornia's binary focal loss before and after its
+numerical-stability fix (kornia PR #2125: ``probs_pos.log()`` → ``logsigmoid(input)``; the
+log of a sigmoid that rounded to 0 is -inf, and the loss NaN/Inf for large logits). Its own
+tests call the operators with ``torch.rand`` logits, as kornia's did. Beside it: an
+``nn.Module``, an ``autograd.Function``, a module whose constructor needs arguments, a helper
+that takes a path, a function no test calls (found by probing) and a private function."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gate.config import parse_config
+from gate.errors import SetupError
+from gate.fuzz.seeds import CallRecord, Opaque, TensorArg
+from gate.init import run_init
+from gate.init.infer import Operator, from_records, probe_specs, tensor_params, widen
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FIXED = '''
+    log_probs_pos = torch.nn.functional.logsigmoid(input)
+    log_probs_neg = torch.nn.functional.logsigmoid(-input)
+'''
+BROKEN = '''
+    log_probs_pos = probs_pos.log()
+    log_probs_neg = probs_neg.log()
+'''
+
+FOCAL = '''"""Focal losses (after kornia.losses.focal)."""
+import torch
+
+
+def binary_focal_loss_with_logits(input, target, alpha: float = 0.25, gamma: float = 2.0,
+                                  reduction: str = "none"):
+    """Binary focal loss on logits."""
+    probs_pos = input.sigmoid()
+    probs_neg = (-input).sigmoid()
+{LOGS}
+    loss = (-alpha * probs_neg.pow(gamma) * target * log_probs_pos
+            - (1 - alpha) * probs_pos.pow(gamma) * (1.0 - target) * log_probs_neg)
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+class BinaryFocalLossWithLogits(torch.nn.Module):
+    def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "none"):
+        super().__init__()
+        self.alpha, self.gamma, self.reduction = alpha, gamma, reduction
+
+    def forward(self, input, target):
+        return binary_focal_loss_with_logits(input, target, self.alpha, self.gamma, self.reduction)
+
+
+class WeightedFocal(torch.nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, input, target):
+        return self.weight * binary_focal_loss_with_logits(input, target)
+
+
+def _private_helper(x):
+    return x
+'''
+
+EXTRA = '''"""Other operators."""
+from typing import Literal
+
+import torch
+
+
+class Softplus(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.nn.functional.softplus(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)
+
+
+def rgb_to_gray(image):
+    """Needs a [..., 3, H, W] image: found by probing (no test calls it)."""
+    if image.dim() < 3 or image.shape[-3] != 3:
+        raise ValueError(f"expected (*, 3, H, W), got {tuple(image.shape)}")
+    r, g, b = image.unbind(-3)
+    return 0.299 * r + 0.587 * g + 0.114 * b
+
+
+@torch.library.custom_op("focallib::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x) * 2.0
+
+
+@scaled_tanh.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def normalize(x, mode: Literal["l2", "max", "bogus"] = "l2", center: bool = False, inplace: bool = False):
+    """No test calls it: its modes come from the type hint, each tried ("bogus" raises)."""
+    if center:
+        x = x - x.mean(-1, keepdim=True)
+    if mode == "l2":
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    if mode == "max":
+        return x / x.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+    raise ValueError(f"unknown mode {mode}")
+
+
+def save_tensor(x, path):
+    torch.save(x, path)
+
+
+def describe(name: str) -> str:
+    return name.upper()
+'''
+
+TESTS = '''import torch
+
+from focallib import binary_focal_loss_with_logits, BinaryFocalLossWithLogits, Softplus
+
+
+def test_focal():
+    for n in (2, 5):
+        x = torch.rand(n, 3)
+        t = torch.rand(n, 3)
+        for red in ("none", "mean"):
+            assert torch.isfinite(binary_focal_loss_with_logits(x, t, alpha=0.5, reduction=red)).all()
+
+
+def test_module():
+    m = BinaryFocalLossWithLogits(alpha=0.25)
+    assert m(torch.rand(2, 3), torch.rand(2, 3)).shape == (2, 3)
+
+
+def test_softplus():
+    assert Softplus.apply(torch.randn(4, 6)).shape == (4, 6)
+
+
+def test_normalize_rejects_an_unknown_mode():
+    import pytest
+    from focallib import normalize
+
+    with pytest.raises(ValueError):
+        normalize(torch.rand(2, 3), mode="bogus")
+'''
+
+
+def git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+                    *args], check=True, capture_output=True)
+
+
+def make_lib(tmp_path: Path, fixed: bool = True, init_extra: str = "") -> Path:
+    repo = tmp_path / "repo"
+    pkg = repo / "focallib"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(init_extra + "from .focal import *  # noqa\nfrom .extra import *  # noqa\n"
+                                     "from .focal import BinaryFocalLossWithLogits, binary_focal_loss_with_logits\n")
+    (pkg / "focal.py").write_text(FOCAL.replace("{LOGS}", FIXED if fixed else BROKEN))
+    (pkg / "extra.py").write_text(EXTRA)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_focal.py").write_text(TESTS)
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "focallib")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def inited(tmp_path_factory):
+    """focallib after one `dl-gate init` (shared: the run takes seconds)."""
+    tmp = tmp_path_factory.mktemp("init")
+    repo = make_lib(tmp)
+    rep = run_init(repo, probe_timeout=20)
+    return repo, rep
+
+
+def test_init_discovers_infers_and_writes_a_valid_config(inited):
+    repo, rep = inited
+    text = (repo / ".dl-gate.yml").read_text()
+    cfg = parse_config(text, repo / ".dl-gate.yml", repo)  # the real validator
+    ops = {o.name: o for o in cfg.ops}
+    assert set(ops) == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
+                        "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh",
+                        "focallib.normalize"}, sorted(ops)
+    focal = ops["focallib.binary_focal_loss_with_logits"]
+    # from the tests' calls: the batch size varies (2, 5), the 3 never does
+    assert [t.name for t in focal.inputs] == ["input", "target"]
+    assert focal.inputs[0].shape == ("N", 3) and focal.dims == (("N", (2, 5)),)
+    # the tests draw torch.rand logits; real values run, so the row is not narrowed to (0, 1)
+    assert focal.inputs[0].domain.name == "real"
+    params = {p.name: p for p in focal.params}
+    assert params["alpha"].choices == (0.5, 0.25) and set(params["reduction"].choices) == {"none", "mean"}
+    # probed: no test calls it, the first shape it accepts has 3 channels
+    gray = ops["focallib.rgb_to_gray"]
+    assert gray.inputs[0].shape[-3] == 3
+    # parameter values from type hints and defaults, each tried: "bogus" raises, inplace is never flipped
+    norm = {p.name: p for p in ops["focallib.normalize"].params}
+    assert norm["mode"].choices == ("l2", "max") and norm["center"].choices == (False, True)
+    assert "inplace" not in norm
+    # its only test call raised (a negative case): recorded as such and not used
+    assert "# focallib.normalize: probed: the first shape that ran; mode, center: values from the type hints" in text
+    # the autograd.Function's row is its class (resolved to .apply)
+    assert ops["focallib.Softplus"].callable == "focallib.extra:Softplus"
+    # the torch.library custom op: its callable is the op; no autograd registered: no gradient row
+    assert ops["focallib.scaled_tanh"].callable == "focallib.extra:scaled_tanh"
+    assert ops["focallib.scaled_tanh"].grad is False and "gradient check off" in text
+    # 4 calls from the tests, 1 from the module's forward (recorded too: a library's own calls count)
+    assert "# focallib.binary_focal_loss_with_logits: from 5 test call(s) in tests/test_focal.py" in text
+    left = dict(rep.left_out)
+    assert "constructor needs weight" in left["focallib.WeightedFocal"]
+    assert "path" in left["focallib.save_tensor"]
+    assert "name: str" in left["focallib.describe"]
+    assert not any("_private_helper" in n for n in left)
+    assert "# Left out by dl-gate init" in text and "focallib.WeightedFocal" in text.split("Left out")[1]
+    # the harvested calls are seeds beside the baselines
+    assert rep.seeds > 0 and any((repo / "baselines" / "seeds").rglob("*.npz"))
+
+
+def test_init_writes_workflows_that_actionlint_accepts(inited):
+    repo, rep = inited
+    assert sorted(rep.workflows) == [".github/workflows/dl-gate-baselines.yml", ".github/workflows/dl-gate.yml"]
+    bin_dir = Path(sys.executable).parent
+    actionlint = bin_dir / "actionlint" if (bin_dir / "actionlint").exists() else shutil.which("actionlint")
+    if not actionlint:
+        pytest.fail("actionlint not found: install the test extra")
+    shellcheck = bin_dir / "shellcheck" if (bin_dir / "shellcheck").exists() else shutil.which("shellcheck")
+    res = subprocess.run([str(actionlint), "-color=false", "-shellcheck", str(shellcheck or "")], cwd=repo,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    zizmor = bin_dir / "zizmor" if (bin_dir / "zizmor").exists() else shutil.which("zizmor")
+    res = subprocess.run([str(zizmor), "--offline", "--format", "plain", "--no-progress", ".github/workflows"],
+                         cwd=repo, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    gate = yaml.safe_load((repo / ".github/workflows/dl-gate.yml").read_text())
+    steps = " ".join(str(s.get("run", "")) for s in gate["jobs"]["gate"]["steps"])
+    assert "pip install -e ." in steps and "dl-gate run --base" in steps
+
+
+def test_rerun_keeps_the_users_edits_adds_new_operators_and_reports_removed_ones(inited, tmp_path):
+    src, _ = inited
+    repo = tmp_path / "again"
+    shutil.copytree(src, repo)
+    cfg = repo / ".dl-gate.yml"
+    text = cfg.read_text()
+    # the user narrows a row and comments it
+    text = text.replace("  - name: focallib.Softplus\n",
+                        "  # mine: keep it at float32\n  - name: focallib.Softplus\n    dtypes: [float32]\n")
+    text = text.replace("budget: {total: 300", "budget: {total: 77")
+    # ... and deletes one row, keeping it out for good
+    start = text.index("  # focallib.BinaryFocalLossWithLogits:")
+    end = text.index("\n  # ", start + 5) if "\n  # " in text[start + 5:] else text.index("\n\n#", start)
+    text = text[:start] + "  # dl-gate init: skip focallib.BinaryFocalLossWithLogits\n" + text[end + 1:]
+    cfg.write_text(text)
+    # the library gains an operator and loses one
+    extra = repo / "focallib" / "extra.py"
+    extra.write_text(extra.read_text().replace("def rgb_to_gray(image):", "def rgb_to_grey(image):")
+                     + "\n\ndef log1p_exp(x):\n    return torch.log1p(torch.exp(x))\n")
+    rep = run_init(repo, probe_timeout=20, no_tests=True)
+    after = cfg.read_text()
+    assert "# mine: keep it at float32" in after and "budget: {total: 77" in after
+    cfg_obj = parse_config(after, cfg, repo)
+    ops = {o.name: o for o in cfg_obj.ops}
+    assert ops["focallib.Softplus"].dtypes == ("float32",)
+    assert set(rep.added) == {"focallib.log1p_exp", "focallib.rgb_to_grey"}, rep.added
+    assert "focallib.binary_focal_loss_with_logits" in rep.kept
+    assert rep.removed == ["focallib.rgb_to_gray"]
+    assert "focallib.BinaryFocalLossWithLogits" not in ops
+    assert "skip" in dict(rep.left_out)["focallib.BinaryFocalLossWithLogits"]
+    assert after.index("focallib.Softplus") < after.index("focallib.log1p_exp")
+    assert rep.workflows == []  # present already: never rewritten
+
+
+def test_a_package_that_reads_its_own_version_gets_a_one_line_hint(tmp_path):
+    repo = make_lib(tmp_path, init_extra="import importlib.metadata\n"
+                                          "__version__ = importlib.metadata.version('focallib-not-installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "init", "--no-tests"], cwd=repo, capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert res.returncode == 2, res.stderr
+    err = [line for line in res.stderr.splitlines() if line.startswith("dl-gate: error")]
+    assert len(err) == 1 and "Traceback" not in res.stderr
+    assert "reads its own installed version" in err[0] and "pip install --no-deps -e ." in err[0]
+    assert not (repo / ".dl-gate.yml").exists()
+
+
+def test_a_missing_declared_dependency_is_named_in_one_line(tmp_path):
+    repo = make_lib(tmp_path, init_extra="import einops_not_installed_anywhere\n")
+    (repo / "pyproject.toml").write_text('[project]\nname = "focallib"\nversion = "0.1"\n'
+                                         'dependencies = ["torch", "einops_not_installed_anywhere>=0.3"]\n')
+    with pytest.raises(SetupError) as exc:
+        run_init(repo, no_tests=True)
+    msg = str(exc.value)
+    assert "\n" not in msg and "einops_not_installed_anywhere is a declared dependency" in msg
+
+
+def test_no_package_and_an_unknown_package_are_one_line_errors(tmp_path):
+    with pytest.raises(SetupError, match="no Python package"):
+        run_init(tmp_path)
+    repo = make_lib(tmp_path)
+    with pytest.raises(SetupError, match="--package nolib"):
+        run_init(repo, package="nolib")
+
+
+# -- inference from records (no process, no framework) ---------------------------------------
+def _op(params, kind="function"):
+    return Operator(name="lib.f", module="lib.m", qualname="f", kind=kind, file="lib/m.py", line=1,
+                    params=[{"name": n, "kind": "POSITIONAL_OR_KEYWORD", "has_default": d is not None, "default": d,
+                             "annotation": None} for n, d in params])
+
+
+def test_records_give_shared_dims_tied_params_and_index_inputs():
+    import numpy as np
+
+    op = _op([("x", None), ("target", None), ("num_classes", None), ("eps", 1e-6), ("fn", None)])
+    recs = []
+    for n, c in ((2, 5), (4, 7), (3, 5)):
+        recs.append(CallRecord(op="lib.f", args=[TensorArg((n, c), "float32", np.random.rand(n, c) * 8 - 4),
+                                                 TensorArg((n,), "int64", np.arange(n) % c)],
+                               kwargs={"num_classes": c, "eps": 1e-6, "fn": 3}))
+    inf = from_records(op, recs, "torch", ["lib/m.py"])
+    spec = inf.spec
+    assert spec["inputs"][0]["shape"] == ["N", "C"] and spec["inputs"][1]["shape"] == ["N"]
+    assert spec["dims"] == {"N": [2, 4], "C": [5, 7]}
+    assert spec["inputs"][1]["kind"] == "index" and spec["inputs"][1]["index_hi"] == 2
+    assert spec["params"]["num_classes"] == {"expr": "C"} and spec["params"]["eps"] == 1e-6
+    assert spec["inputs"][0]["domain"]["name"] == "real"
+    # an object argument without a default: not replayable, said so
+    op2 = _op([("x", None), ("fn", None)])
+    bad = [CallRecord(op="lib.f", args=[TensorArg((2,), "float32", np.ones(2)), Opaque("function")], kwargs={})]
+    assert from_records(op2, bad, "torch", []).spec is None
+
+
+def test_module_records_drop_self_and_tests_range_is_widened():
+    import numpy as np
+
+    op = _op([("input", None)], kind="module")
+    rec = CallRecord(op="lib.f", args=[Opaque("Module"), TensorArg((2, 3), "float32", np.random.rand(2, 3))], kwargs={})
+    spec = from_records(op, [rec], "torch", []).spec
+    assert spec["inputs"] == [{"name": "input", "shape": [2, 3], "domain": "prob"}]
+    assert widen(spec)["inputs"] == [{"name": "input", "shape": [2, 3]}]
+
+
+def test_probe_specs_and_their_refusals():
+    specs, _ = probe_specs(_op([("a", None), ("b", None), ("alpha", 0.5)]), "torch", [])
+    assert specs and all([t["name"] for t in s["inputs"]] == ["a", "b"] for s in specs)
+    assert {len(s["inputs"][0]["shape"]) for s in specs} == {1, 2, 3, 4}
+    op = _op([("x", None), ("k", None)])
+    op.params[1]["annotation"] = "int"
+    assert tensor_params(op)[0] is None and "k: int" in tensor_params(op)[1]
+    assert tensor_params(_op([("x", None), ("path", None)]))[0] is None
+
+
+# -- init, then the gate, on the real fix ------------------------------------------------------
+def _cli(repo, *args, timeout=900):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "gate.cli", *args], cwd=repo, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_fixed", [True, False])
+def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tmp_path, base_fixed):
+    repo = make_lib(tmp_path, fixed=base_fixed)
+    res = _cli(repo, "init", "--ops", "focallib.binary_focal_loss_with_logits")
+    assert res.returncode == 0, res.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "dl-gate init")
+    res = _cli(repo, "baseline", "refresh", "--evals", "150")
+    assert res.returncode == 0, res.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "baselines")
+    git(repo, "checkout", "-q", "-b", "pr")
+    focal = repo / "focallib" / "focal.py"
+    old, new = (FIXED, BROKEN) if base_fixed else (BROKEN, FIXED)
+    focal.write_text(focal.read_text().replace(old, new))
+    git(repo, "commit", "-q", "-am", "revert the fix" if base_fixed else "the fix")
+    res = _cli(repo, "run", "--base", "main", "--evals", "150", "--out", str(tmp_path / "out"))
+    want = 1 if base_fixed else 0
+    assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
+    if base_fixed:
+        assert "new NaN/Inf" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.tf
+def test_init_on_a_keras_library(tmp_path):
+    pytest.importorskip("tensorflow")
+    repo = tmp_path / "tfrepo"
+    (repo / "tfops").mkdir(parents=True)
+    (repo / "tfops" / "__init__.py").write_text("from .ops import *  # noqa\n")
+    (repo / "tfops" / "ops.py").write_text(textwrap.dedent('''
+        import tensorflow as tf
+
+
+        def softplus_safe(x):
+            return tf.nn.softplus(x)
+
+
+        class Swish(tf.keras.layers.Layer):
+            def call(self, inputs):
+                return inputs * tf.sigmoid(inputs)
+        '''))
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, probe_timeout=30)
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert cfg.raw["framework"] == "tensorflow"
+    kinds = {name: kind for name, kind, _ in rep.found}
+    assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer"}
+    assert all(o.framework == "tensorflow" for o in cfg.ops)
+    assert "dl-gate[tensorflow]" in (repo / ".github/workflows/dl-gate.yml").read_text()
+
+
+def test_an_operator_that_exits_hangs_or_kills_its_process_costs_only_itself(tmp_path):
+    repo = tmp_path / "wild"
+    (repo / "wildlib").mkdir(parents=True)
+    (repo / "wildlib" / "__init__.py").write_text(textwrap.dedent('''
+        import os
+        import sys
+
+
+        def doubled(x):
+            return x * 2
+
+
+        def exits(x):
+            os._exit(3)
+
+
+        def spins(x):
+            while True:
+                pass
+
+
+        def quits(x):
+            sys.exit("no")
+
+
+        def halved(x):
+            return x / 2
+        '''))
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, probe_timeout=2)
+    assert {n for n, _, _ in rep.found} == {"wildlib.doubled", "wildlib.halved"}
+    left = dict(rep.left_out)
+    assert "died (exit 3)" in left["wildlib.exits"]
+    assert "no answer within 2s" in left["wildlib.spins"]
+    assert "sys.exit" in left["wildlib.quits"]
+
+
+def test_a_src_layout_package_is_found_from_its_project_name(tmp_path):
+    repo = tmp_path / "srcrepo"
+    (repo / "src" / "my_ops").mkdir(parents=True)
+    (repo / "src" / "my_ops" / "__init__.py").write_text("import torch\n\n\ndef log1p_exp(x):\n"
+                                                         "    return torch.log1p(torch.exp(x))\n")
+    (repo / "tools").mkdir()
+    (repo / "tools" / "__init__.py").write_text("")
+    (repo / "pyproject.toml").write_text('[project]\nname = "my-ops"\nversion = "0.1"\n')
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, workflows=False, probe_timeout=20)
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert rep.package == "my_ops" and cfg.raw["python_path"] == ["src"]
+    assert [o.sources for o in cfg.ops] == [("src/my_ops/__init__.py",)]
+    assert not (repo / ".github").exists()
