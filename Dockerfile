@@ -21,7 +21,9 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # empty: no TensorFlow (the torch-only image); tensorflow-cpu or tensorflow[and-cuda] for the others
 ARG TF_PACKAGE=""
 ARG TF_VERSION=2.21.*
-ARG EXTRAS=plot,opinfo
+# triton: Triton kernels run in its interpreter on CPU (compiled on CUDA); cpp: ninja, with which
+# torch.utils.cpp_extension builds a library's C++ extension (`build:`, docs/kernels.md)
+ARG EXTRAS=plot,opinfo,triton,cpp
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN python -m venv /opt/venv
@@ -43,9 +45,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     MPLBACKEND=Agg \
     MPLCONFIGDIR=/tmp/matplotlib
-# git: the gate diffs the pull request against the merge-base with its base ref.
+# git: the gate diffs the pull request against the merge-base with its base ref; g++ and make:
+# it builds a library's C++ extension on both sides (`build:` in .dl-gate.yml, docs/kernels.md).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git \
+ && apt-get install -y --no-install-recommends git g++ make \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
 RUN dl-gate --version

@@ -76,6 +76,10 @@ class Config:
                         tops.add(child.stem)
                     elif (child / "__init__.py").exists():
                         tops.add(child.name)
+        from .backends.triton_support import prepare_tree
+
+        # Triton reads TRITON_INTERPRET when a kernel is decorated: decide before any import
+        prepare_tree([(self.root / p).resolve() for p in (self.raw.get("python_path") or ["."])])
         tops -= {"gate", "torch", "tensorflow", "numpy", "tests", "conftest", "setup"}
         for name in list(sys.modules):
             if name.split(".")[0] in tops:

@@ -212,6 +212,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
     base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
     catalog = load_catalog(cfg.ops, builtin=cfg.builtin)
+    kernels = _kernels(repo, head_sha, catalog, cfg, report)  # before the operator library is imported
     seed = opts.seed if opts.seed is not None else cfg.seed
     report.seed = seed
 
@@ -226,6 +227,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
         return
     names = [s["op"] for s in selected]
+    if kernels is not None:
+        report.warnings.extend(kernels.warnings(names))
+    _build(repo, cfg, cfg.raw.get("build"), "head", report, Path(opts.out), say)  # a failure: error, first compiler line
     from .fuzz.isolate import isolate_options, prestart
 
     isolate = isolate_options(opts.isolate, opts.eval_timeout, cfg.gate)  # crashes and hangs stay in a worker
@@ -256,6 +260,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
             spec, warning = judged_row(spec, base_specs[name])
             if warning:
                 report.warnings.append(warning)
+        if kernels is not None:
+            spec = kernels.adjust(spec)  # Triton: on the device its kernels run on
         backend = get_backend(spec.framework)
         want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
         budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
@@ -294,6 +300,12 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         tree = stack.enter_context(worktree(repo, merge_base)) if user_tasks else None
         if tree is not None and cfg.path:
             py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
+        # base's extension is built in its worktree (cached by source hash); one that does not
+        # build leaves base unreplayed: head is judged against the stored baselines
+        if tree is not None and not _build(tree / (Path(cfg_rel).parent if cfg_rel else Path()), cfg,
+                                           (bcfg.raw if bcfg else cfg.raw).get("build"), "base", report,
+                                           Path(opts.out), say):
+            tree = None
         base_isolate = base_isolate_options(tree, py_path, isolate, repo) if tree is not None and isolate else None
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
         work = [_fuzz_one(task, by_id[task.id], store, repo, seed_store, isolate, base_isolate,
@@ -302,7 +314,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
                           spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
                 for w in work if w["spec"].origin == "user"]
-        if jobs:
+        if jobs and tree is not None:
             say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
             base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=repo)
 
@@ -327,6 +339,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
             if i is not None and i < len(w["cands"]):
                 recheck_determinism(vv, w["spec"], task.variant, w["cands"][i], w["head"][i], isolate=isolate)
         w["verdict"] = vv
+        if kernels is not None:
+            kernels.mark(vv)
         report.verdicts.append(vv)
         if vv.details.get("warning"):
             report.warnings.append(f"{vv.id}: {vv.details['warning']}")
@@ -345,6 +359,41 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
            "selected": selected, "settings": settings, "out": Path(opts.out), "say": say, "isolate": isolate}
     localise_stage(report, work, ctx)
+
+
+def _build(tree: Path, cfg: Config, raw, side: str, report: V.GateReport, out: Path, say) -> bool:
+    """Build the library's extension in ``tree`` as ``raw`` (the side's ``build:``) says, cached
+    by source hash. Head failing is the run's error; base failing leaves base unreplayed (the
+    stored baselines judge). True when there is nothing to build or the build is in place."""
+    from .backends.build import BuildError, BuildSpec, build_tree, write_log
+
+    spec = BuildSpec.from_config(raw, cfg.root)
+    if spec is None:
+        return True
+    try:
+        res = build_tree(tree, spec, side, say)
+    except BuildError as exc:
+        log = write_log(out, side, exc)
+        report.env.setdefault("build", {})[side] = {"error": exc.first_error or str(exc),
+                                                     "log": str(log) if log else None}
+        if side == "head":
+            raise
+        report.warnings.append(f"{exc}; base is not replayed, head is judged against the stored baselines")
+        return False
+    report.env.setdefault("build", {})[side] = res.to_dict()
+    return True
+
+
+def _kernels(repo: Path, head_sha: str, catalog: Catalog, cfg: Config, report: V.GateReport):
+    """Operators that launch Triton kernels: the interpreter on CPU, compiled on CUDA (set up
+    before the library is imported); noted in the report."""
+    from .backends.triton_support import activate
+    from .select.kernels import operator_kernels
+
+    run = activate(operator_kernels(repo, head_sha, catalog, cfg))
+    if run is not None:
+        report.env["triton"] = run.to_dict()
+    return run
 
 
 def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate, base_isolate,

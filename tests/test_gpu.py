@@ -29,3 +29,17 @@ def test_fuzzing_on_cuda_scores_against_a_float64_reference_on_the_same_device(n
         assert f.metrics.ulp == 0.0  # exact on every device
     again = fuzz_task(Task(op=_spec(name), variant=Variant(dtype, "cuda"), budget=Budget(evals=60), seed=0))
     assert again.metrics.ulp == f.metrics.ulp  # deterministic for a seed and an evaluation budget
+
+
+def test_tf32_is_a_variant_of_its_own_and_less_precise_than_strict_float32():
+    spec = _spec("torch.matmul")
+    strict = fuzz_task(Task(op=spec, variant=Variant("float32", "cuda", "input"), budget=Budget(evals=40), seed=0))
+    tf32 = fuzz_task(Task(op=spec, variant=Variant("float32", "cuda", "tf32"), budget=Budget(evals=40), seed=0))
+    assert strict.status == tf32.status == "ok"
+    assert tf32.metrics.ulp > 10 * max(strict.metrics.ulp, 1.0)  # a 10-bit mantissa in the products
+
+
+def test_reduced_precision_reductions_are_a_float16_variant():
+    spec = _spec("torch.matmul")
+    f = fuzz_task(Task(op=spec, variant=Variant("float16", "cuda", "reduced"), budget=Budget(evals=40), seed=0))
+    assert f.status == "ok" and f.evals == 40, f.message

@@ -15,6 +15,12 @@ import numpy as np
 from ..errors import ConfigError
 
 
+class NotDifferentiable(NotImplementedError):
+    """The operator's outputs are not connected to its inputs by autograd (computed outside it,
+    e.g. a kernel launched without a ``torch.autograd.Function``): a gradient variant does not
+    apply (judged unsupported, not a gradient of zero)."""
+
+
 class Output:
     """One output array of an operator, as float64 (floats) or int64/bool (exact types)."""
 
@@ -89,6 +95,8 @@ class Backend(ABC):
         return resolve_callable(path)
 
     def is_unsupported(self, exc: BaseException) -> bool:
+        if isinstance(exc, NotDifferentiable):
+            return True
         msg = f"{type(exc).__name__}: {exc}"
         return any(re.search(p, msg) for p in self.unsupported_patterns)
 

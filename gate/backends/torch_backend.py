@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import Backend, Output, flatten, numpy_quantize
+from .base import Backend, NotDifferentiable, Output, flatten, numpy_quantize
 
 DTYPES = {
     "float16": torch.float16,
@@ -16,6 +16,28 @@ DTYPES = {
     "float64": torch.float64,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@contextlib.contextmanager
+def cuda_math(mode: Optional[str]):
+    """CUDA math flags for one call: ``tf32`` lets float32 matmuls and convolutions run in TF32,
+    ``reduced`` lets float16/bfloat16 matmuls reduce in reduced precision; every other mode runs
+    with both off (full-precision accumulation), so that each flag is judged as its own variant.
+    ``None`` (not on CUDA): nothing is touched. The previous settings come back afterwards."""
+    if mode is None:
+        yield
+        return
+    m, c = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (m.allow_tf32, c.allow_tf32, m.allow_fp16_reduced_precision_reduction,
+             m.allow_bf16_reduced_precision_reduction)
+    tf32, reduced = mode == "tf32", mode == "reduced"
+    try:
+        m.allow_tf32 = c.allow_tf32 = tf32
+        m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = reduced
+        yield
+    finally:
+        (m.allow_tf32, c.allow_tf32, m.allow_fp16_reduced_precision_reduction,
+         m.allow_bf16_reduced_precision_reduction) = saved
 
 
 class TorchBackend(Backend):
@@ -106,7 +128,7 @@ class TorchBackend(Backend):
         ctx = contextlib.nullcontext()
         if mode == "operator" and dtype in ("float16", "bfloat16"):
             ctx = torch.autocast(device_type=device, dtype=DTYPES[dtype])
-        with torch.no_grad(), ctx:
+        with torch.no_grad(), ctx, cuda_math(mode if device == "cuda" else None):
             out = fn(*args, **kwargs)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -156,6 +178,12 @@ class TorchBackend(Backend):
             # (a 0-d output is a 1-element array on the gate's side: back to the tensor's shape)
             grads_out.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
                              .to(device=t.device, dtype=t.dtype))
+        if leaves and not roots and any(u is not None for u in ups):
+            # nothing autograd can differentiate (e.g. a Triton kernel launched outside a
+            # torch.autograd.Function writes its output in place): no gradient to judge, not a
+            # gradient of zero
+            raise NotDifferentiable("not differentiable: no floating-point output requires grad (computed outside autograd, e.g. a kernel "
+                                    "launched without a torch.autograd.Function)")
         if roots and leaves:
             grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)
         else:

@@ -63,7 +63,7 @@ def _end_line(node) -> int:
 
 @dataclass
 class Registration:
-    kind: str  # dispatch | tf_op | tf_kernel | torch_def | torch_impl
+    kind: str  # dispatch | tf_op | tf_kernel | torch_def | torch_impl | pybind_def
     start: int
     end: int
     ops: List[str] = field(default_factory=list)  # op names it registers (TF CamelCase; "ns::op" for torch)
@@ -429,6 +429,28 @@ class CppFile:
                 names = [x for a in args if '"' not in a for x in re.findall(r"[A-Za-z_]\w*", a) if x not in _PRIMITIVE]
                 self.registrations.append(Registration("tf_kernel", line_at(m.start()), line_at(stop), ops=ops,
                                                        names=list(dict.fromkeys(names))))
+        for m in re.finditer(r"\bPYBIND11_MODULE\s*\(", text):
+            # m.def("name", &fn, ...): a Python-visible function of a compiled extension module,
+            # reached from Python as `pkg._C.name` (op ``pybind::name``)
+            _args, stop = _call_args(text, m.end() - 1)
+            brace = text.find("{", stop)
+            end = _matching_brace(text, brace) if brace >= 0 else -1
+            if end < 0:
+                continue
+            body = text[brace:end]
+            for d in re.finditer(r"\.\s*def\s*\(", body):
+                args, dstop = _call_args(body, d.end() - 1)
+                lit = re.match(r"\s*\"(\w+)\"", args[0]) if args else None
+                if not lit or len(args) < 2:
+                    continue
+                names = [_strip_templates(x).split("::")[-1] for x in re.findall(r"&\s*([A-Za-z_][\w:]*)", args[1])]
+                if not names:
+                    fn = re.match(r"\s*([A-Za-z_][\w:]*)\s*$", args[1])
+                    names = [_strip_templates(fn.group(1)).split("::")[-1]] if fn else []
+                if not names:  # a lambda: what it calls
+                    names = [x for x in re.findall(r"\b([A-Za-z_]\w*)\s*\(", args[1]) if x not in _PRIMITIVE]
+                self.registrations.append(Registration("pybind_def", line_at(brace + d.start()), line_at(brace + dstop),
+                                                       ops=[f"pybind::{lit.group(1)}"], names=list(dict.fromkeys(names))))
         for sym in self.symbols:
             if sym.macro in _TORCH_LIB and sym.macro_args:
                 ns = sym.macro_args[0]
@@ -537,6 +559,20 @@ def _call_args(text: str, open_paren: int) -> Tuple[List[str], int]:
             cur.append(c)
         i += 1
     return [], n - 1
+
+
+def _matching_brace(text: str, open_brace: int) -> int:
+    """Index just past the ``}`` that closes ``text[open_brace]`` (-1 when unbalanced)."""
+    depth = 0
+    for i in range(open_brace, len(text)):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
 
 
 def _statement_end(text: str, pos: int) -> int:

@@ -44,7 +44,7 @@ class Entity:
         if self.kind == "native":
             return self.key
         if self.kind == "ext":
-            return native_node(self.key)
+            return native_node(self.key) or index.compiled_node(self.key)
         return None
 
 
@@ -152,6 +152,16 @@ class PyIndex:
                     return ent
         return None
 
+    def compiled_node(self, dotted: str) -> Optional[str]:
+        """``pkg._C.fn`` where ``pkg`` is a package of this repository and ``pkg._C`` has no
+        Python source (a compiled extension, ``PYBIND11_MODULE``): ``native:torch:pybind::fn``."""
+        parts = dotted.split(".")
+        for i in range(1, len(parts) - 1):
+            if self.has_module(".".join(parts[:i])) and ".".join(parts[:i]) in self.pkg \
+                    and not self.has_module(".".join(parts[:i + 1])):
+                return f"native:torch:pybind::{parts[-1]}" if i + 2 == len(parts) else None
+        return None
+
     def resolve_import(self, b: ImportBinding, seen: Optional[Set] = None) -> Optional[Entity]:
         if b.attr is None:
             return Entity("module", b.module) if self.has_module(b.module) else Entity("ext", b.module, b.module)
@@ -160,7 +170,10 @@ class PyIndex:
             return Entity("module", sub)
         m = self.module(b.module) if self.has_module(b.module) else None
         if m is not None and m.error is None:
-            return self.resolve_name(m, b.attr, seen)
+            ent = self.resolve_name(m, b.attr, seen)
+            if ent is None and m.is_pkg:  # `from pkg import _C`: a compiled extension module of the package
+                return Entity("ext", sub, sub)
+            return ent
         if m is None:
             return Entity("ext", sub, sub)
         return None

@@ -28,18 +28,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..backends.base import Output
+from ..backends.base import NotDifferentiable, Output
 from ..oracles.precision import Metrics, compare, ulp
 from .inputs import Candidate
 from .oracle_base import OracleRunner, content_seed, float_input_names
-from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature
+from .runner import INVALID, OK, UNSUPPORTED, Evaluation, exception_signature
 
 UPSTREAM = "__upstream{}__"
 DIRECTION = "__direction_{}__"
-
-
-class NotDifferentiable(Exception):
-    """The operator's outputs carry no gradient back to its inputs on this input."""
 
 
 class _GradBase(OracleRunner):
@@ -94,9 +90,9 @@ class GradRunner(_GradBase):
             return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
         try:
             _, low = self._vjp(q, dtype, self.fn, dtype)
-        except NotDifferentiable as exc:  # its float64 run had a gradient: the low-precision run lost it
-            return q, Evaluation(CRASH, error=f"backward: {exc}", signature=f"backward: {exc}",
-                                 seconds=time.perf_counter() - t0)
+        except NotDifferentiable as exc:  # the reference has a gradient, the operator does not (a kernel launched
+            # outside autograd): nothing to judge here; base having one on the same input is judged "gradient lost"
+            return q, Evaluation(UNSUPPORTED, error=str(exc), signature=str(exc), seconds=time.perf_counter() - t0)
         except Exception as exc:
             sig, short = exception_signature(exc)
             return q, Evaluation(self.classify(exc), error=f"backward: {short}", signature=f"backward: {sig}",

@@ -96,7 +96,7 @@ def _localise(report, items: List[dict], ctx: dict) -> None:
     base_pp, cfg_dir, head_pp = _python_path(ctx)
     base = None
     if any(w.get("base") is not None for w in items) and ctx.get("merge_base"):
-        base = BaseWorker(Path(ctx["repo"]), ctx["merge_base"], base_pp, cfg_dir)
+        base = BaseWorker(Path(ctx["repo"]), ctx["merge_base"], base_pp, cfg_dir, prepare=_base_build(ctx, cfg_dir))
         base.start()  # checks out and starts importing while head works on the first finding
     session = Session(Head(isolate=ctx.get("isolate")), base)
     shared: Dict[str, object] = {"head_python_path": head_pp}
@@ -143,3 +143,19 @@ def _update_details(path: Path, vv) -> None:
 
 
 __all__ = ["localise_all", "Diagnosis", "Deadline", "safe_id"]
+
+
+def _base_build(ctx: dict, cfg_dir: str):
+    """The base worktree's extension build (the base config's ``build:``; cached, so normally a
+    restore of what the judge stage built), or None when the library builds nothing."""
+    cfg, bcfg = ctx.get("config"), ctx.get("base_config")
+    raw = ((bcfg.raw if bcfg is not None else None) or (cfg.raw if cfg is not None else {}) or {}).get("build")
+    if not raw or cfg is None:
+        return None
+
+    def prepare(tree: Path) -> None:
+        from ..backends.build import BuildSpec, build_tree
+
+        build_tree(tree / cfg_dir if cfg_dir else tree, BuildSpec.from_config(raw, cfg.root), "base")
+
+    return prepare

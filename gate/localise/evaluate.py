@@ -78,8 +78,9 @@ STARTUP_GRACE = 10.0  # seconds a base worker may take to import the framework, 
 class BaseWorker:
     """The base worktree and its worker process (started on first use)."""
 
-    def __init__(self, repo: Path, rev: str, python_path: Sequence[str], cfg_dir: str):
+    def __init__(self, repo: Path, rev: str, python_path: Sequence[str], cfg_dir: str, prepare=None):
         self.repo, self.rev = Path(repo), rev
+        self.prepare = prepare  # called with the worktree before the worker starts (builds an extension)
         self.python_path = list(python_path)
         self.cfg_dir = cfg_dir
         self.proc: Optional[subprocess.Popen] = None
@@ -99,6 +100,8 @@ class BaseWorker:
             return
         try:
             self.tree = self._stack.enter_context(worktree(self.repo, self.rev))
+            if self.prepare is not None:
+                self.prepare(self.tree)
         except GateError as exc:
             self.dead = str(exc)
             return

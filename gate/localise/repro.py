@@ -239,6 +239,8 @@ if __name__ == "__main__":
 '''
 
 _TORCH = r'''
+if DEVICE == "cpu":  # a Triton kernel runs on CPU tensors only in the interpreter (read at @triton.jit)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}

@@ -411,6 +411,15 @@ class _Recorder:
         return out
 
 
+#: factories of uninitialised memory (an output buffer a kernel fills in place, e.g. a Triton
+#: launch or an ``out=`` call): their values are garbage by definition, never a sub-operation's error
+UNINITIALISED = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+
+
+def _uninitialised(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in UNINITIALISED
+
+
 def _torch_recorder(frames: "_Frames", **kw):
     """A :class:`torch.overrides.TorchFunctionMode` that sees every torch function and tensor
     method the library calls."""
@@ -425,7 +434,7 @@ def _torch_recorder(frames: "_Frames", **kw):
             kwargs = kwargs or {}
             stack = frames.library_stack(sys._getframe(1))
             name = _func_name(func)
-            if stack is None or name.endswith("__get__") or name.endswith("__set__"):
+            if stack is None or name.endswith("__get__") or name.endswith("__set__") or _uninitialised(name):
                 return func(*args, **kwargs)
             return core.record(name, func, args, kwargs, stack)
 

@@ -20,7 +20,10 @@ from ..errors import ConfigError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 LOW_DTYPES = ("float16", "bfloat16", "float32")
-MODES = ("input", "operator")
+MODES = ("input", "operator", "tf32", "reduced")
+#: CUDA-only modes (math-mode flags, not properties of an operator): planned on a CUDA device
+#: whenever asked for (``--mode tf32``), whatever the operator's own ``modes`` say
+CUDA_MODES = {"tf32": ("float32",), "reduced": ("float16", "bfloat16")}
 DOMAINS = {
     # name: (lo, hi) open interval
     "real": (None, None),

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, List, Optional, Sequence
 
 from ..errors import GateError, UnsupportedVariant
-from ..ops.spec import FLOAT_DTYPES, MODES, OpSpec
+from ..ops.spec import CUDA_MODES, FLOAT_DTYPES, MODES, OpSpec
 
 
 @dataclass(frozen=True, order=True)
@@ -135,7 +135,7 @@ def variants_for(
     if devices and not want_devices:
         raise UnsupportedVariant(f"operator {spec.name} does not run on {', '.join(devices)}")
     want_devices = [d for d in want_devices if d in available_devices]
-    want_modes = [m for m in (modes or spec.modes) if m in spec.modes]
+    want_modes = [m for m in (modes or spec.modes) if m in spec.modes or m in CUDA_MODES]
     has_ref = spec.reference is not None
     out: List[Variant] = []
     # what a default layout or a default gradient check runs at: one dtype (float32 if asked)
@@ -148,6 +148,8 @@ def variants_for(
                 for mode in want_modes:
                     if mode == "operator" and dtype in ("float32", "float64"):
                         continue  # operator mode at full precision is input mode
+                    if mode in CUDA_MODES and (device != "cuda" or dtype not in CUDA_MODES[mode]):
+                        continue  # TF32 / reduced-precision reductions exist on CUDA, for their dtypes
                     out.append(Variant(dtype=dtype, device=device, mode=mode))
                 if layouts:
                     for lay in spec.layouts:

@@ -53,7 +53,7 @@ class NativePropagator:
         for r in regs:
             if r["kind"] in ("tf_op", "tf_kernel"):
                 ops += [("tensorflow", o) for o in r["ops"]]
-            elif r["kind"] in ("torch_def", "torch_impl"):
+            elif r["kind"] in ("torch_def", "torch_impl", "pybind_def"):
                 ops += [("torch", o) for o in r["ops"]]
             elif r["kind"] == "dispatch" and r.get("stub"):
                 stubs.append(r["stub"])
