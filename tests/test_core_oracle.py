@@ -128,3 +128,25 @@ def test_an_all_zero_reference_counts_in_ulps_of_one():
     assert m.ulp == pytest.approx(1.3e-10 / 2.0**-23)
     m = compare([Output(out, "float32")], [Output(ref, "float64")], "float32", "dtype")
     assert m.ulp > 1e30  # an elementwise op near its zero keeps relative ULPs (the dtype floor)
+
+
+def test_results_below_the_smallest_normal_are_not_judged_unless_asked():
+    # torch.logaddexp's backward underflows to 0 where the true float32 gradient is 3.15e-40
+    # (x = -90): a flush of a subnormal result, which a softplus fix (log(1+exp) -> logaddexp)
+    # showed on 5 of 11 seeds as a 2e5-ulp "regression" of its gradient
+    ref = [Output(np.array([3.15134e-40, -1.20681e-43]), "float64")]
+    flushed = [Output(np.array([0.0, -0.0]), "float32")]
+    partial = [Output(np.array([np.float32(1e-40), 0.0]), "float32")]
+    assert compare(flushed, ref, "float32").ulp == 0
+    assert compare(partial, ref, "float32").ulp == 0
+    strict = compare(flushed, ref, "float32", ftz=False)  # exhaustive sweeps measure them
+    assert strict.ulp > 1e5
+    # a zero where the reference is normal (just above float32's smallest normal) is judged
+    normal = [Output(np.array([2.0e-38, 3.0e-40]), "float64")]
+    assert compare(flushed, normal, "float32").ulp > 1e6
+    # the batched comparison agrees with the single one (two candidates of one row each)
+    from gate.fuzz.batch import compare_segments
+    out = [Output(np.stack([flushed[0].array, flushed[0].array]), "float32")]
+    ref2 = [Output(np.stack([ref[0].array, normal[0].array]), "float64")]
+    seg = compare_segments(out, ref2, [1, 1], "float32")
+    assert seg[0].ulp == 0 and seg[1].ulp == compare(flushed, normal, "float32").ulp

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..oracles.precision import Metrics, compare, min_normal, overflow_bound, ulp
+from ..oracles.precision import Metrics, below_normal, compare, overflow_bound, ulp
 from .inputs import Candidate
 from .runner import OK, Evaluation, VariantRunner
 
@@ -154,7 +154,7 @@ class BatchEvaluator:
             self.separable[pkey] = self._check(group, self._split(ref, sizes))
             if not self.separable[pkey]:
                 return [self._single(q) for q in group]
-        ftz = runner.backend.flush_subnormals
+        ftz = True  # the search: results below the smallest normal are not judged (precision.below_normal)
         if bd == 0:
             metrics = compare_segments(out, ref, sizes, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz)
         else:
@@ -187,7 +187,7 @@ class BatchEvaluator:
 
 
 def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], sizes: Sequence[int], dtype: str,
-                     ulp_floor: str = "output", ftz: bool = False) -> List[Metrics]:
+                     ulp_floor: str = "output", ftz: bool = True) -> List[Metrics]:
     """:func:`gate.oracles.precision.compare` of each candidate of a batch at once: the outputs
     are concatenated along axis 0, candidate ``i`` owns ``sizes[i]`` rows. Gives exactly the
     figures ``compare`` gives on each candidate's rows (maxima, counts and the worst element
@@ -222,7 +222,7 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
         fast = bool(np.isfinite(a).all() and np.isfinite(b).all())
         if fast:
             mag_rows = absb.max(axis=1)
-            fast = float(mag_rows.max()) < ovf and not (ftz and np.any(a == 0))
+            fast = float(mag_rows.max()) < ovf and not (ftz and np.any(below_normal(a, absb, dtype) & (a != b)))
         if fast:  # every value finite and in range: every element is judged, no masks
             any_judged = np.ones(n, dtype=bool)
             err = np.abs(a - b)
@@ -239,8 +239,8 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
             nonfinite += np.add.reduceat(np.count_nonzero(ref_representable & ~out_finite, axis=1), starts)
             ref_overflow = ref_finite & ~ref_representable
             exact = (ref_overflow & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~ref_finite & ~np.isnan(b) & (a == b))
-            if ftz:  # a framework that flushes subnormal results: zero for a subnormal reference is exact
-                exact = exact | ((a == 0) & (absb < min_normal(dtype)))
+            if ftz:  # output and reference both below the smallest normal: exact (precision.below_normal)
+                exact = exact | below_normal(a, absb, dtype)
             judged = ref_finite & out_finite & ~exact
             any_judged = np.add.reduceat(np.count_nonzero(judged, axis=1), starts) > 0
             if not np.any(any_judged):

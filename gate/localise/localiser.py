@@ -442,10 +442,14 @@ class Localiser:
                    f"{fmt(bu)} ulp on this input)" if bu is not None else "the baseline row's limit")
         else:
             thr, why = self.target.floor(variant), "any NaN/Inf or exception reproduces"
-        try:
-            ftz = get_backend(spec.framework).flush_subnormals
-        except Exception:
-            ftz = False
+        # results below the smallest normal number are judged as the finding was: not in a search,
+        # in subnormal ulps in an exhaustive sweep (unless the framework flushes them by design)
+        ftz = True
+        if self.vv.details.get("search") == "exhaustive":
+            try:
+                ftz = get_backend(spec.framework).flush_subnormals
+            except Exception:
+                ftz = False
         stem = safe_id(f"{spec.name}_{variant.key}")
         paths = write_repro(self.out / "repro", stem, spec, variant, chk.cand, kind=kind, threshold=thr, threshold_why=why,
                             repo=Path(self.ctx["repo"]), python_path=self.shared.get("head_python_path") or ["."],

@@ -50,8 +50,9 @@ def errors(out, ref, dtype, floor_kind, ftz=False):
     ovf = overflow_bound(dtype)
     ref_ok = np.isfinite(b) & (np.abs(b) < ovf)
     exact = (np.isfinite(b) & ~ref_ok & np.isinf(a) & (np.sign(a) == np.sign(b))) | (~np.isfinite(b) & (a == b))
-    if ftz:
-        exact |= (a == 0) & (np.abs(b) < np.ldexp(1.0, FORMATS[dtype][1]))
+    if ftz:  # output and reference both below the smallest normal number: not judged
+        tiny = np.ldexp(1.0, FORMATS[dtype][1])
+        exact |= (np.abs(a) < tiny) & (np.abs(b) < tiny)
     judged = np.isfinite(b) & np.isfinite(a) & ~exact
     mag = float(np.max(np.abs(b[ref_ok]))) if np.any(ref_ok) else 0.0
     # an all-zero reference counts in ulps of 1 (as the gate's oracle does)
