@@ -7,6 +7,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# tests import TensorFlow directly, and later tests (torch.export's dynamo path, Triton kernels)
+# import Triton: Triton must come first (gate.backends.base.before_tensorflow)
+from gate.backends.base import before_tensorflow  # noqa: E402
+
+before_tensorflow()
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -184,3 +184,14 @@ def test_on_cuda_the_kernels_run_compiled_and_the_regression_still_fails(tk_repo
     assert {v.variant["device"] for v in report.verdicts} == {"cuda"}
     assert (code, report.outcome) == (1, "regression"), report.reason
     assert not any("Triton interpreter" in w for w in report.warnings)
+
+
+@needs_triton
+def test_tensorflow_and_triton_load_in_one_process():
+    # both bundle LLVM: Triton imported after TensorFlow aborts the process ("LLVM ERROR:
+    # inconsistency in registered CommandLine options"); the TensorFlow backend loads Triton first
+    pytest.importorskip("tensorflow")
+    code = ("from gate.backends import get_backend\nget_backend('tensorflow')\nimport triton\nimport torch\n"
+            "print(torch.compile(lambda x: x + 1, backend='eager')(torch.zeros(2)).tolist())")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(Path(__file__).parents[1]))
+    assert res.returncode == 0 and "[1.0, 1.0]" in res.stdout, res.stderr[-2000:]

@@ -15,6 +15,25 @@ import numpy as np
 from ..errors import ConfigError
 
 
+def before_tensorflow() -> None:
+    """Load Triton, when it is installed, before TensorFlow. Both bundle LLVM, and Triton
+    imported after TensorFlow aborts the process ("LLVM ERROR: inconsistency in registered
+    CommandLine options"); torch.compile, torch.export's dynamo path and Triton kernels all
+    import Triton, so a run with a TensorFlow operator and any of those would die. Imported in
+    this order the two load side by side (0.3 s, only where both are installed)."""
+    import importlib.util
+    import sys
+
+    if "tensorflow" in sys.modules or "triton" in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec("triton") is None:
+            return
+        import triton  # noqa: F401
+    except Exception:  # a broken Triton: TensorFlow still loads, Triton's own users report it
+        pass
+
+
 class NotDifferentiable(NotImplementedError):
     """The operator's outputs are not connected to its inputs by autograd (computed outside it,
     e.g. a kernel launched without a ``torch.autograd.Function``): a gradient variant does not

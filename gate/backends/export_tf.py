@@ -11,6 +11,10 @@ from typing import Callable, List
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
+
+from .base import before_tensorflow  # noqa: E402
+
+before_tensorflow()
 import tensorflow as tf  # noqa: E402
 
 from .exporters import ExportCall, ExportUnsupported, quiet_output, stage  # noqa: E402

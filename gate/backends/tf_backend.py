@@ -8,6 +8,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
+
+from .base import before_tensorflow  # noqa: E402
+
+before_tensorflow()
 import tensorflow as tf  # noqa: E402
 
 from .base import Backend, Output, flatten, numpy_quantize  # noqa: E402
