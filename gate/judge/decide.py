@@ -13,7 +13,10 @@ Rules (FIELD_GUIDE §2, after PyTorch's own compile-vs-eager rule), on identical
   (framework built-ins), head's max error is held against the stored baseline row;
 * **behaviour-change** if head's float64 output differs from base's by more than the variant's
   threshold on a control input, or integer outputs differ on any input, while precision did not
-  worsen; a smaller move is reported as "reference moved"; fails or warns per configuration;
+  worsen; a smaller move is reported as "reference moved"; fails or warns per configuration,
+  except for an operator that a PR fixes (head returns numbers where base failed, in any of its
+  variants): its behaviour changes, and its precision losses on inputs where the float64 run
+  changed, are reported alongside the fix (:func:`stability_fixes`);
 * **improvement** if base's error exceeds ``m x head error`` (reported, never failed);
 * **needs-baseline** / **not-comparable** when there is no stored row for this environment;
 * otherwise **pass**.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -235,6 +238,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     behaviour: Tuple[float, int] = (-1.0, -1)
     base_max = head_max_same = 0.0
     fixed = garbage = 0
+    changed_at: Optional[Tuple[int, float]] = None  # (input, float64 move) of the worst precision loss
     pairs = 0
     identical = moved_ref = 0  # inputs with bit-identical outputs; of those, with a moved reference
     ref_moved = 0.0  # the largest move of the float64 run within the threshold (not a behaviour change)
@@ -293,6 +297,10 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             sev = hm.ulp / thr
             if sev > worst[0]:
                 worst = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x base {_f(bm.ulp)})) on the same input")
+                moved = ref_divergence(h, b, dtype, spec.ulp_floor)
+                # the float64 runs differ beyond the threshold here: head computes another value
+                # on this input (an eps now added), so base's error is not the yardstick
+                changed_at = (i, moved) if moved is not None and moved > thr else None
         if bm.nonfinite and not hm.nonfinite:
             fixed += 1
         # behaviour change is judged on control inputs from the bulk of the value domain: at
@@ -311,6 +319,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             behaviour = (d, i)
     vv.details["pairs"] = pairs
     vv.details["identical_outputs"] = identical
+    if fixed:
+        vv.details["fixed_inputs"] = fixed  # head returns numbers where base failed (read by stability_fixes)
     if garbage:
         vv.details["base_no_correct_digits"] = garbage  # inputs where precision was not judged
     if ref_moved:
@@ -346,6 +356,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         vv.threshold = max(floor, m * (vv.base_error or 0.0))
         vv.head_crash = h.error if _failed(h) else None
         vv.details["input_index"] = i
+        if kind == "precision" and changed_at is not None and changed_at[0] == i:
+            vv.details["function_changed_ulp"] = round(changed_at[1], 3)
         if i < len(inputs):
             vv.input_summary = inputs[i]
         return vv
@@ -482,14 +494,53 @@ def _f(x: Optional[float]) -> str:
     return f"{x:.3g}"
 
 
+def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
+    """A stability fix changes the function where it was broken: an eps under a sqrt, a wider
+    clamp, a log-space rewrite move the float64 run near the singularity, on purpose. Where a PR
+    makes an operator return numbers on inputs where base returned NaN/Inf or raised (in any of
+    its variants: a NaN gradient fixed by an eps shows in the gradient variant, the eps itself
+    in the forward one), that operator's behaviour changes, and its precision losses on inputs
+    where head's float64 run computes another value than base's, are reported with the fix, not
+    failed. New NaN/Inf, new crashes, a lost gradient and precision losses where the function
+    did not change still fail. Returns one warning line per operator whose verdicts it marked
+    (``details.with_fix``)."""
+    fixes: Dict[str, Tuple[str, int]] = {}
+    for v in verdicts:
+        n = int(v.details.get("fixed_inputs") or 0)
+        if n and n > fixes.get(v.op, ("", 0))[1]:
+            fixes[v.op] = (v.key, n)
+    marked: Dict[str, int] = {}
+    for v in verdicts:
+        if v.op not in fixes:
+            continue
+        changed = v.outcome == V.REGRESSION and v.details.get("kind") == "precision" and "function_changed_ulp" in v.details
+        if v.outcome != V.BEHAVIOUR_CHANGE and not changed:
+            continue
+        key, n = fixes[v.op]
+        v.details["with_fix"] = {"variant": key, "fixed_inputs": n}
+        if changed:
+            v.outcome = V.BEHAVIOUR_CHANGE
+            v.reason = (f"{v.reason}, where head's float64 output differs from base's by "
+                        f"{_f(v.details['function_changed_ulp'])} {v.variant.get('dtype')} ulp (the function changed there)")
+        v.reason = (f"changed alongside a stability fix (head returns numbers where base failed on {n} input(s) of "
+                    f"{key}): reported, not failed. {v.reason}")
+        marked[v.op] = marked.get(v.op, 0) + 1
+    return [f"{op}: {k} behaviour change(s) alongside a stability fix (head returns numbers where base failed on "
+            f"{fixes[op][1]} input(s) of {fixes[op][0]}): reported, not failed" for op, k in marked.items()]
+
+
+def failing(v: V.VariantVerdict, settings: GateSettings) -> bool:
+    """Whether this verdict fails the gate."""
+    if v.outcome == V.REGRESSION:
+        return True
+    return v.outcome == V.BEHAVIOUR_CHANGE and settings.behaviour_change == "fail" and not v.details.get("with_fix")
+
+
 def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], settings: GateSettings) -> Tuple[str, str]:
     """Run outcome and its one-line reason."""
     from ..errors import Outcome
 
-    regs = [v for v in verdicts if v.outcome == V.REGRESSION]
-    beh = [v for v in verdicts if v.outcome == V.BEHAVIOUR_CHANGE]
-    if settings.behaviour_change == "fail":
-        regs += beh
+    regs = [v for v in verdicts if failing(v, settings)]
     if regs:
         first = regs[0]
         more = f" (+{len(regs) - 1} more)" if len(regs) > 1 else ""
@@ -508,6 +559,10 @@ def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], setting
         return Outcome.ERROR.value, (f"the budget covered none of the {nc} selected variant(s): "
                                      "raise --budget (budget.total) or narrow --dtype/--mode")
     imp = sum(v.outcome == V.IMPROVEMENT for v in verdicts)
-    warn = f", {len(beh)} behaviour change(s) (warn)" if beh else ""
+    beh = [v for v in verdicts if v.outcome == V.BEHAVIOUR_CHANGE]
+    fix = sum(bool(v.details.get("with_fix")) for v in beh)
+    warn = (f", {len(beh)} behaviour change(s) (" + (f"{fix} alongside a stability fix" if fix == len(beh) else
+                                                     f"{fix} alongside a stability fix, warn" if fix else "warn") + ")"
+            if beh else "")
     return Outcome.PASS.value, (f"{n} variant(s) checked, no regression" + (f", {imp} improved" if imp else "") + warn
                                 + (f"; {nc} not covered by the budget" if nc else ""))

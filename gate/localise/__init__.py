@@ -34,7 +34,8 @@ FAILING = ("regression", "behaviour-change")
 
 def localise_all(report, work: List[dict], ctx: dict) -> None:
     """Diagnose every failing verdict in ``work`` (see :mod:`gate.pipeline`) within the budget."""
-    items = [w for w in work if w.get("verdict") is not None and w["verdict"].outcome in FAILING]
+    items = [w for w in work if w.get("verdict") is not None and w["verdict"].outcome in FAILING
+             and not w["verdict"].details.get("with_fix")]  # changed alongside a stability fix: not failed
     if not items:
         return
     t0 = time.perf_counter()
