@@ -323,7 +323,9 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         w["base"] = base_results.get(task.id)
         vv = decide(w["spec"], task.variant, w["head"], base_results.get(task.id), w["row"], w["status"], finding,
                     settings, inputs=[c.summary() for c in w["cands"]],
-                    controls=[c.origin == "control" for c in w["cands"]])
+                    controls=[c.origin == "control" for c in w["cands"]],
+                    ordinary=[c.origin == "control" or c.origin.startswith(("degenerate", "structured"))
+                              for c in w["cands"]])
         vv.source_file, vv.source_line = w["src"]
         vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
         if finding.extra.get("search") == "exhaustive":  # every 16-bit value was run: exact maxima, head and base

@@ -157,6 +157,7 @@ def decide(
     settings: GateSettings,
     inputs: Sequence[str] = (),
     controls: Sequence[bool] = (),
+    ordinary: Sequence[bool] = (),
 ) -> V.VariantVerdict:
     dtype = variant.dtype
     m, floor = settings.m(variant), settings.floor(spec, variant)
@@ -194,7 +195,7 @@ def decide(
     base_usable = base is not None and any(r.status != UNAVAILABLE for r in base)
     if base_usable:
         return _true_value(spec, _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs,
-                                                   controls))
+                                                   controls, ordinary))
 
     # ---- no base replay: hold head against the stored baseline row ----------------------
     if base is not None:
@@ -231,13 +232,22 @@ def decide(
     return vv
 
 
-def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls) -> V.VariantVerdict:
+def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls,
+                      ordinary=()) -> V.VariantVerdict:
     dtype = variant.dtype
     m, floor = settings.m(variant), settings.floor(spec, variant)
     worst: Tuple[float, int, str] = (-1.0, -1, "")
     behaviour: Tuple[float, int] = (-1.0, -1)
     base_max = head_max_same = 0.0
     fixed = garbage = 0
+    # fixes on inputs from the operator's ordinary value domain (random draws, all-zero and
+    # constant tensors, structured rows), not the search's edges: a changed constant that moves
+    # an overflow at 1e38 "fixes" an input there by accident, an eps fixes the flat image
+    fixed_ordinary = 0
+
+    def is_ordinary(i: int) -> bool:
+        return bool(ordinary[i]) if i < len(ordinary) else True
+
     changed_at: Optional[Tuple[int, float]] = None  # (input, float64 move) of the worst precision loss
     pairs = 0
     identical = moved_ref = 0  # inputs with bit-identical outputs; of those, with a moved reference
@@ -253,6 +263,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             continue
         if h.status == OK and _failed(b):
             fixed += 1
+            fixed_ordinary += is_ordinary(i)
             continue
         if h.status != OK or b.status != OK:
             continue
@@ -275,6 +286,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             # head returns numbers where base returned NaN/Inf: a fix, whatever head's error there
             # (base's NaN "matched" its own NaN reference, which is no accuracy to hold head to)
             fixed += 1
+            fixed_ordinary += is_ordinary(i)
             continue
         if by_output and same_outputs(h, b):
             # the operator's result did not change; a different error can only come from the
@@ -303,6 +315,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
                 changed_at = (i, moved) if moved is not None and moved > thr else None
         if bm.nonfinite and not hm.nonfinite:
             fixed += 1
+            fixed_ordinary += is_ordinary(i)
         # behaviour change is judged on control inputs from the bulk of the value domain: at
         # adversarial edges (subnormal or overflowing intermediates) a float64 reference can
         # itself be inexact, and a changed formula there shows up as a precision difference
@@ -319,8 +332,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
             behaviour = (d, i)
     vv.details["pairs"] = pairs
     vv.details["identical_outputs"] = identical
-    if fixed:
-        vv.details["fixed_inputs"] = fixed  # head returns numbers where base failed (read by stability_fixes)
+    if fixed_ordinary:  # head returns numbers where base failed, on ordinary inputs (read by stability_fixes)
+        vv.details["fixed_inputs"] = fixed_ordinary
     if garbage:
         vv.details["base_no_correct_digits"] = garbage  # inputs where precision was not judged
     if ref_moved:

@@ -72,6 +72,7 @@ class Head:
             return replay(spec, variant, cands, runner=r)
 
 
+MAX_LATE = 2  # unanswered questions in a row before the base worker is given up
 STARTUP_GRACE = 10.0  # seconds a base worker may take to import the framework, beyond a question's share
 
 
@@ -92,6 +93,7 @@ class BaseWorker:
         self._next = 0
         self.requests = 0
         self._hello: Optional[int] = None
+        self._late = 0  # questions in a row not answered within their share of the budget
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -191,7 +193,18 @@ class BaseWorker:
                     return None
                 self._hello = None
             rid = self._send(req)
-            return self._wait(rid, timeout)
+            # a late answer is not fatal: a loaded machine or one slow input runs past one
+            # finding's share of the budget, and killing the worker left every later finding
+            # without base (the late reply is skipped by its id); two in a row mean it is stuck
+            resp = self._wait(rid, timeout, fatal=False)
+            if resp is None and not self.dead:
+                self._late += 1
+                if self._late >= MAX_LATE:
+                    self._fail(f"base worker did not answer {MAX_LATE} questions in a row within their share of the "
+                               f"localisation budget (the last {timeout:.1f}s)")
+            elif resp is not None:
+                self._late = 0
+            return resp
         except (BrokenPipeError, OSError, ValueError) as exc:
             self._fail(f"base worker: {exc}")
             return None
