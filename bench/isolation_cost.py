@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from gate.fuzz.inputs import draw  # noqa: E402
+from gate.search.inputs import draw  # noqa: E402
 from gate.fuzz.isolate import IsolatedRunner, IsolateOptions  # noqa: E402
-from gate.fuzz.registry import build_runner  # noqa: E402
+from gate.oracles.registry import build_runner  # noqa: E402
 from gate.ops.catalog import load_catalog  # noqa: E402
 from gate.plan import Variant  # noqa: E402
 

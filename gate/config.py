@@ -98,7 +98,13 @@ def read_text(path: Path) -> str:
 
 
 def _schema() -> dict:
-    return json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
+    """The schema file, with the oracle names taken from ``oracles.yaml`` (the file lists the
+    shipped ones for the docs; an oracle added as a rule is accepted without editing it)."""
+    schema = json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
+    from .plan import FUZZ_ORACLES
+
+    schema.setdefault("$defs", {})["oracle"] = {"enum": list(FUZZ_ORACLES)}
+    return schema
 
 
 def _line_of(node: yaml.Node, path: Sequence[Any]) -> Optional[int]:

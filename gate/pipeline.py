@@ -247,8 +247,8 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     strategy = opts.strategy or gate_cfg.get("strategy", "linf")
     oracles = opts.oracles or gate_cfg.get("oracles")
 
-    from .fuzz.schedule import allocate
-    from .fuzz.seeds import SeedStore
+    from .search.schedule import allocate
+    from .search.seeds import SeedStore
 
     seed_store = SeedStore(cfg.baselines_dir / "seeds")  # `dl-gate harvest` seeds, OpInfo samples
 
@@ -401,7 +401,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
     every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
     from .fuzz import fuzz_task
-    from .fuzz.inputs import degenerate_inputs, draw, structured_inputs
+    from .search.inputs import degenerate_inputs, draw, structured_inputs
     from .judge.contrast import contrast_runner
 
     spec, row, status = planned["spec"], planned["row"], planned["status"]

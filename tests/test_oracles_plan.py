@@ -14,7 +14,7 @@ import pytest
 
 from gate.errors import ConfigError, UnsupportedVariant
 from gate.fuzz import Finding
-from gate.fuzz.registry import RUNNERS
+from gate.oracles.registry import RUNNERS
 from gate.ops.catalog import load_builtin
 from gate.ops.rules import load_rules
 from gate.oracles.precision import Metrics

@@ -63,7 +63,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
                       out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
     from ..backends import get_backend
     from ..fuzz import fuzz_task
-    from ..fuzz.seeds import SeedStore
+    from ..search.seeds import SeedStore
     from ..judge.baselines import check_writable, write_rows
     from ..ops.catalog import load_catalog
     from ..plan import Budget, Task, plan

@@ -113,7 +113,7 @@ def run(args) -> int:
     findings = []
     store = None
     if not args.no_seeds:
-        from ..fuzz.seeds import SeedStore
+        from ..search.seeds import SeedStore
 
         store = SeedStore(cfg.baselines_dir / "seeds")
     from .common import Progress
@@ -169,7 +169,7 @@ def sweep_float32(args, tasks) -> int:
     """``--exhaustive`` at float32: every float32 value of ``--shard`` through each elementwise
     operator (in this process: a campaign over trusted rows), its exact maximum and input."""
     from ..fuzz import exhaustive as EX
-    from ..fuzz.runner import VariantRunner
+    from ..oracles.runner import VariantRunner
 
     shard = EX.parse_shard(args.shard)
     results = []

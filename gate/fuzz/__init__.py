@@ -1,5 +1,5 @@
 """Fuzz: Task -> Finding. Seeds, mutations and guidance; the loop itself is framework-blind
-(:mod:`gate.fuzz.engine`), the glue to a backend is :mod:`gate.fuzz.runner`."""
+(:mod:`gate.search.engine`), the glue to a backend is :mod:`gate.oracles.runner`."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -7,12 +7,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..plan import Task
-from .engine import GUIDANCES, search
-from .finding import Crash, Finding
-from .inputs import Candidate, draw
-from .mutate import MUTATORS, PREDOO_MUTATORS, bind
-from .registry import RUNNERS, build_runner
-from .runner import OK, CRASH, VariantRunner
+from ..search.engine import GUIDANCES, search
+from ..search.finding import Crash, Finding
+from ..search.inputs import Candidate, draw
+from ..search.mutate import MUTATORS, PREDOO_MUTATORS, bind
+from ..oracles.registry import RUNNERS, build_runner
+from ..search.evaluation import CRASH, OK
 
 
 def fuzz_task(
@@ -20,7 +20,7 @@ def fuzz_task(
     *,
     seeds: Sequence[Candidate] = (),
     progress: Optional[Callable[[int, float], None]] = None,
-    runner: Optional[VariantRunner] = None,
+    runner=None,
     mutators: Optional[Sequence[str]] = None,
     scheduler=None,
     seed_store=None,
@@ -33,14 +33,14 @@ def fuzz_task(
     exhaustive: bool = True,
 ) -> Finding:
     """Search ``task``'s variant for the input with the largest error of its oracle
-    (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
+    (``task.variant.oracle``, dispatched through :data:`gate.oracles.registry.RUNNERS`; the
     oracle's runner may impose the candidate spec, the guidance and extra mutators).
     ``isolate`` (True or :class:`gate.fuzz.isolate.IsolateOptions`) runs every evaluation in a
     worker process that may crash or hang without taking the gate down.
 
     ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)
     or an object with ``choose``/``update``. ``seeds`` run first, all of them, in order; then
-    the seeds of ``seed_store`` (a :class:`gate.fuzz.seeds.SeedStore`: calls harvested from the
+    the seeds of ``seed_store`` (a :class:`gate.search.seeds.SeedStore`: calls harvested from the
     project's tests, PyTorch OpInfo samples), most novel value classes first, at most
     ``max_seeds``. ``coverage``: draw fresh inputs aimed at uncovered
     value classes and pairs, reward the scheduler for new coverage, report it in
@@ -66,9 +66,8 @@ def fuzz_task(
 
 def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_store, coverage, batch, max_seeds,
           on_best, stop_on_inf, exhaustive=True) -> Finding:
-    from .batch import BatchEvaluator
-    from .coverage import CoverageMap
-    from .schedule import make_scheduler
+    from ..search.coverage import CoverageMap
+    from ..search.schedule import make_scheduler
 
     # the oracle's hooks: the space candidates come from, an imposed guidance, extra mutators
     spec = getattr(runner, "search_spec", None) or task.op
@@ -109,16 +108,17 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     seed_list = list(seeds)  # given seeds run first, all of them, in their order
     seed_info = {"given": len(seed_list)}
     if seed_store is not None:
-        from .seeds import prioritise
+        from ..search.seeds import prioritise
 
         stored = seed_store.load(spec)
         seed_info.update(seed_store.last_sources)
         seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
     seed_info["used"] = len(seed_list)
 
-    # batching concatenates candidates into one precision call: only for the precision runner
-    batchable = type(runner) is VariantRunner
-    evaluator = BatchEvaluator(runner) if batchable else None
+    # batching concatenates candidates into one call: only where the runner offers it (precision)
+    make_batch = getattr(runner, "batch_evaluator", None)
+    evaluator = make_batch() if make_batch is not None else None
+    batchable = evaluator is not None
     width = 1 if not batchable else (batch if batch is not None else (8 if evaluator.pays else 1))
     from . import exhaustive as EX
 
@@ -214,5 +214,5 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     return finding
 
 
-__all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "VariantRunner",
-           "RUNNERS", "build_runner"]
+__all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "RUNNERS",
+           "build_runner"]

@@ -51,8 +51,8 @@ from .. import errors
 from ..errors import GateError
 from ..ops.spec import OpSpec
 from ..plan import Variant
-from .inputs import Candidate
-from .runner import CRASH, Evaluation
+from ..search.inputs import Candidate
+from ..search.evaluation import CRASH, Evaluation
 
 _TIMEOUT = "timeout"
 _DEAD = "dead"
@@ -434,7 +434,7 @@ class IsolatedRunner:
     """The runner of ``variant.oracle`` for ``spec``, living in a worker process."""
 
     def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
-        from .registry import hooks, runner_options
+        from ..oracles.registry import hooks, runner_options
 
         self.spec = spec
         self.variant = variant
@@ -660,7 +660,7 @@ def worker_main(rfd: int, wfd: int) -> int:
             if info.get("cwd"):
                 os.chdir(info["cwd"])
             try:
-                from .registry import build_runner
+                from ..oracles.registry import build_runner
 
                 runner = build_runner(info["spec"], info["variant"])
                 env = runner.backend.environment(info["variant"].device)
@@ -704,7 +704,7 @@ def zygote_main(fd: int) -> int:
                     importlib.import_module(mod)
                 except Exception:  # the worker will report it, with the operator's context
                     pass
-            importlib.import_module("gate.fuzz.registry")  # the gate's runners, imported once too
+            importlib.import_module("gate.oracles.registry")  # the gate's runners, imported once too
 
             conn.send(("ok",))
         elif msg[0] == "fork":

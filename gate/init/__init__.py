@@ -6,7 +6,7 @@ The stages, each its own module:
    the one package at the root or under ``src/``) and its public definitions (AST), then what
    each one is and its signature (imported in a child process, :mod:`gate.init.worker`);
 2. harvest — the library's own tests run with every discovered operator wrapped
-   (:func:`gate.fuzz.harvest.run_harvest`), so each call they make is recorded;
+   (:func:`gate.search.harvest.run_harvest`), so each call they make is recorded;
 3. :mod:`gate.init.infer` — a spec from those calls (shapes → dims, values → domains and
    parameter choices), else small probe shapes of a few ranks;
 4. probing and validation in the child process — the first candidate spec that runs with the
@@ -86,7 +86,7 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
              log) -> Tuple[Dict[str, list], str]:
     from types import SimpleNamespace
 
-    from ..fuzz.harvest import load_records, run_harvest
+    from ..search.harvest import load_records, run_harvest
 
     argv = shlex.split(command)
     if argv and argv[0] in ("pytest", "py.test"):
@@ -383,8 +383,8 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
 
 def _store_seeds(cfg, records: Dict[str, list], plans) -> int:
     """The harvested calls, stored as seeds beside the baselines (where the fuzzer finds them)."""
-    from ..fuzz.harvest import store_records
-    from ..fuzz.seeds import CallRecord, Opaque, SeedStore
+    from ..search.harvest import store_records
+    from ..search.seeds import CallRecord, Opaque, SeedStore
 
     store = SeedStore(cfg.baselines_dir / "seeds", opinfo=False)
     specs = [s for s in cfg.ops if s.name in records]

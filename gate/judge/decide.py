@@ -27,8 +27,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..fuzz.finding import Finding
-from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
+from ..search.finding import Finding
+from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED
 from ..ops.spec import OpSpec
 from ..oracles.precision import compare
 from ..plan import Variant
@@ -50,7 +50,7 @@ GRAD_FLOOR_FACTOR = 4.0
 # (``gate.grad_multiplier_factor``); a real gradient regression (a NaN, a cancellation that
 # costs 1e3+ ulps) is far beyond it
 GRAD_MULTIPLIER_FACTOR = 8.0
-NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.fuzz.gradients)
+NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.oracles.gradients)
 BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
 
 

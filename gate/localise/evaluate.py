@@ -24,8 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import GateError
-from ..fuzz.inputs import Candidate
-from ..fuzz.runner import VariantRunner
+from ..search.inputs import Candidate
+from ..oracles.runner import VariantRunner
 from ..judge.replay import UNAVAILABLE, ReplayResult, replay, worktree
 from ..ops.spec import OpSpec
 from ..oracles.precision import Metrics
@@ -45,7 +45,7 @@ class Head:
     def runner(self, spec: OpSpec, variant: Variant) -> Optional[VariantRunner]:
         key = (spec.name, variant)
         if key not in self._runners:
-            from ..fuzz.registry import build_runner
+            from ..oracles.registry import build_runner
 
             try:
                 self._runners[key] = build_runner(spec, variant, isolate=self.isolate)

@@ -20,8 +20,8 @@ from typing import Optional
 import numpy as np
 
 from ..backends.base import FLOAT_FORMATS
-from ..fuzz.inputs import Candidate
-from ..fuzz.oracle_base import float_input_names
+from ..search.inputs import Candidate
+from ..oracles.base import float_input_names
 from ..ops.spec import ImportRef, OpSpec
 from ..plan import Variant
 

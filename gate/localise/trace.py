@@ -537,7 +537,7 @@ def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool 
     """Trace ``spec`` on ``cand`` at the variant's dtype (with float64 shadows) and, with
     ``float64_run``, once more at float64 keeping every intermediate output."""
     from ..backends import get_backend
-    from ..fuzz.runner import VariantRunner
+    from ..oracles.runner import VariantRunner
 
     result = OpTrace(dtype=variant.dtype)
     if spec.framework not in ("torch", "tensorflow"):

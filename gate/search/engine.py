@@ -18,15 +18,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..oracles.precision import fitness
+from .score import fitness
 from .inputs import Candidate
-from .runner import CRASH, INVALID, UNSUPPORTED, Evaluation
+from .evaluation import CRASH, INVALID, UNSUPPORTED, Evaluation
 
-GUIDANCES = ("linf", "l1", "random", "spread")  # spread: NaN/Inf search (gate.fuzz.nansearch)
+GUIDANCES = ("linf", "l1", "random", "spread")  # spread: NaN/Inf search (gate.oracles.nansearch)
 
 
 class UniformScheduler:
-    """Chooses mutators uniformly at random (the control arm; see gate.fuzz.schedule)."""
+    """Chooses mutators uniformly at random (the control arm; see gate.search.schedule)."""
 
     def __init__(self, names: Sequence[str]):
         self.names = list(names)
@@ -93,7 +93,7 @@ def search(
     """Search for the candidate with the largest fitness.
 
     ``evaluate_many`` + ``batch`` > 1: a mutation step makes ``batch`` children of the same
-    parent and evaluates them in one call (see :mod:`gate.fuzz.batch`); they are then taken in
+    parent and evaluates them in one call (see :mod:`gate.oracles.batch`); they are then taken in
     order exactly as if they had been evaluated one by one. ``novelty(q, ev)`` returns a bonus
     in [0, 1] (new coverage) added to the scheduler's reward. ``on_best(q, ev, fitness)`` is
     called on every new best. A NaN/Inf (infinite fitness) becomes the best but never a parent:

@@ -4,7 +4,7 @@ candidates of the operator's spec and run before anything is generated.
 Two sources:
 
 * **harvested** calls of a project's own test suite (``dl-gate harvest -- pytest ...``, see
-  :mod:`gate.fuzz.harvest`), stored beside the baselines::
+  :mod:`gate.search.harvest`), stored beside the baselines::
 
       <baselines>/seeds/index.json            {"version": 1, "ops": {op: [{"file", "source",
                                                 "shapes", "dtypes", "params"}]}}

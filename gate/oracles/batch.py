@@ -22,8 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..oracles.precision import Metrics, compare, min_normal, overflow_bound, ulp
-from .inputs import Candidate
+from .precision import Metrics, compare, min_normal, overflow_bound, ulp
+from ..search.inputs import Candidate
 from .runner import OK, Evaluation, VariantRunner
 
 SEPARABLE_RTOL = 1e-9
