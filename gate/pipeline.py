@@ -230,7 +230,7 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     if kernels is not None:
         report.warnings.extend(kernels.warnings(names))
     _build(repo, cfg, cfg.raw.get("build"), "head", report, Path(opts.out), say)  # a failure: error, first compiler line
-    from .fuzz.isolate import isolate_options, prestart
+    from .backends.isolate import isolate_options, prestart
 
     isolate = isolate_options(opts.isolate, opts.eval_timeout, cfg.gate)  # crashes and hangs stay in a worker
     if isolate is not None:

@@ -84,7 +84,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     findings = []
     frameworks = {}
     seed_store = SeedStore(cfg.baselines_dir / "seeds")  # the same seeds the gate's runs start from
-    from ..fuzz.isolate import isolate_options
+    from ..backends.isolate import isolate_options
 
     isolate = isolate_options(None, None, gate_cfg)
     for name in names:

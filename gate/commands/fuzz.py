@@ -81,7 +81,7 @@ def run(args) -> int:
     dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
     validate_variant_filters(dtypes, modes, devices)
     oracles = oracle_list(split_list(args.oracle) or cfg.gate.get("oracles"))
-    from ..fuzz.isolate import isolate_options
+    from ..backends.isolate import isolate_options
 
     isolate = isolate_options(args.isolate, args.eval_timeout, cfg.gate)
     specs = [catalog.get(n) for n in args.ops]

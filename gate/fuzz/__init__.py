@@ -35,7 +35,7 @@ def fuzz_task(
     """Search ``task``'s variant for the input with the largest error of its oracle
     (``task.variant.oracle``, dispatched through :data:`gate.oracles.registry.RUNNERS`; the
     oracle's runner may impose the candidate spec, the guidance and extra mutators).
-    ``isolate`` (True or :class:`gate.fuzz.isolate.IsolateOptions`) runs every evaluation in a
+    ``isolate`` (True or :class:`gate.backends.isolate.IsolateOptions`) runs every evaluation in a
     worker process that may crash or hang without taking the gate down.
 
     ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)

@@ -15,7 +15,7 @@ Two jobs:
   the gradient) and report each one's outcome.
 
 Each evaluation gets a SIGALRM deadline, the worker the gate's memory limit and the
-die-with-parent flag (:mod:`gate.fuzz.isolate`)."""
+die-with-parent flag (:mod:`gate.backends.isolate`)."""
 from __future__ import annotations
 
 import importlib
@@ -260,7 +260,7 @@ def probe(req: dict) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..fuzz.isolate import _die_with_parent, _limit_memory
+    from ..backends.isolate import _die_with_parent, _limit_memory
 
     argv = list(sys.argv[1:] if argv is None else argv)
     with open(argv[0]) as fh:

@@ -46,7 +46,7 @@ class ReplayResult:
 def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
            runner: Optional[VariantRunner] = None, isolate=None) -> List[ReplayResult]:
     """Evaluate ``candidates`` for ``spec``/``variant`` with the runner of the variant's oracle,
-    in this process or (``isolate``: :class:`gate.fuzz.isolate.IsolateOptions`) in a worker
+    in this process or (``isolate``: :class:`gate.backends.isolate.IsolateOptions`) in a worker
     process, so that replaying a crashing input cannot take the gate down."""
     from ..oracles.registry import build_runner
 

@@ -23,7 +23,7 @@ def main(work: str) -> int:
 
     isolate = None
     if req.get("isolate"):
-        from gate.fuzz.isolate import IsolateOptions
+        from gate.backends.isolate import IsolateOptions
 
         isolate = IsolateOptions(**req["isolate"])
     resp = {"jobs": []}

@@ -34,7 +34,7 @@ from ..plan import Variant
 
 class Head:
     """Evaluation with one cached runner (of the variant's oracle) per operator x variant, in
-    this process or, with ``isolate`` (:class:`gate.fuzz.isolate.IsolateOptions`), in worker
+    this process or, with ``isolate`` (:class:`gate.backends.isolate.IsolateOptions`), in worker
     processes that a crashing input cannot take down with the gate."""
 
     def __init__(self, isolate=None):

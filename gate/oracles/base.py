@@ -8,7 +8,7 @@ Every runner has the interface the framework-blind engine calls, ``evaluate(cand
 * ``extra_mutators``: mutators added to the engine's table for this oracle.
 
 The hooks are computed by classmethods from data alone (spec, variant, rule arguments), so an
-isolated runner (:mod:`gate.fuzz.isolate`) can answer them in the parent without importing a
+isolated runner (:mod:`gate.backends.isolate`) can answer them in the parent without importing a
 framework.
 
 :class:`PairRunner` is the EAGLE/Audee shape: side A and one or more B sides computed from the

@@ -74,14 +74,21 @@ def hooks(spec: OpSpec, variant: Variant, options: Optional[Dict[str, Any]] = No
     return cand_spec, getattr(cls, "guidance", None), muts
 
 
+def _crash(**kw: Any):
+    """The evaluation of a candidate whose isolated worker died or hung."""
+    from ..search.evaluation import CRASH, Evaluation
+
+    return Evaluation(CRASH, **kw)
+
+
 def build_runner(spec: OpSpec, variant: Variant, *, isolate=None):
     """The runner for ``variant.oracle``, in this process or (``isolate``: True or an
-    :class:`gate.fuzz.isolate.IsolateOptions`) in a worker process."""
+    :class:`gate.backends.isolate.IsolateOptions`) in a worker process."""
     if isolate:
-        from ..fuzz.isolate import IsolatedRunner, IsolateOptions
+        from ..backends.isolate import IsolatedRunner, IsolateOptions
 
         opts = isolate if isinstance(isolate, IsolateOptions) else IsolateOptions()
-        return IsolatedRunner(spec, variant, opts)
+        return IsolatedRunner(spec, variant, opts, hooks=hooks(spec, variant), crash=_crash)
     cls = runner_class(variant.oracle)
     options = runner_options(spec, variant.oracle)
     if hasattr(cls, "build"):
