@@ -144,19 +144,9 @@ def _doc_arguments(doc: str) -> Optional[str]:
 
 def _aten_names(fn: Callable) -> Optional[List[str]]:
     """Argument names from the ATen schema of a torch builtin (only if torch is loaded)."""
-    import sys
+    from ..backends.torch_seeds import aten_argument_names
 
-    torch = sys.modules.get("torch")
-    name = getattr(fn, "__name__", None)
-    if torch is None or not name or getattr(fn, "__module__", None) not in (None, "torch", "torch._C._VariableFunctions"):
-        return None
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
-    except Exception:
-        return None
-    if not schemas:
-        return None
-    return [a.name for a in schemas[0].arguments]
+    return aten_argument_names(fn)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -354,61 +344,25 @@ def spec_digest(spec: OpSpec) -> str:
     return hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _torch_value(v: Any, max_elems: int) -> Any:
-    import torch
-
-    if isinstance(v, torch.Tensor):
-        t = v.detach()
-        values = None
-        if t.numel() <= max_elems and not t.is_complex():
-            values = t.to("cpu", torch.float64 if t.is_floating_point() else torch.int64).numpy().copy()
-        return TensorArg(tuple(t.shape), str(t.dtype).replace("torch.", ""), values)
-    if isinstance(v, (bool, int, float, str)) or v is None:
-        return v
-    if isinstance(v, (list, tuple)):
-        inner = [_torch_value(x, max_elems) for x in v]
-        if any(isinstance(x, (TensorArg, Opaque)) for x in inner):
-            return Opaque(f"sequence with tensors: {type(v).__name__}")
-        return tuple(inner)
-    if isinstance(v, torch.Size):
-        return tuple(int(x) for x in v)
-    return Opaque(type(v).__name__)
-
-
 def opinfo_records(name: str, max_elems: int = 1 << 16) -> Tuple[List[CallRecord], str]:
     """Sample calls of OpInfo entry ``name`` (``"nn.functional.conv2d"``, or with a variant test
-    name ``"softmax[with_dtype]"``), or a reason."""
-    try:
-        import torch
-        from torch.testing._internal.common_methods_invocations import op_db
-    except Exception as exc:  # expecttest missing, internals moved...
-        return [], f"OpInfo database not importable: {type(exc).__name__}: {exc}"
-    m = re.fullmatch(r"(.+?)(?:\[(.*)\])?", name)
-    base, variant = m.group(1), m.group(2) or ""
-    entries = [o for o in op_db if o.name == base and o.variant_test_name == variant]
-    if not entries:
-        return [], f"no OpInfo entry {name!r}"
-    out: List[CallRecord] = []
-    for op in entries[:1]:
-        dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.float64
-        try:
-            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
-        except Exception as exc:
-            return [], f"OpInfo {name}: sample_inputs failed: {exc}"
-        for s in samples:
-            args = [_torch_value(s.input, max_elems)] + [_torch_value(a, max_elems) for a in s.args]
-            kwargs = {k: _torch_value(v, max_elems) for k, v in s.kwargs.items()}
-            out.append(CallRecord(op=name, args=args, kwargs=kwargs, source=f"opinfo:{name}", fn=op.op))
-    return out, ""
+    name ``"softmax[with_dtype]"``), or a reason; the torch side is
+    :func:`gate.backends.torch_seeds.opinfo_samples`."""
+    from ..backends.torch_seeds import opinfo_samples
+
+    samples, why = opinfo_samples(name, max_elems, tensor=TensorArg, opaque=Opaque)
+    return [CallRecord(op=name, args=args, kwargs=kwargs, source=f"opinfo:{name}", fn=fn)
+            for args, kwargs, fn in samples], why
 
 
 def opinfo_seeds(spec: OpSpec, cache_dir: Optional[Path] = None) -> Tuple[List[Candidate], str]:
     """Seeds of ``spec`` from its OpInfo samples (cached on disk), and a note on what happened."""
     if spec.framework != "torch" or not getattr(spec, "opinfo", None):
         return [], "no opinfo key"
+    from ..backends.torch_seeds import torch_version
+
     try:
-        import torch
-        version = torch.__version__
+        version = torch_version()
     except Exception as exc:  # pragma: no cover - torch ops without torch
         return [], f"torch not importable: {exc}"
     root = (cache_dir or cache_root()) / "opinfo" / f"torch-{version}-h{HARNESS_VERSION}-s{SEED_RULES}" / \
