@@ -103,90 +103,136 @@ def search(
         raise ValueError(f"unknown guidance {guidance!r} (use {', '.join(GUIDANCES)})")
     if seconds is None and evals is None:
         evals = 100
-    scheduler = scheduler or UniformScheduler(list(mutators))
-    res = SearchResult()
-    t0 = time.perf_counter()
-    queue: List[Candidate] = list(seeds)
-    n_fresh_seeds = max(0, n_seeds - len(queue)) if guidance != "random" else 0
-    consecutive_unsupported = 0
+    loop = _Loop(evaluate, fresh, mutators, rng, seconds=seconds, evals=evals, guidance=guidance, seeds=seeds,
+                 n_seeds=n_seeds, explore=explore, corpus_size=corpus_size,
+                 scheduler=scheduler or UniformScheduler(list(mutators)), progress=progress, stop_on_inf=stop_on_inf,
+                 evaluate_many=evaluate_many, batch=batch, novelty=novelty, on_best=on_best)
+    return loop.run()
 
-    def spent() -> bool:
-        if evals is not None and res.evals >= evals:
+
+class _Loop:
+    """The state of one :func:`search`: the queue of seeds, the corpus, the batch taken ahead."""
+
+    def __init__(self, evaluate, fresh, mutators, rng, *, seconds, evals, guidance, seeds, n_seeds, explore,
+                 corpus_size, scheduler, progress, stop_on_inf, evaluate_many, batch, novelty, on_best):
+        self.evaluate, self.fresh, self.mutators, self.rng = evaluate, fresh, mutators, rng
+        self.seconds, self.evals, self.guidance = seconds, evals, guidance
+        self.explore, self.corpus_size, self.scheduler = explore, corpus_size, scheduler
+        self.progress, self.stop_on_inf, self.on_best = progress, stop_on_inf, on_best
+        self.evaluate_many, self.batch, self.novelty = evaluate_many, batch, novelty
+        self.res = SearchResult()
+        self.t0 = time.perf_counter()
+        self.queue: List[Candidate] = list(seeds)
+        self.n_fresh_seeds = max(0, n_seeds - len(self.queue)) if guidance != "random" else 0
+        self.consecutive_unsupported = 0
+        self.prefetched: List[tuple] = []  # (mut_name, parent_fit, q, ev) evaluated in a batch, not yet taken
+
+    def run(self) -> SearchResult:
+        while not self.spent():
+            mut_name, parent_fit, q, ev = self.step()
+            self.res.evals += 1
+            if self.take(mut_name, parent_fit, q, ev):
+                break
+        self.res.seconds = time.perf_counter() - self.t0
+        return self.res
+
+    def spent(self) -> bool:
+        if self.evals is not None and self.res.evals >= self.evals:
             return True
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
+        if self.seconds is not None and time.perf_counter() - self.t0 >= self.seconds:
             return True
         return False
 
-    prefetched: List[tuple] = []  # (mut_name, parent_fit, q, ev) evaluated in a batch, not yet taken
+    # -- one step: the next candidate, evaluated -------------------------------------------------
+    def step(self) -> tuple:
+        """(mutator or None, parent's fitness, quantised candidate, evaluation)."""
+        if self.prefetched:
+            return self.prefetched.pop(0)
+        mut_name, parent_fit, parent, cand = self.next_candidate()
+        res, rng = self.res, self.rng
+        width = min(self.batch, (self.evals - res.evals) if self.evals is not None else self.batch)
+        if self.evaluate_many is not None and mut_name is not None and width > 1:
+            items = [(mut_name, cand)]
+            for _ in range(width - 1):
+                name = self.scheduler.choose(rng)
+                child = _apply(self.mutators[name], parent, rng, res)
+                if child is None:
+                    self.scheduler.update(name, 0.0)
+                else:
+                    items.append((name, child))
+            results = self.evaluate_many([c for _, c in items])
+            self.prefetched = [(n, parent_fit, rq, rev) for (n, _), (rq, rev) in zip(items, results)]
+            return self.prefetched.pop(0)
+        q, ev = self.evaluate(cand)
+        return mut_name, parent_fit, q, ev
 
-    while not spent():
-        parent_fit = -math.inf
-        mut_name = None
-        if prefetched:
-            mut_name, parent_fit, q, ev = prefetched.pop(0)
+    def next_candidate(self) -> tuple:
+        """(mutator or None, parent's fitness, parent or None, candidate): a seed, a fresh draw or a mutant."""
+        res, rng = self.res, self.rng
+        parent_fit, parent, mut_name = -math.inf, None, None
+        if self.queue:
+            cand = self.queue.pop(0)
+        elif self.n_fresh_seeds > 0 or self.guidance == "random" or not res.corpus or rng.random() < self.explore:
+            self.n_fresh_seeds = max(0, self.n_fresh_seeds - 1)
+            cand = self.fresh(rng)
         else:
-            parent = None
-            if queue:
-                cand = queue.pop(0)
-            elif n_fresh_seeds > 0 or guidance == "random" or not res.corpus or rng.random() < explore:
-                n_fresh_seeds = max(0, n_fresh_seeds - 1)
-                cand = fresh(rng)
-            else:
-                parent_fit, parent = _pick(res.corpus, rng)
-                mut_name = scheduler.choose(rng)
-                cand = _apply(mutators[mut_name], parent, rng, res)
-                if cand is None:
-                    scheduler.update(mut_name, 0.0)
-                    cand = fresh(rng)
-                    mut_name = None
-            width = min(batch, (evals - res.evals) if evals is not None else batch)
-            if evaluate_many is not None and mut_name is not None and width > 1:
-                items = [(mut_name, cand)]
-                for _ in range(width - 1):
-                    name = scheduler.choose(rng)
-                    child = _apply(mutators[name], parent, rng, res)
-                    if child is None:
-                        scheduler.update(name, 0.0)
-                    else:
-                        items.append((name, child))
-                results = evaluate_many([c for _, c in items])
-                prefetched = [(n, parent_fit, rq, rev) for (n, _), (rq, rev) in zip(items, results)]
-                mut_name, parent_fit, q, ev = prefetched.pop(0)
-            else:
-                q, ev = evaluate(cand)
-        res.evals += 1
-        bonus = novelty(q, ev) if novelty is not None else 0.0
+            parent_fit, parent = _pick(res.corpus, rng)
+            mut_name = self.scheduler.choose(rng)
+            cand = _apply(self.mutators[mut_name], parent, rng, res)
+            if cand is None:
+                self.scheduler.update(mut_name, 0.0)
+                cand = self.fresh(rng)
+                mut_name = None
+        return mut_name, parent_fit, parent, cand
+
+    # -- taking the result -----------------------------------------------------------------------
+    def take(self, mut_name, parent_fit: float, q: Candidate, ev: Evaluation) -> bool:
+        """Book one evaluation; True ends the search."""
+        bonus = self.novelty(q, ev) if self.novelty is not None else 0.0
         if mut_name is not None:
-            st = res.mutator_stats.setdefault(mut_name, [0, 0])
+            st = self.res.mutator_stats.setdefault(mut_name, [0, 0])
             st[0] += 1
         if ev.status == UNSUPPORTED:
-            if mut_name is not None:
-                scheduler.update(mut_name, 0.0)
-            consecutive_unsupported += 1
-            if consecutive_unsupported >= 3 and res.best_eval is None:
-                res.unsupported = ev.error
-                break
-            continue
-        consecutive_unsupported = 0
+            return self.unsupported(mut_name, ev)
+        self.consecutive_unsupported = 0
         if ev.status == INVALID:
-            res.invalid += 1
-            res.invalid_example = res.invalid_example or ev.error
-            if mut_name is not None:
-                scheduler.update(mut_name, 0.0)
-            if res.invalid >= 50 and res.best_eval is None and not res.crashes:
-                break
-            continue
+            return self.invalid(mut_name, ev)
         if ev.status == CRASH:
-            rec = res.crashes.get(ev.signature or "")
-            if rec is None:
-                rec = res.crashes[ev.signature or ""] = CrashRecord(
-                    signature=ev.signature or "", message=ev.error or "", first_eval=res.evals, candidate=q)
-                if mut_name is not None:
-                    scheduler.update(mut_name, 1.0)
-            elif mut_name is not None:
-                scheduler.update(mut_name, min(1.0, bonus))
-            rec.count += 1
-            continue
+            self.crash(mut_name, q, ev, bonus)
+            return False
+        return self.scored(mut_name, parent_fit, q, ev, bonus)
+
+    def unsupported(self, mut_name, ev: Evaluation) -> bool:
+        if mut_name is not None:
+            self.scheduler.update(mut_name, 0.0)
+        self.consecutive_unsupported += 1
+        if self.consecutive_unsupported >= 3 and self.res.best_eval is None:
+            self.res.unsupported = ev.error
+            return True
+        return False
+
+    def invalid(self, mut_name, ev: Evaluation) -> bool:
+        res = self.res
+        res.invalid += 1
+        res.invalid_example = res.invalid_example or ev.error
+        if mut_name is not None:
+            self.scheduler.update(mut_name, 0.0)
+        return res.invalid >= 50 and res.best_eval is None and not res.crashes
+
+    def crash(self, mut_name, q: Candidate, ev: Evaluation, bonus: float) -> None:
+        res = self.res
+        rec = res.crashes.get(ev.signature or "")
+        if rec is None:
+            rec = res.crashes[ev.signature or ""] = CrashRecord(
+                signature=ev.signature or "", message=ev.error or "", first_eval=res.evals, candidate=q)
+            if mut_name is not None:
+                self.scheduler.update(mut_name, 1.0)
+        elif mut_name is not None:
+            self.scheduler.update(mut_name, min(1.0, bonus))
+        rec.count += 1
+
+    def scored(self, mut_name, parent_fit: float, q: Candidate, ev: Evaluation, bonus: float) -> bool:
+        res, guidance = self.res, self.guidance
         if "fitness" in ev.extra:  # the runner scored it itself (e.g. against base: gate.judge.contrast)
             fit = float(ev.extra["fitness"])
         else:
@@ -197,26 +243,25 @@ def search(
             if fit > parent_fit:
                 gain = 1.0 if math.isinf(fit) else min(1.0, (fit - max(parent_fit, 0.0)) / (abs(fit) + 1e-12))
                 res.mutator_stats[mut_name][1] += 1
-            scheduler.update(mut_name, min(1.0, gain + bonus))
+            self.scheduler.update(mut_name, min(1.0, gain + bonus))
         if not math.isinf(fit) and fit > res.best_finite_fitness:
             res.best_finite, res.best_finite_eval, res.best_finite_fitness = q, ev, fit
         if guidance != "random" and (fit > parent_fit or not res.corpus) and (not math.isinf(fit) or not res.corpus):
             res.corpus.append((fit, q))
             res.corpus.sort(key=lambda x: -x[0] if not math.isnan(x[0]) else math.inf)
-            del res.corpus[corpus_size:]
+            del res.corpus[self.corpus_size:]
         if improved:
             res.best, res.best_eval, res.best_fitness = q, ev, fit
             res.trajectory.append((res.evals, fit))
-            if on_best is not None:
-                on_best(q, ev, fit)
-            if progress:
-                progress(res.evals, fit)
-            if stop_on_inf and math.isinf(fit):
-                break
-        elif progress and res.evals % 10 == 0:
-            progress(res.evals, res.best_fitness)
-    res.seconds = time.perf_counter() - t0
-    return res
+            if self.on_best is not None:
+                self.on_best(q, ev, fit)
+            if self.progress:
+                self.progress(res.evals, fit)
+            if self.stop_on_inf and math.isinf(fit):
+                return True
+        elif self.progress and res.evals % 10 == 0:
+            self.progress(res.evals, res.best_fitness)
+        return False
 
 
 def _apply(mutator, parent: Candidate, rng: np.random.Generator, res: SearchResult) -> Optional[Candidate]:
