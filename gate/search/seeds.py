@@ -158,10 +158,30 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+class _Reject(Exception):
+    """Why a recorded call cannot become a candidate of the spec."""
+
+
 def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.Generator] = None
                         ) -> Tuple[Optional[Candidate], str]:
-    """The candidate of ``spec`` that replays ``rec``, or ``(None, reason)``."""
+    """The candidate of ``spec`` that replays ``rec``, or ``(None, reason)``: the call's tensors
+    bound to the spec's inputs, its other arguments to the declared parameters, the dims read
+    from the shapes, the derived parameters checked, the arrays taken (or drawn where the
+    recording kept no values)."""
     rng = rng or np.random.default_rng(0)
+    try:
+        tensors, bound = _bind_tensors(spec, rec)
+        params = _call_params(spec, rec, bound)
+        dims = _dims_from_shapes(spec, tensors, params)
+        full = _derived(spec, params, dims)
+        arrays = _call_arrays(spec, tensors, {**full, **dims}, rng)
+    except _Reject as why:
+        return None, str(why)
+    return Candidate(dims=dims, params=full, arrays=arrays, origin=f"seed:{rec.source}" if rec.source else "seed"), ""
+
+
+def _bind_tensors(spec: OpSpec, rec: CallRecord) -> Tuple[Dict[str, "TensorArg"], Dict[str, Any]]:
+    """(input name -> the call's tensor, the call's other arguments by name)."""
     positional = [t for t in spec.inputs if not t.keyword]
     keyword = [t for t in spec.inputs if t.keyword]
     names = parameter_names(rec.fn)
@@ -170,13 +190,13 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
     args = list(rec.args)
     if names is not None:
         if len(args) > len(names):
-            return None, f"{len(args)} positional arguments for {len(names)} parameters"
+            raise _Reject(f"{len(args)} positional arguments for {len(names)} parameters")
         for i, t in enumerate(positional):
             if i >= len(names):
-                return None, f"no parameter for input {t.name}"
+                raise _Reject(f"no parameter for input {t.name}")
             val = args[i] if i < len(args) else rec.kwargs.get(names[i])
             if not isinstance(val, TensorArg):
-                return None, f"input {t.name} is not a tensor in this call"
+                raise _Reject(f"input {t.name} is not a tensor in this call")
             tensors[t.name] = val
         for i in range(len(positional), len(args)):
             bound[names[i]] = args[i]
@@ -186,20 +206,25 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             bound[k] = v
     else:
         if len(args) != len(positional) or not all(isinstance(a, TensorArg) for a in args):
-            return None, "positional arguments other than the spec's inputs and no signature to name them"
+            raise _Reject("positional arguments other than the spec's inputs and no signature to name them")
         tensors.update({t.name: a for t, a in zip(positional, args)})
         bound.update(rec.kwargs)
     for t in keyword:
         val = bound.pop(t.name, None)
         if not isinstance(val, TensorArg):
-            return None, f"input {t.name} missing or not a tensor"
+            raise _Reject(f"input {t.name} missing or not a tensor")
         tensors[t.name] = val
+    return tensors, bound
+
+
+def _call_params(spec: OpSpec, rec: CallRecord, bound: Dict[str, Any]) -> Dict[str, Any]:
+    """The call's arguments as the spec's declared parameters."""
     params: Dict[str, Any] = {}
     for k, v in bound.items():
         if isinstance(v, TensorArg):
-            return None, f"tensor argument {k} is not an input of the spec"
+            raise _Reject(f"tensor argument {k} is not an input of the spec")
         if isinstance(v, Opaque):
-            return None, f"argument {k}={v!r} cannot be replayed"
+            raise _Reject(f"argument {k}={v!r} cannot be replayed")
         params[k] = tuple(v) if isinstance(v, list) else v
     # parameters as the spec declares them: an argument the spec does not declare is dropped
     # (its meaning is unknown to the oracle: dropout_p=0.5 makes the output random), a declared
@@ -225,10 +250,14 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             continue
         v = params[p.name]
         if p.kind == "choice" and p.choices is not None and not any(_same(v, c) for c in p.choices):
-            return None, f"{p.name}={v!r} is not one of the declared choices {list(p.choices)}"
+            raise _Reject(f"{p.name}={v!r} is not one of the declared choices {list(p.choices)}")
         if p.kind in ("int", "float") and not (isinstance(v, (int, float)) and not isinstance(v, bool)
                                                and p.lo <= v <= p.hi):
-            return None, f"{p.name}={v!r} is outside the declared range [{p.lo}, {p.hi}]"
+            raise _Reject(f"{p.name}={v!r} is outside the declared range [{p.lo}, {p.hi}]")
+    return params
+
+
+def _dims_from_shapes(spec: OpSpec, tensors: Dict[str, "TensorArg"], params: Dict[str, Any]) -> Dict[str, int]:
     # dims from shapes
     dims: Dict[str, int] = {}
     pending: List[Tuple[Any, int, str]] = []
@@ -236,14 +265,14 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
     for t in spec.inputs:
         shape = tuple(tensors[t.name].shape)
         if len(shape) != len(t.shape):
-            return None, f"input {t.name} has rank {len(shape)}, the spec {len(t.shape)}"
+            raise _Reject(f"input {t.name} has rank {len(shape)}, the spec {len(t.shape)}")
         for e, n in zip(t.shape, shape):
             if isinstance(e, int):
                 if e != n:
-                    return None, f"input {t.name}: size {n} where the spec fixes {e}"
+                    raise _Reject(f"input {t.name}: size {n} where the spec fixes {e}")
             elif isinstance(e, str) and e in dim_names:
                 if dims.setdefault(e, int(n)) != int(n):
-                    return None, f"dim {e} is both {dims[e]} and {n}"
+                    raise _Reject(f"dim {e} is both {dims[e]} and {n}")
             else:
                 pending.append((e, int(n), t.name))
     exprs = {p.name: p.expr for p in spec.params if p.kind == "expr"}
@@ -268,25 +297,35 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             try:
                 dims[name] = int(expr.evaluate(lo_e, {**params, **dims}))
             except Exception:
-                return None, f"cannot tell dim {name} from the call"
+                raise _Reject(f"cannot tell dim {name} from the call")
+    return dims
+
+
+def _derived(spec: OpSpec, params: Dict[str, Any], dims: Dict[str, int]) -> Dict[str, Any]:
+    """The spec's parameters, derived ones included (a recorded derived value must agree)."""
+    exprs = {p.name: p.expr for p in spec.params if p.kind == "expr"}
     recorded_derived = {k: params.pop(k) for k in list(params) if k in exprs}
     try:
         full = derived_params(spec, params, dims)
     except Exception as exc:
-        return None, f"derived parameters: {exc}"
+        raise _Reject(f"derived parameters: {exc}")
     for k, v in recorded_derived.items():
         if not _same(full.get(k), v):
-            return None, f"{k}={v!r} is not what the spec derives ({full.get(k)!r})"
-    env = {**full, **dims}
+            raise _Reject(f"{k}={v!r} is not what the spec derives ({full.get(k)!r})")
+    return full
+
+
+def _call_arrays(spec: OpSpec, tensors: Dict[str, "TensorArg"], env: Dict[str, Any],
+                 rng: np.random.Generator) -> Dict[str, np.ndarray]:
     arrays: Dict[str, np.ndarray] = {}
     for t in spec.inputs:
         ta = tensors[t.name]
         try:
             want = tensor_shape(t, env)
         except Exception as exc:
-            return None, f"input {t.name}: {exc}"
+            raise _Reject(f"input {t.name}: {exc}")
         if want != tuple(ta.shape):
-            return None, f"input {t.name}: shape {tuple(ta.shape)} does not fit the spec's {want}"
+            raise _Reject(f"input {t.name}: shape {tuple(ta.shape)} does not fit the spec's {want}")
         if ta.values is not None:
             arr = np.asarray(ta.values)
             arrays[t.name] = arr.astype(np.int64) if t.kind in ("index", "bool") else arr.astype(np.float64)
@@ -297,7 +336,7 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             arrays[t.name] = (rng.random(want) < 0.5).astype(np.int64)
         else:
             arrays[t.name] = draw_values(t.domain, want, rng)
-    return Candidate(dims=dims, params=full, arrays=arrays, origin=f"seed:{rec.source}" if rec.source else "seed"), ""
+    return arrays
 
 
 # ---------------------------------------------------------------------------------------
