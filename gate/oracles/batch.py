@@ -24,13 +24,13 @@ import numpy as np
 from ..backends.base import Output
 from .precision import Metrics, compare, min_normal, overflow_bound, ulp
 from ..search.inputs import Candidate
-from .runner import OK, Evaluation, VariantRunner
+from ..search.evaluation import OK, Evaluation
 
 SEPARABLE_RTOL = 1e-9
 
 
 class BatchEvaluator:
-    def __init__(self, runner: VariantRunner, max_batch: int = 64):
+    def __init__(self, runner, max_batch: int = 64):  # the precision runner (gate.oracles.runner)
         self.runner = runner
         self.spec = runner.spec
         self.max_batch = max_batch
