@@ -98,8 +98,8 @@ def read_text(path: Path) -> str:
 
 
 def _schema() -> dict:
-    """The schema file, with the oracle names taken from ``oracles.yaml`` (the file lists the
-    shipped ones for the docs; an oracle added as a rule is accepted without editing it)."""
+    """The schema file, with the oracle names taken from the rules of ``oracles.yaml`` (an
+    oracle added as a rule is accepted without editing the schema)."""
     schema = json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
     from .plan import FUZZ_ORACLES
 
