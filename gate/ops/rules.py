@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
 
+from ..backends import FRAMEWORKS
 from ..errors import ConfigError
 from .spec import FLOAT_DTYPES, OpSpec
 
-FRAMEWORKS = ("torch", "tensorflow")
 REQUIREMENTS = ("grad", "batch_dim", "layouts", "xfw")
 
 
