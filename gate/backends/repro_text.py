@@ -158,6 +158,10 @@ def outputs(result, low):
 '''
 
 
+#: framework -> its part of a repro script (a new backend adds its own text here)
+PRELUDES = {"torch": TORCH, "tensorflow": TENSORFLOW}
+
+
 def repro_prelude(framework: str) -> str:
-    """The script's framework part for ``framework`` (``torch``; anything else: TensorFlow)."""
-    return TORCH if framework == "torch" else TENSORFLOW
+    """The script's framework part for ``framework``."""
+    return PRELUDES[framework]
