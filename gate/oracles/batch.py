@@ -192,7 +192,8 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
     are concatenated along axis 0, candidate ``i`` owns ``sizes[i]`` rows. Gives exactly the
     figures ``compare`` gives on each candidate's rows (maxima, counts and the worst element
     exactly; sums to rounding, as they are summed row by row), with the elementwise work done
-    once for the whole batch."""
+    once for the whole batch. Long on purpose: it follows ``compare`` statement by statement, so
+    that the two can be read side by side and keep giving the same figures."""
     n = len(sizes)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
     if len(outputs) != len(reference):

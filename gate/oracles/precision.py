@@ -52,7 +52,8 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             ftz: bool = False) -> Metrics:
     """Error figures of ``outputs`` against the float64 ``reference`` in units of ``dtype``.
     With ``ftz`` (a framework that flushes subnormals), a zero output where the reference is
-    subnormal in ``dtype`` counts as exact."""
+    subnormal in ``dtype`` counts as exact. Long on purpose: the batched twin
+    (:func:`gate.oracles.batch.compare_segments`) follows it statement by statement."""
     if len(outputs) != len(reference):
         return Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")
     worst = (-1.0, 0, (), 0.0, 0.0)
