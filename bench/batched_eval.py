@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Batched vs one-at-a-time evaluation of the same candidates (gate/fuzz/batch.py).
+"""Batched vs one-at-a-time evaluation of the same candidates (gate/oracles/batch.py).
 
 For each operator: parents drawn from the spec, each with ``width - 1`` value mutations (the
 children a mutation step of the search makes: same shapes, so they batch); every group is
@@ -21,10 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from gate.fuzz.batch import BatchEvaluator  # noqa: E402
-from gate.fuzz.inputs import draw  # noqa: E402
-from gate.fuzz.mutate import MUTATORS, bind  # noqa: E402
-from gate.fuzz.runner import VariantRunner  # noqa: E402
+from gate.oracles.batch import BatchEvaluator  # noqa: E402
+from gate.search.inputs import draw  # noqa: E402
+from gate.search.mutate import MUTATORS, bind  # noqa: E402
+from gate.oracles.runner import VariantRunner  # noqa: E402
 from gate.ops.catalog import Catalog, load_builtin  # noqa: E402
 from gate.plan import Variant  # noqa: E402
 

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from gate.fuzz import exhaustive as EX  # noqa: E402
 from gate.fuzz import fuzz_task  # noqa: E402
-from gate.fuzz.runner import VariantRunner  # noqa: E402
+from gate.oracles.runner import VariantRunner  # noqa: E402
 from gate.ops.catalog import load_catalog  # noqa: E402
 from gate.ops.spec import resolve_params  # noqa: E402
 from gate.oracles.references import resolve  # noqa: E402

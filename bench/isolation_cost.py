@@ -1,5 +1,5 @@
 """Throughput cost of crash/hang isolation: evaluations per second in-process vs in a worker
-process (gate.fuzz.isolate), on the same candidates, measured side by side in one run; plus
+process (gate.backends.isolate), on the same candidates, measured side by side in one run; plus
 what replacing a dead worker costs (paid once per crash or hang): a fork of the warm zygote vs a
 fresh interpreter that imports the framework.
 
@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from gate.fuzz.inputs import draw  # noqa: E402
-from gate.fuzz.isolate import IsolatedRunner, IsolateOptions  # noqa: E402
-from gate.fuzz.registry import build_runner  # noqa: E402
+from gate.search.inputs import draw  # noqa: E402
+from gate.backends.isolate import IsolateOptions  # noqa: E402
+from gate.oracles.registry import build_runner  # noqa: E402
 from gate.ops.catalog import load_catalog  # noqa: E402
 from gate.plan import Variant  # noqa: E402
 
@@ -56,7 +56,7 @@ def main() -> int:
         rng = np.random.default_rng(0)
         cands = [draw(spec, rng) for _ in range(args.evals)]
         local = build_runner(spec, variant)
-        isolated = IsolatedRunner(spec, variant, IsolateOptions(timeout=60))
+        isolated = build_runner(spec, variant, isolate=IsolateOptions(timeout=60))
         try:
             r_in, r_iso = rates(local, isolated, cands)
         finally:
@@ -68,7 +68,7 @@ def main() -> int:
     print(f"crash recovery: seconds from a worker's death to the next evaluation's result "
           f"(median of {args.restarts}; the worker is killed with SIGSEGV between evaluations)")
     for zygote in (False, True):
-        r = IsolatedRunner(spec, variant, IsolateOptions(timeout=60, zygote=zygote))
+        r = build_runner(spec, variant, isolate=IsolateOptions(timeout=60, zygote=zygote))
         times = []
         try:
             r.evaluate(cand)

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gate.fuzz.inputs import draw  # noqa: E402
+from gate.search.inputs import draw  # noqa: E402
 from gate.judge.replay import ReplayJob, replay_in_tree, worktree  # noqa: E402
 from gate.localise.evaluate import BaseWorker  # noqa: E402
 from gate.ops.spec import OpSpec  # noqa: E402

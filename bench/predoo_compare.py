@@ -46,10 +46,10 @@ import numpy as np  # noqa: E402
 
 from gate.config import load_config  # noqa: E402
 from gate.fuzz import fuzz_task  # noqa: E402
-from gate.fuzz.inputs import Candidate, build_arrays, derived_params, project  # noqa: E402
-from gate.fuzz.mutate import perturb  # noqa: E402
-from gate.fuzz.runner import OK, VariantRunner  # noqa: E402
-from gate.fuzz.seeds import SeedStore  # noqa: E402
+from gate.search.inputs import Candidate, build_arrays, derived_params, project  # noqa: E402
+from gate.search.mutate import perturb  # noqa: E402
+from gate.oracles.runner import OK, VariantRunner  # noqa: E402
+from gate.search.seeds import SeedStore  # noqa: E402
 from gate.ops.catalog import Catalog, load_builtin  # noqa: E402
 from gate.ops.spec import OpSpec  # noqa: E402
 from gate.plan import Budget, Task, Variant  # noqa: E402

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 from gate.fuzz import fuzz_task  # noqa: E402
-from gate.fuzz.inputs import draw  # noqa: E402
-from gate.fuzz.runner import VariantRunner  # noqa: E402
+from gate.search.inputs import draw  # noqa: E402
+from gate.oracles.runner import VariantRunner  # noqa: E402
 from gate.ops.catalog import load_catalog  # noqa: E402
 from gate.ops.spec import ParamSpec  # noqa: E402
 from gate.plan import Budget, Task, Variant  # noqa: E402

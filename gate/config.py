@@ -32,7 +32,9 @@ class Config:
     def builtin(self) -> Sequence[str]:
         b = self.raw.get("builtin", False if self.ops else True)
         if b is True:
-            return ("torch", "tensorflow")
+            from .backends import FRAMEWORKS
+
+            return FRAMEWORKS
         if b is False:
             return ()
         return tuple(b)
@@ -98,7 +100,28 @@ def read_text(path: Path) -> str:
 
 
 def _schema() -> dict:
-    return json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
+    """The schema file, with the oracle names taken from the rules of ``oracles.yaml`` (an
+    oracle added as a rule is accepted without editing the schema)."""
+    schema = json.loads(resources.files("gate").joinpath("config_schema.json").read_text())
+    from .plan import FUZZ_ORACLES
+
+    from .backends import FRAMEWORKS
+
+    schema.setdefault("$defs", {})["oracle"] = {"enum": list(FUZZ_ORACLES)}
+    _set_frameworks(schema, list(FRAMEWORKS))
+    return schema
+
+
+def _set_frameworks(node, frameworks: list) -> None:
+    """Every framework enum of the schema file (it lists the shipped ones) -> ``frameworks``."""
+    if isinstance(node, dict):
+        if node.get("enum") == ["torch", "tensorflow"]:
+            node["enum"] = list(frameworks)
+        for v in node.values():
+            _set_frameworks(v, frameworks)
+    elif isinstance(node, list):
+        for v in node:
+            _set_frameworks(v, frameworks)
 
 
 def _line_of(node: yaml.Node, path: Sequence[Any]) -> Optional[int]:

@@ -161,10 +161,53 @@ def clear_previous_run(out: Path) -> None:
             p.unlink()
 
 
-def _run(opts: RunOptions, report: V.GateReport, say) -> None:
-    from .plan import validate_variant_filters
+@dataclass
+class Context:
+    """The run's refs and configs (``setup``'s output): what every later stage reads."""
+    repo: Path
+    base_sha: str
+    head_sha: str
+    merge_base: str
+    cfg: Config
+    cfg_rel: Optional[str]  # the config's path in the tree (None: kept outside the repository)
+    bcfg: Optional[Config]  # base's config (the PR cannot loosen its own gate)
+    settings: GateSettings
+    base_specs: Dict[str, OpSpec]
+    catalog: Catalog
+    kernels: object
+    seed: int
 
-    validate_variant_filters(opts.dtypes, opts.modes, opts.devices)
+
+@dataclass
+class Planned:
+    """``plan_stage``'s output: every variant of every selected operator and those that get a budget."""
+    names: List[str]
+    planned: List[dict]  # spec, task, row, status per variant
+    run_tasks: List[Task]
+    by_id: Dict[str, dict]
+    total: float
+    per_op: float
+    store: object  # the base's BaselineStore
+    isolate: object  # IsolateOptions, or None: evaluations run in-process
+
+
+def _run(opts: RunOptions, report: V.GateReport, say) -> None:
+    """The stage list: each stage takes the previous one's output."""
+    ctx = setup_stage(opts, report)
+    names = select_stage(opts, ctx, report)
+    if not names:
+        return
+    planned = plan_stage(opts, ctx, names, report, say)
+    work = fuzz_stage(opts, ctx, planned, report, say)
+    judge_stage(opts, ctx, planned, work, report)
+    localise_stage(report, work, {"repo": ctx.repo, "merge_base": ctx.merge_base, "head_sha": ctx.head_sha,
+                                  "config": ctx.cfg, "base_config": ctx.bcfg, "selected": report.selected,
+                                  "settings": ctx.settings, "out": Path(opts.out), "say": say,
+                                  "isolate": planned.isolate})
+
+
+def _checked_repo(opts: RunOptions) -> Tuple[Path, Path]:
+    """(the directory given, the repository's top)."""
     repo = Path(opts.repo).resolve()
     if not repo.is_dir():
         raise GateError(f"repository {repo} does not exist")
@@ -172,14 +215,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         top = Path(git(repo, "rev-parse", "--show-toplevel")).resolve()
     except GateError:
         raise SetupError(f"{repo} is not a git repository (dl-gate run compares a PR's head with its base)") from None
-    # run from a subdirectory (or --repo pointing into one): the repository is the whole tree,
-    # the config the nearest one above the directory given
-    start, repo = repo, top
-    cfg = load_config(opts.config) if opts.config else load_config(search_from=start, up_to=top)
-    cfg_outside = cfg.path is not None and top not in cfg.path.resolve().parents
-    if cfg_outside:  # a config kept outside the repository: its paths are the repository's
-        cfg = load_config(opts.config, root=top)
-    cfg.activate()  # also forgets stale imports of the user's library
+    return repo, top
+
+
+def _refs(opts: RunOptions, repo: Path, report: V.GateReport) -> Tuple[str, str]:
+    """(base sha, head sha), head checked to be the commit checked out."""
     if not opts.base:
         raise GateError("no base ref: pass --base REF (in GitHub Actions, GITHUB_BASE_REF is used)")
     try:
@@ -201,6 +241,24 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
         report.warnings.append(f"uncommitted changes in the working tree ({', '.join(dirty[:5])}"
                                + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
                                + f"): the gate runs them, the report names {head_sha[:10]}")
+    return base_sha, head_sha
+
+
+def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
+    """Refs, configs (head's, base's) and the operator catalogue."""
+    from .plan import validate_variant_filters
+
+    validate_variant_filters(opts.dtypes, opts.modes, opts.devices)
+    start, top = _checked_repo(opts)
+    # run from a subdirectory (or --repo pointing into one): the repository is the whole tree,
+    # the config the nearest one above the directory given
+    repo = top
+    cfg = load_config(opts.config) if opts.config else load_config(search_from=start, up_to=top)
+    cfg_outside = cfg.path is not None and top not in cfg.path.resolve().parents
+    if cfg_outside:  # a config kept outside the repository: its paths are the repository's
+        cfg = load_config(opts.config, root=top)
+    cfg.activate()  # also forgets stale imports of the user's library
+    base_sha, head_sha = _refs(opts, repo, report)
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
     if cfg_outside:  # not in the PR's tree: the same file judges both sides
@@ -215,8 +273,13 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     kernels = _kernels(repo, head_sha, catalog, cfg, report)  # before the operator library is imported
     seed = opts.seed if opts.seed is not None else cfg.seed
     report.seed = seed
+    return Context(repo=repo, base_sha=base_sha, head_sha=head_sha, merge_base=merge_base, cfg=cfg, cfg_rel=cfg_rel,
+                   bcfg=bcfg, settings=settings, base_specs=base_specs, catalog=catalog, kernels=kernels, seed=seed)
 
-    selected, sel_dict = _selection(opts, cfg, catalog, merge_base, head_sha)
+
+def select_stage(opts: RunOptions, ctx: Context, report: V.GateReport) -> List[str]:
+    """The operators this diff reaches (``report.selected`` keeps why); none: the gate passes."""
+    selected, sel_dict = _selection(opts, ctx.cfg, ctx.catalog, ctx.merge_base, ctx.head_sha)
     report.selected = selected
     if sel_dict:
         report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native") if k in sel_dict}
@@ -225,79 +288,96 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     if not selected:
         report.outcome = Outcome.PASS.value
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
-        return
-    names = [s["op"] for s in selected]
-    if kernels is not None:
-        report.warnings.extend(kernels.warnings(names))
-    _build(repo, cfg, cfg.raw.get("build"), "head", report, Path(opts.out), say)  # a failure: error, first compiler line
-    from .fuzz.isolate import isolate_options, prestart
+        return []
+    return [s["op"] for s in selected]
+
+
+def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateReport, say) -> Planned:
+    """Build head, start the isolation workers, plan every variant and spend the total budget by priority."""
+    if ctx.kernels is not None:
+        report.warnings.extend(ctx.kernels.warnings(names))
+    cfg = ctx.cfg
+    _build(ctx.repo, cfg, cfg.raw.get("build"), "head", report, Path(opts.out), say)  # a failure: error, first compiler line
+    from .backends.isolate import isolate_options, prestart
 
     isolate = isolate_options(opts.isolate, opts.eval_timeout, cfg.gate)  # crashes and hangs stay in a worker
     if isolate is not None:
-        prestart({catalog.get(n).framework for n in names}, isolate)
+        prestart({ctx.catalog.get(n).framework for n in names}, isolate)
     budget_cfg = cfg.budget
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
     per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
-
-    store = BaselineStore(GitBaselineSource(repo, base_sha, cfg.raw.get("baselines", "baselines"))).load()
-    gate_cfg = cfg.gate
-    dtypes = opts.dtypes or gate_cfg.get("dtypes")
-    modes = opts.modes or gate_cfg.get("modes")
-    devices = opts.devices or gate_cfg.get("devices")
-    strategy = opts.strategy or gate_cfg.get("strategy", "linf")
-    oracles = opts.oracles or gate_cfg.get("oracles")
-
-    from .fuzz.schedule import allocate
-    from .fuzz.seeds import SeedStore
-
-    seed_store = SeedStore(cfg.baselines_dir / "seeds")  # `dl-gate harvest` seeds, OpInfo samples
-
-    # ---- plan every variant of every selected op, then spend the total budget by priority -----
-    planned: List[dict] = []
-    for name in names:
-        spec = catalog.get(name)
-        if name in base_specs:
-            spec, warning = judged_row(spec, base_specs[name])
-            if warning:
-                report.warnings.append(warning)
-        if kernels is not None:
-            spec = kernels.adjust(spec)  # Triton: on the device its kernels run on
-        backend = get_backend(spec.framework)
-        want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
-        budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
-        tasks = plan([spec], budget, per_op=budget, seed=seed, strategy=strategy, dtypes=want_dtypes,
-                     devices=devices, modes=modes, available_devices=backend.devices(), oracles=oracles)
-        if opts.evals:
-            tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed,
-                          strategy=t.strategy) for t in tasks]
-        for task in tasks:
-            row, status = store.lookup(spec.name, task.variant.key, backend.environment(task.variant.device))
-            planned.append({"spec": spec, "task": task, "row": row, "status": status})
-    if opts.evals:
-        run_tasks, skipped = [p["task"] for p in planned], []
-    else:
-        # history: how close the base's stored error came to the gate's floor (closer = sooner)
-        history = {p["task"].id: p["row"].ulp / settings.floor(p["spec"], p["task"].variant)
-                   for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
-        alloc = allocate([p["task"] for p in planned], total, history=history)
-        report.env["allocation"] = alloc.to_dict()
-        cap = {p["task"].id: p["task"].budget.seconds for p in planned}  # per_op split over the op's variants
-        run_tasks = [Task(op=t.op, variant=t.variant, budget=Budget(seconds=min(t.budget.seconds, cap[t.id])),
-                          seed=t.seed, strategy=t.strategy) for t in alloc.tasks]
-        skipped = [n["task"] for n in alloc.not_covered]
+    store = BaselineStore(GitBaselineSource(ctx.repo, ctx.base_sha, cfg.raw.get("baselines", "baselines"))).load()
+    planned = [p for name in names for p in _variants(opts, ctx, name, per_op, store, report)]
+    run_tasks, skipped = _allocate(opts, ctx, planned, total, report)
     by_id = {p["task"].id: p for p in planned}
     report.not_covered = sorted(skipped)
     say(f"selected {len(names)} operator(s), {len(planned)} variant(s); fuzzing {len(run_tasks)} within "
         + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
-        + f", seed {seed}")
+        + f", seed {ctx.seed}")
+    return Planned(names=names, planned=planned, run_tasks=run_tasks, by_id=by_id, total=total, per_op=per_op,
+                   store=store, isolate=isolate)
 
-    # base's worktree is there from the start: the search asks base about the NaN/Inf it finds
-    # (gate.judge.contrast), and every input is replayed there afterwards
-    user_tasks = [t for t in run_tasks if by_id[t.id]["spec"].origin == "user"]
+
+def _variants(opts: RunOptions, ctx: Context, name: str, per_op: float, store, report: V.GateReport) -> List[dict]:
+    """Every variant of operator ``name`` with its stored baseline row."""
+    gate_cfg = ctx.cfg.gate
+    dtypes = opts.dtypes or gate_cfg.get("dtypes")
+    spec = ctx.catalog.get(name)
+    if name in ctx.base_specs:
+        spec, warning = judged_row(spec, ctx.base_specs[name])
+        if warning:
+            report.warnings.append(warning)
+    if ctx.kernels is not None:
+        spec = ctx.kernels.adjust(spec)  # Triton: on the device its kernels run on
+    backend = get_backend(spec.framework)
+    want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
+    budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
+    tasks = plan([spec], budget, per_op=budget, seed=ctx.seed, strategy=opts.strategy or gate_cfg.get("strategy", "linf"),
+                 dtypes=want_dtypes, devices=opts.devices or gate_cfg.get("devices"),
+                 modes=opts.modes or gate_cfg.get("modes"), available_devices=backend.devices(),
+                 oracles=opts.oracles or gate_cfg.get("oracles"))
+    if opts.evals:
+        tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed,
+                      strategy=t.strategy) for t in tasks]
+    out = []
+    for task in tasks:
+        row, status = store.lookup(spec.name, task.variant.key, backend.environment(task.variant.device))
+        out.append({"spec": spec, "task": task, "row": row, "status": status})
+    return out
+
+
+def _allocate(opts: RunOptions, ctx: Context, planned: List[dict], total: float,
+              report: V.GateReport) -> Tuple[List[Task], List[str]]:
+    """(tasks to run with their budgets, ids of those the total budget does not reach)."""
+    if opts.evals:
+        return [p["task"] for p in planned], []
+    from .search.schedule import allocate
+
+    # history: how close the base's stored error came to the gate's floor (closer = sooner)
+    history = {p["task"].id: p["row"].ulp / ctx.settings.floor(p["spec"], p["task"].variant)
+               for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
+    alloc = allocate([p["task"] for p in planned], total, history=history)
+    report.env["allocation"] = alloc.to_dict()
+    cap = {p["task"].id: p["task"].budget.seconds for p in planned}  # per_op split over the op's variants
+    run_tasks = [Task(op=t.op, variant=t.variant, budget=Budget(seconds=min(t.budget.seconds, cap[t.id])),
+                      seed=t.seed, strategy=t.strategy) for t in alloc.tasks]
+    return run_tasks, [n["task"] for n in alloc.not_covered]
+
+
+def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateReport, say) -> List[dict]:
+    """Search every planned variant on head, then replay its inputs on base (in base's worktree).
+
+    Base's worktree is there from the start: the search asks base about the NaN/Inf it finds
+    (gate.judge.contrast), and every input is replayed there afterwards."""
+    from .search.seeds import SeedStore
+
+    cfg, bcfg, cfg_rel, by_id = ctx.cfg, ctx.bcfg, ctx.cfg_rel, planned.by_id
+    seed_store = SeedStore(cfg.baselines_dir / "seeds")  # `dl-gate harvest` seeds, OpInfo samples
+    user_tasks = [t for t in planned.run_tasks if by_id[t.id]["spec"].origin == "user"]
     py_path = (bcfg.raw.get("python_path") if bcfg else None) or cfg.raw.get("python_path") or ["."]
     base_results: Dict[str, list] = {}
     with contextlib.ExitStack() as stack:
-        tree = stack.enter_context(worktree(repo, merge_base)) if user_tasks else None
+        tree = stack.enter_context(worktree(ctx.repo, ctx.merge_base)) if user_tasks else None
         if tree is not None and cfg.path:
             py_path = [str((tree / (Path(cfg_rel).parent if cfg_rel else Path()) / p)) for p in py_path]
         # base's extension is built in its worktree (cached by source hash); one that does not
@@ -306,62 +386,68 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
                                            (bcfg.raw if bcfg else cfg.raw).get("build"), "base", report,
                                            Path(opts.out), say):
             tree = None
-        base_isolate = base_isolate_options(tree, py_path, isolate, repo) if tree is not None and isolate else None
+        isolate = planned.isolate
+        base_isolate = base_isolate_options(tree, py_path, isolate, ctx.repo) if tree is not None and isolate else None
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
-        work = [_fuzz_one(task, by_id[task.id], store, repo, seed_store, isolate, base_isolate,
-                          base_specs.get(by_id[task.id]["spec"].name), say, sources) for task in run_tasks]
+        work = [_fuzz_one(task, by_id[task.id], planned.store, ctx.repo, seed_store, isolate, base_isolate,
+                          ctx.base_specs.get(by_id[task.id]["spec"].name), say, sources) for task in planned.run_tasks]
         # base runs the operator its own config names (a PR may rename the function)
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
-                          spec=base_side(w["spec"], base_specs.get(w["spec"].name)))
+                          spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)))
                 for w in work if w["spec"].origin == "user"]
         if jobs and tree is not None:
-            say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {merge_base[:10]}")
-            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=repo)
-
+            say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}")
+            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo)
     for w in work:
-        task, finding = w["task"], w["finding"]
-        w["base"] = base_results.get(task.id)
-        vv = decide(w["spec"], task.variant, w["head"], base_results.get(task.id), w["row"], w["status"], finding,
-                    settings, inputs=[c.summary() for c in w["cands"]],
-                    controls=[c.origin == "control" for c in w["cands"]],
-                    ordinary=[c.origin == "control" or c.origin.startswith(("degenerate", "structured"))
-                              for c in w["cands"]])
-        vv.source_file, vv.source_line = w["src"]
-        vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
-        if finding.extra.get("search") == "exhaustive":  # every 16-bit value was run: exact maxima, head and base
-            vv.details["search"] = "exhaustive"
-            vv.details["exhaustive"] = {k: v for k, v in finding.extra["exhaustive"].items() if k != "sets"}
-        if vv.input_summary is None and finding.best is not None:
-            vv.input_summary = finding.best.summary()
-        vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
-                            f"--device {task.variant.device} --seed {task.seed} "
-                            + (f"--evals {finding.evals}" if opts.evals else f"--budget {per_op:g}"))
-        if vv.outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
-            i = vv.details.get("input_index")
-            if i is not None and i < len(w["cands"]):
-                recheck_determinism(vv, w["spec"], task.variant, w["cands"][i], w["head"][i], isolate=isolate)
+        w["base"] = base_results.get(w["task"].id)
+    return work
+
+
+def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dict], report: V.GateReport) -> None:
+    """A verdict per variant (head vs base and the stored baseline), the not-covered ones, and the outcome."""
+    for w in work:
+        vv = _verdict(opts, ctx, planned, w)
         w["verdict"] = vv
-        if kernels is not None:
-            kernels.mark(vv)
+        if ctx.kernels is not None:
+            ctx.kernels.mark(vv)
         report.verdicts.append(vv)
         if vv.details.get("warning"):
             report.warnings.append(f"{vv.id}: {vv.details['warning']}")
-        report.env.setdefault("frameworks", {})[w["spec"].framework] = finding.env.get("version")
-
+        report.env.setdefault("frameworks", {})[w["spec"].framework] = w["finding"].env.get("version")
     for tid in report.not_covered:
-        p = by_id[tid]
+        p = planned.by_id[tid]
         report.verdicts.append(V.VariantVerdict(
             op=p["spec"].name, framework=p["spec"].framework, variant=p["task"].variant.to_dict(),
             outcome=V.NOT_COVERED, reason="the total budget ran out before this variant (raise budget.total)"))
     report.warnings += stability_fixes(report.verdicts)  # an operator's changes that came with its fix: not failed
-    report.outcome, report.reason = overall(report.verdicts, report.errors, settings)
-    if settings.behaviour_change == "fail":  # the reporters mark these as failures too
+    report.outcome, report.reason = overall(report.verdicts, report.errors, ctx.settings)
+    if ctx.settings.behaviour_change == "fail":  # the reporters mark these as failures too
         report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
-    # ---- localise stage hook: each regression gets a diagnosis within its own budget -------
-    # (work items: spec, task, finding, row, status, cands, head, base, src, verdict)
-    ctx = {"repo": repo, "merge_base": merge_base, "head_sha": head_sha, "config": cfg, "base_config": bcfg,
-           "selected": selected, "settings": settings, "out": Path(opts.out), "say": say, "isolate": isolate}
-    localise_stage(report, work, ctx)
+
+
+def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict) -> V.VariantVerdict:
+    """One work item's verdict, with its figures, source, repro command and determinism check."""
+    task, finding = w["task"], w["finding"]
+    vv = decide(w["spec"], task.variant, w["head"], w["base"], w["row"], w["status"], finding,
+                ctx.settings, inputs=[c.summary() for c in w["cands"]],
+                controls=[c.origin == "control" for c in w["cands"]],
+                ordinary=[c.origin == "control" or c.origin.startswith(("degenerate", "structured"))
+                          for c in w["cands"]])
+    vv.source_file, vv.source_line = w["src"]
+    vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
+    if finding.extra.get("search") == "exhaustive":  # every 16-bit value was run: exact maxima, head and base
+        vv.details["search"] = "exhaustive"
+        vv.details["exhaustive"] = {k: v for k, v in finding.extra["exhaustive"].items() if k != "sets"}
+    if vv.input_summary is None and finding.best is not None:
+        vv.input_summary = finding.best.summary()
+    vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
+                        f"--device {task.variant.device} --seed {task.seed} "
+                        + (f"--evals {finding.evals}" if opts.evals else f"--budget {planned.per_op:g}"))
+    if vv.outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
+        i = vv.details.get("input_index")
+        if i is not None and i < len(w["cands"]):
+            recheck_determinism(vv, w["spec"], task.variant, w["cands"][i], w["head"][i], isolate=planned.isolate)
+    return vv
 
 
 def _build(tree: Path, cfg: Config, raw, side: str, report: V.GateReport, out: Path, say) -> bool:
@@ -404,7 +490,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
     every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
     from .fuzz import fuzz_task
-    from .fuzz.inputs import degenerate_inputs, draw, structured_inputs
+    from .search.inputs import degenerate_inputs, draw, structured_inputs
     from .judge.contrast import contrast_runner
 
     spec, row, status = planned["spec"], planned["row"], planned["status"]

@@ -4,7 +4,7 @@
 Action started) parses the arguments, starts the **run** (``python -m gate.cli run ...`` with
 ``DL_GATE_STATE`` set) in a new session, and waits for it under a wall-clock deadline. The run
 imports the operator library and evaluates it (by default in worker processes again, see
-:mod:`gate.fuzz.isolate`); after every progress line it saves its partial report to the state
+:mod:`gate.backends.isolate`); after every progress line it saves its partial report to the state
 file, and when it has written ``report.json`` and ``junit.xml`` it saves a final record.
 
 The supervisor's exit code comes from the report the run wrote, and only when the run ended the

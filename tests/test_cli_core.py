@@ -51,7 +51,7 @@ def test_fuzz_prints_table_json_and_saves_inputs(capsys, tmp_path):
     saved = list((tmp_path / "inp" / "torch.tanh").glob("*.npz"))
     assert len(saved) == 3
     assert (tmp_path / "inp" / ".gitignore").read_text().splitlines()[-1] == "*"  # never committed by `git add -A`
-    from gate.fuzz.inputs import Candidate
+    from gate.search.inputs import Candidate
 
     cand = Candidate.load(saved[0].read_bytes())
     assert cand.arrays["x"].ndim == 2

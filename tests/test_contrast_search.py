@@ -125,7 +125,7 @@ def test_contrast_guidance_promotes_a_new_nan_and_demotes_a_shared_one(tmp_path)
     import numpy as np
 
     from gate.fuzz import fuzz_task
-    from gate.fuzz.registry import build_runner
+    from gate.oracles.registry import build_runner
     from gate.judge.contrast import ContrastRunner
     from tests.oracle_support import task, user_ops
 

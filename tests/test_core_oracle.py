@@ -145,7 +145,7 @@ def test_results_below_the_smallest_normal_are_not_judged_unless_asked():
     normal = [Output(np.array([2.0e-38, 3.0e-40]), "float64")]
     assert compare(flushed, normal, "float32").ulp > 1e6
     # the batched comparison agrees with the single one (two candidates of one row each)
-    from gate.fuzz.batch import compare_segments
+    from gate.oracles.batch import compare_segments
     out = [Output(np.stack([flushed[0].array, flushed[0].array]), "float32")]
     ref2 = [Output(np.stack([ref[0].array, normal[0].array]), "float64")]
     seg = compare_segments(out, ref2, [1, 1], "float32")

@@ -130,7 +130,7 @@ def test_structured_rows_are_replayed_on_both_sides_and_stay_in_the_domain(lib_r
     import numpy as np
 
     from gate.config import load_config
-    from gate.fuzz.inputs import draw, structured_inputs
+    from gate.search.inputs import draw, structured_inputs
     from gate.ops.spec import Domain
 
     spec = next(s for s in load_config(lib_repo / ".dl-gate.yml").ops if s.name == "lib.safe_norm")

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from gate.fuzz import exhaustive as EX  # noqa: E402
 from gate.fuzz import fuzz_task  # noqa: E402
-from gate.fuzz.runner import OK, VariantRunner  # noqa: E402
+from gate.oracles.runner import OK, VariantRunner  # noqa: E402
 from gate.judge import verdict as V  # noqa: E402
 from gate.judge.decide import GateSettings, decide  # noqa: E402
 from gate.judge.replay import replay  # noqa: E402
@@ -328,7 +328,7 @@ def test_gate_judges_exact_maxima_on_a_pull_request(tmp_path, base_src, head_src
     res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh", "--evals", "10", "--seed", "0"],
                          cwd=repo.path, capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
-    from gate.fuzz.inputs import Candidate
+    from gate.search.inputs import Candidate
 
     stored = list((repo.path / "baselines" / "corpus").rglob("*.npz"))
     assert stored and all(Candidate.load(p).size < 65536 for p in stored)  # sets are regenerated, not stored

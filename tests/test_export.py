@@ -10,10 +10,10 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from gate.backends.exporters import ExportPath, ExportUnsupported, StageError  # noqa: E402
-from gate.fuzz.export import export_op, group_failures  # noqa: E402
+from gate.oracles.export import export_op, group_failures  # noqa: E402
 from gate.ops.catalog import load_builtin  # noqa: E402
 from gate.ops.spec import OpSpec  # noqa: E402
-from gate.oracles.export import classify, converter_function  # noqa: E402
+from gate.oracles.export_metrics import classify, converter_function  # noqa: E402
 from gate.plan import Variant  # noqa: E402
 
 USER_OPS = textwrap.dedent('''

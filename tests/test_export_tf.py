@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from gate.fuzz.export import export_op  # noqa: E402
+from gate.oracles.export import export_op  # noqa: E402
 from gate.ops.catalog import load_builtin  # noqa: E402
 
 

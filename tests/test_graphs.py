@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gate.fuzz.finding import Finding  # noqa: E402
-from gate.fuzz.inputs import draw  # noqa: E402
-from gate.fuzz.runner import VariantRunner  # noqa: E402
+from gate.search.finding import Finding  # noqa: E402
+from gate.search.inputs import draw  # noqa: E402
+from gate.oracles.runner import VariantRunner  # noqa: E402
 from gate.graphs.campaign import GraphCampaign  # noqa: E402
 from gate.graphs.coverage import Coverage, CoverageSpace  # noqa: E402
 from gate.graphs.evaluate import GraphRunner, change_rate, fuzz_graph, replay_graph  # noqa: E402

@@ -20,7 +20,7 @@ import yaml
 
 from gate.config import parse_config
 from gate.errors import SetupError
-from gate.fuzz.seeds import CallRecord, Opaque, TensorArg
+from gate.search.seeds import CallRecord, Opaque, TensorArg
 from gate.init import run_init
 from gate.init.infer import Operator, from_records, probe_specs, tensor_params, widen
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gate.config import Config
-from gate.fuzz.inputs import Candidate
+from gate.search.inputs import Candidate
 from gate.judge.baselines import BaselineRow
 from gate.judge.decide import GateSettings, decide
 from gate.judge.replay import replay

@@ -9,8 +9,8 @@ import pytest
 
 from gate.backends.base import resolve_callable
 from gate.errors import ConfigError
-from gate.fuzz.inputs import Candidate
-from gate.fuzz.runner import VariantRunner
+from gate.search.inputs import Candidate
+from gate.oracles.runner import VariantRunner
 from gate.judge.decide import GateSettings, decide
 from gate.judge.replay import ReplayResult
 from gate.ops.spec import OpSpec
@@ -127,7 +127,7 @@ def test_sys_exit_in_the_operator_is_a_crash_not_the_gate_exiting(lib):
 
 
 def test_head_replay_reuses_what_the_isolated_search_saw_crash_or_hang():
-    from gate.fuzz.finding import Crash
+    from gate.search.finding import Crash
     from gate.judge.replay import replay_head
     from gate.ops.catalog import load_builtin
 

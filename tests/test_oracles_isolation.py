@@ -1,4 +1,4 @@
-"""Crash and hang isolation (gate.fuzz.isolate): planted operators that segfault (through
+"""Crash and hang isolation (gate.backends.isolate): planted operators that segfault (through
 ctypes) and deadlock on one input value are found within a 10 s budget while this test process
 survives; the worker is restarted and the search goes on."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 
 from gate.errors import ConfigError
 from gate.fuzz import Finding, fuzz_task
-from gate.fuzz.isolate import IsolatedRunner, IsolateOptions
+from gate.backends.isolate import IsolateOptions
+from gate.oracles.registry import build_runner
 from gate.plan import Variant
 
 from tests.oracle_support import task, user_ops
@@ -54,7 +55,7 @@ def test_hang_is_a_timeout_finding_with_the_place_it_hung(tmp_path):
 def test_worker_start_failure_is_a_one_line_gate_error(tmp_path):
     specs = user_ops(tmp_path, OPS)
     with pytest.raises(ConfigError, match="cannot import callable 'planted_ops:no_such_function'"):
-        IsolatedRunner(specs["planted.missing"], Variant("float32"), IsolateOptions(start_timeout=120))
+        build_runner(specs["planted.missing"], Variant("float32"), isolate=IsolateOptions(start_timeout=120))
 
 
 def test_segfault_via_cli_with_isolation_from_config(tmp_path):

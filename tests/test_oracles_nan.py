@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from gate.fuzz import GUIDANCES, fuzz_task
-from gate.fuzz.nansearch import edge_values, overflow_mutators
+from gate.oracles.nansearch import edge_values, overflow_mutators
 from gate.ops.catalog import load_builtin
 from gate.oracles.precision import Metrics, fitness
 
@@ -52,7 +52,7 @@ def test_spread_guidance_and_edges():
     assert 65504.0 in e16 and any(abs(v - math.log(65504.0)) < 1e-9 for v in e16)
     muts = overflow_mutators("float16")
     spec = {s.name: s for s in load_builtin(("torch",))}["torch.log"]  # positive domain
-    from gate.fuzz.inputs import draw
+    from gate.search.inputs import draw
 
     rng = np.random.default_rng(0)
     cand = draw(spec, rng)

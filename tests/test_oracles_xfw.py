@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gate.fuzz import fuzz_task
-from gate.fuzz.differential import XfwRunner
-from gate.fuzz.inputs import draw
+from gate.oracles.differential import XfwRunner
+from gate.search.inputs import draw
 from gate.ops import xfw
 from gate.ops.catalog import load_builtin
 from gate.plan import Variant, variants_for

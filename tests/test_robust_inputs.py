@@ -14,7 +14,7 @@ import pytest
 from gate.cli import main
 from gate.config import load_config
 from gate.errors import ConfigError
-from gate.fuzz.inputs import Candidate
+from gate.search.inputs import Candidate
 from gate.judge import baselines as B
 
 from tests.test_gate_run import git
@@ -111,7 +111,7 @@ def test_damaged_baseline_files_say_what_and_what_to_do(tmp_path):
 
 def _finding(ulp: float, value: float):
     """A Finding for one variant whose worst input holds ``value``."""
-    from gate.fuzz.finding import Finding
+    from gate.search.finding import Finding
     from gate.oracles.precision import Metrics
     from gate.plan import Variant
 

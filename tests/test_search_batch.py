@@ -8,10 +8,10 @@ import pytest
 
 from gate.backends.base import Output
 from gate.fuzz import fuzz_task
-from gate.fuzz.batch import BatchEvaluator, compare_segments
-from gate.fuzz.inputs import draw
-from gate.fuzz.mutate import MUTATORS, bind
-from gate.fuzz.runner import CRASH, OK, VariantRunner
+from gate.oracles.batch import BatchEvaluator, compare_segments
+from gate.search.inputs import draw
+from gate.search.mutate import MUTATORS, bind
+from gate.oracles.runner import CRASH, OK, VariantRunner
 from gate.oracles.precision import compare
 from gate.ops.catalog import Catalog, load_builtin
 from gate.ops.spec import OpSpec

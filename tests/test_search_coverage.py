@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gate.backends.base import numpy_quantize
-from gate.fuzz.coverage import (CoverageMap, Universe, classify, feasible_values, size_class, value_class,
+from gate.search.coverage import (CoverageMap, Universe, classify, feasible_values, size_class, value_class,
                                 value_features)
-from gate.fuzz.inputs import Candidate, edge_values, float_facts, inside_after_rounding, regime_values
+from gate.search.inputs import Candidate, edge_values, float_facts, inside_after_rounding, regime_values
 from gate.ops.spec import Domain, OpSpec
 
 TINY = {
@@ -157,7 +157,7 @@ def test_edge_values_follow_the_dtype_and_the_domain(dtype):
 
 def _features_by_element(a, dtype):
     """value_features by definition, one element at a time (the reference for the fast path)."""
-    from gate.fuzz.inputs import element_bands
+    from gate.search.inputs import element_bands
 
     bands = element_bands(dtype)
     a = np.asarray(a, dtype=float).reshape(-1)
@@ -195,7 +195,7 @@ def _features_by_element(a, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_value_features_match_their_definition(dtype):
     rng = np.random.default_rng(5)
-    from gate.fuzz.inputs import REGIMES
+    from gate.search.inputs import REGIMES
 
     for domain in ("real", "positive", "unit"):
         dom = Domain.parse(domain)

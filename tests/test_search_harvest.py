@@ -8,7 +8,7 @@ import pytest
 
 from gate.cli import main
 from gate.config import load_config
-from gate.fuzz.seeds import SeedStore
+from gate.search.seeds import SeedStore
 
 CONFIG = """\
 version: 1

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from gate.fuzz import fuzz_task
-from gate.fuzz.engine import UniformScheduler, search
-from gate.fuzz.runner import OK, Evaluation
-from gate.fuzz.schedule import UCTScheduler, allocate, estimate_cost, make_scheduler
+from gate.search.engine import UniformScheduler, search
+from gate.oracles.runner import OK, Evaluation
+from gate.search.schedule import UCTScheduler, allocate, estimate_cost, make_scheduler
 from gate.oracles.precision import Metrics
 from gate.ops.catalog import Catalog, load_builtin
 from gate.plan import Budget, Task, Variant
@@ -109,7 +109,7 @@ def test_engine_rewards_every_choice_once(batch):
         return [evaluate(c) for c in cs]
 
     def fresh(r):
-        from gate.fuzz.inputs import Candidate
+        from gate.search.inputs import Candidate
         return Candidate(dims={}, params={}, arrays={"x": r.standard_normal(4)})
 
     def grow(c, r):

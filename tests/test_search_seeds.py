@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-import gate.fuzz.seeds as seeds_mod
+import gate.search.seeds as seeds_mod
 from gate.fuzz import fuzz_task
-from gate.fuzz.inputs import Candidate
-from gate.fuzz.seeds import (CallRecord, Opaque, SeedStore, TensorArg, candidate_from_call, opinfo_seeds,
+from gate.search.inputs import Candidate
+from gate.search.seeds import (CallRecord, Opaque, SeedStore, TensorArg, candidate_from_call, opinfo_seeds,
                              parameter_names, prioritise)
 from gate.ops.catalog import Catalog, load_builtin
 from gate.plan import Budget, Task, Variant

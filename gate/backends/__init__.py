@@ -15,6 +15,8 @@ _MODULES = {
     "tensorflow": ("gate.backends.tf_backend", "TFBackend", "tensorflow", "tensorflow"),
 }
 _CACHE: Dict[str, Backend] = {}
+#: the frameworks the gate runs, in this order everywhere (catalogues, configs, rules)
+FRAMEWORKS = tuple(_MODULES)
 
 
 def framework_installed(name: str) -> bool:

@@ -81,49 +81,75 @@ def _fp(index: PyIndex, mod: PyModule, key: str, renames, mod_renames, drop_name
 
 
 def python_changes(files: List[ChangedFile], base: PyIndex, head: PyIndex) -> Tuple[List[ChangedSymbol], List[str]]:
-    """Changed symbols of every changed ``.py`` file, and notes on files that could not be parsed."""
+    """Changed symbols of every changed ``.py`` file, and notes on files that could not be parsed:
+    the candidates the hunks touch, pass 1 pairs renamed definitions, pass 2 compares what is on
+    both sides with references resolved."""
     notes: List[str] = []
     # (file, key) -> (base module, head module, base line, head line, neighbour_only)
     cands: Dict[Tuple[str, str], list] = {}
     mod_renames: Dict[str, str] = {}
     moved: List[ChangedSymbol] = []
     for f in files:
-        if f.binary or not (is_python(f.at_base) or is_python(f.at_head)):
-            continue
-        bm = base.module_at(f.at_base) if is_python(f.at_base) else None
-        hm = head.module_at(f.at_head) if is_python(f.at_head) else None
-        if bm is not None and hm is not None and bm.name != hm.name:
-            mod_renames[bm.name] = hm.name
-        for side, mod in (("old", bm), ("new", hm)):
-            if mod is not None and mod.error:
-                notes.append(f"{mod.path}: cannot parse at {'base' if side == 'old' else 'head'} ({mod.error}); "
-                             "every definition in it counts as changed")
-        direct_old, direct_new = f.lines("old"), f.lines("new")
-        near_old, near_new = f.neighbour_lines("old"), f.neighbour_lines("new")
-        if f.status == "renamed" and not f.hunks and bm is not None and hm is not None:
-            moved.append(ChangedSymbol(file=f.path, line=1, symbol=f"{hm.name}:{MODULE}", lang="python", kind="module",
-                                       change="unchanged", name=MODULE, why=f"moved from {f.old_path} ({bm.name}); content unchanged",
-                                       data={"module": hm.name, "key": MODULE}))
-            continue
-        if f.status == "added" and hm is not None:
-            direct_new = set(range(1, hm.source.count("\n") + 2))
-        if f.status == "deleted" and bm is not None:
-            direct_old = set(range(1, bm.source.count("\n") + 2))
-        for side, mod, direct, near in (("old", bm, direct_old, near_old), ("new", hm, direct_new, near_new)):
-            if mod is None:
-                continue
-            if mod.error:  # unparsable: the other side's definitions all count
-                other = hm if side == "old" else bm
-                if other is not None and not other.error:
-                    for key in other.keys():
-                        _cand(cands, f.path, key, side == "new", bm, hm, other.line_of(key), False)
-                continue
-            for key, ln in mod.symbols_at(direct).items():
-                _cand(cands, f.path, key, side == "new", bm, hm, ln, False)
-            for key, ln in mod.symbols_at(near).items():
-                _cand(cands, f.path, key, side == "new", bm, hm, ln, True)
+        _file_candidates(f, base, head, cands, mod_renames, moved, notes)
+    renames, paired = _pair_renames(cands, base, head, mod_renames)
+    out: List[ChangedSymbol] = list(moved)
+    for (path, key), (bm, hm, bl, hl, near) in sorted(cands.items(), key=lambda kv: (kv[0][0], kv[1][3] or kv[1][2] or 0)):
+        in_b = bm is not None and not bm.error and key in bm.keys()
+        in_h = hm is not None and not hm.error and key in hm.keys()
+        mod = hm if in_h else bm
+        kind = mod.kind_of(key) if mod is not None else "module"
+        sym = ChangedSymbol(file=path, line=hl or bl or 1, symbol=f"{mod.name if mod else path}:{key}", lang="python",
+                            kind=kind, change="modified", side="head" if in_h else "base", name=key,
+                            neighbour_only=near, data={"module": mod.name if mod else "", "key": key})
+        _judge_symbol(sym, path, key, bm, hm, in_b, in_h, kind, near, paired, renames, mod_renames, base, head)
+        out.append(sym)
+    return out, notes
 
-    # pass 1: pair deletions with additions of an identical body (renamed definitions)
+
+def _file_candidates(f: ChangedFile, base: PyIndex, head: PyIndex, cands: dict, mod_renames: Dict[str, str],
+                     moved: List[ChangedSymbol], notes: List[str]) -> None:
+    """The symbols of one changed file its hunks touch (or all of them, for an added, deleted or
+    unparsable file), into ``cands``; a file renamed without a change is one moved module."""
+    if f.binary or not (is_python(f.at_base) or is_python(f.at_head)):
+        return
+    bm = base.module_at(f.at_base) if is_python(f.at_base) else None
+    hm = head.module_at(f.at_head) if is_python(f.at_head) else None
+    if bm is not None and hm is not None and bm.name != hm.name:
+        mod_renames[bm.name] = hm.name
+    for side, mod in (("old", bm), ("new", hm)):
+        if mod is not None and mod.error:
+            notes.append(f"{mod.path}: cannot parse at {'base' if side == 'old' else 'head'} ({mod.error}); "
+                         "every definition in it counts as changed")
+    direct_old, direct_new = f.lines("old"), f.lines("new")
+    near_old, near_new = f.neighbour_lines("old"), f.neighbour_lines("new")
+    if f.status == "renamed" and not f.hunks and bm is not None and hm is not None:
+        moved.append(ChangedSymbol(file=f.path, line=1, symbol=f"{hm.name}:{MODULE}", lang="python", kind="module",
+                                   change="unchanged", name=MODULE, why=f"moved from {f.old_path} ({bm.name}); content unchanged",
+                                   data={"module": hm.name, "key": MODULE}))
+        return
+    if f.status == "added" and hm is not None:
+        direct_new = set(range(1, hm.source.count("\n") + 2))
+    if f.status == "deleted" and bm is not None:
+        direct_old = set(range(1, bm.source.count("\n") + 2))
+    for side, mod, direct, near in (("old", bm, direct_old, near_old), ("new", hm, direct_new, near_new)):
+        if mod is None:
+            continue
+        if mod.error:  # unparsable: the other side's definitions all count
+            other = hm if side == "old" else bm
+            if other is not None and not other.error:
+                for key in other.keys():
+                    _cand(cands, f.path, key, side == "new", bm, hm, other.line_of(key), False)
+            continue
+        for key, ln in mod.symbols_at(direct).items():
+            _cand(cands, f.path, key, side == "new", bm, hm, ln, False)
+        for key, ln in mod.symbols_at(near).items():
+            _cand(cands, f.path, key, side == "new", bm, hm, ln, True)
+
+
+
+def _pair_renames(cands: dict, base: PyIndex, head: PyIndex, mod_renames: Dict[str, str]):
+    """(renames old -> new, (file, key) -> why it is unchanged): deletions paired with additions
+    of an identical body (renamed definitions), then imports through those renames."""
     renames: Dict[str, str] = {}
     added, deleted = [], []
     for (path, key), (bm, hm, bl, hl, _near) in cands.items():
@@ -157,54 +183,48 @@ def python_changes(files: List[ChangedFile], base: PyIndex, head: PyIndex) -> Tu
                 paired[(hpath, hkey)] = ("import renamed from " if kinds == ("import",) else "renamed from ") + \
                     f"{bm.name}:{key}; " + ("same target" if kinds == ("import",) else "body unchanged")
 
-    # pass 2: compare what is on both sides, references resolved
-    out: List[ChangedSymbol] = list(moved)
-    for (path, key), (bm, hm, bl, hl, near) in sorted(cands.items(), key=lambda kv: (kv[0][0], kv[1][3] or kv[1][2] or 0)):
-        in_b = bm is not None and not bm.error and key in bm.keys()
-        in_h = hm is not None and not hm.error and key in hm.keys()
-        mod = hm if in_h else bm
-        kind = mod.kind_of(key) if mod is not None else "module"
-        sym = ChangedSymbol(file=path, line=hl or bl or 1, symbol=f"{mod.name if mod else path}:{key}", lang="python",
-                            kind=kind, change="modified", side="head" if in_h else "base", name=key,
-                            neighbour_only=near, data={"module": mod.name if mod else "", "key": key})
-        broken = (bm is not None and bm.error) or (hm is not None and hm.error)
-        if key == MAIN:
-            sym.change, sym.why = "unchanged", MAIN_ONLY
-        elif (path, key) in paired:
-            sym.change, sym.why = "unchanged", paired[(path, key)]
-        elif broken:
-            sym.change = "modified"
-            sym.why = "file cannot be parsed on one side"
-        elif key == MODULE and (in_b or in_h) and bm is not None and hm is not None:
-            # module-level statements that exist on one side only (a module docstring added or
-            # removed): compared with "nothing" on the other side, normalised like any symbol
-            fb = _fp(base, bm, key, renames, mod_renames) if in_b else fingerprint([])
-            fh = _fp(head, hm, key, {}, {}) if in_h else fingerprint([])
-            if fb == fh:
-                sym.change, sym.why = "unchanged", FORMAT_ONLY
-        elif in_b and in_h:
-            fb = _fp(base, bm, key, renames, mod_renames)
-            fh = _fp(head, hm, key, {}, {})
-            if fb == fh:
-                sym.change = "unchanged"
-                if near:
-                    sym.why = NEIGHBOUR_ONLY
-                elif kind == "import" and fb.startswith("import->"):
-                    sym.why = f"import now resolves to the same definition ({fb[8:]}): moved or renamed"
-                elif fingerprint(bm.statements(key)) != fingerprint(hm.statements(key)):
-                    sym.why = RENAMED_REFS
-                else:
-                    sym.why = FORMAT_ONLY
-        elif in_h:
-            sym.change = "added"
-        elif in_b:
-            sym.change = "deleted"
-        else:  # a comment-only line in a module that exists on neither side (cannot happen) or <module>
+    return renames, paired
+
+
+def _judge_symbol(sym: ChangedSymbol, path: str, key: str, bm, hm, in_b: bool, in_h: bool, kind: str, near: bool,
+                  paired: dict, renames: dict, mod_renames: dict, base: PyIndex, head: PyIndex) -> None:
+    """Whether a candidate really changed (and why not): set ``sym.change`` and ``sym.why``."""
+    broken = (bm is not None and bm.error) or (hm is not None and hm.error)
+    if key == MAIN:
+        sym.change, sym.why = "unchanged", MAIN_ONLY
+    elif (path, key) in paired:
+        sym.change, sym.why = "unchanged", paired[(path, key)]
+    elif broken:
+        sym.change = "modified"
+        sym.why = "file cannot be parsed on one side"
+    elif key == MODULE and (in_b or in_h) and bm is not None and hm is not None:
+        # module-level statements that exist on one side only (a module docstring added or
+        # removed): compared with "nothing" on the other side, normalised like any symbol
+        fb = _fp(base, bm, key, renames, mod_renames) if in_b else fingerprint([])
+        fh = _fp(head, hm, key, {}, {}) if in_h else fingerprint([])
+        if fb == fh:
             sym.change, sym.why = "unchanged", FORMAT_ONLY
-        if sym.change == "unchanged" and key == MODULE and not sym.why:
-            sym.why = FORMAT_ONLY
-        out.append(sym)
-    return out, notes
+    elif in_b and in_h:
+        fb = _fp(base, bm, key, renames, mod_renames)
+        fh = _fp(head, hm, key, {}, {})
+        if fb == fh:
+            sym.change = "unchanged"
+            if near:
+                sym.why = NEIGHBOUR_ONLY
+            elif kind == "import" and fb.startswith("import->"):
+                sym.why = f"import now resolves to the same definition ({fb[8:]}): moved or renamed"
+            elif fingerprint(bm.statements(key)) != fingerprint(hm.statements(key)):
+                sym.why = RENAMED_REFS
+            else:
+                sym.why = FORMAT_ONLY
+    elif in_h:
+        sym.change = "added"
+    elif in_b:
+        sym.change = "deleted"
+    else:  # a comment-only line in a module that exists on neither side (cannot happen) or <module>
+        sym.change, sym.why = "unchanged", FORMAT_ONLY
+    if sym.change == "unchanged" and key == MODULE and not sym.why:
+        sym.why = FORMAT_ONLY
 
 
 def _cand(cands, path, key, head_side: bool, bm, hm, line, near: bool) -> None:

@@ -63,7 +63,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
                       out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
     from ..backends import get_backend
     from ..fuzz import fuzz_task
-    from ..fuzz.seeds import SeedStore
+    from ..search.seeds import SeedStore
     from ..judge.baselines import check_writable, write_rows
     from ..ops.catalog import load_catalog
     from ..plan import Budget, Task, plan
@@ -84,7 +84,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     findings = []
     frameworks = {}
     seed_store = SeedStore(cfg.baselines_dir / "seeds")  # the same seeds the gate's runs start from
-    from ..fuzz.isolate import isolate_options
+    from ..backends.isolate import isolate_options
 
     isolate = isolate_options(None, None, gate_cfg)
     for name in names:

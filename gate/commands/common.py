@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Optional
 
+from ..backends import FRAMEWORKS
 from ..config import Config, load_config
 from ..ops.catalog import Catalog, load_catalog
 from ..ops.spec import FLOAT_DTYPES, MODES
@@ -57,7 +58,7 @@ def split_list(values) -> Optional[list]:
 def load(args) -> tuple[Config, Catalog]:
     cfg = load_config(getattr(args, "config", None))
     cfg.activate()
-    return cfg, load_catalog(cfg.ops, builtin=("torch", "tensorflow"))
+    return cfg, load_catalog(cfg.ops, builtin=FRAMEWORKS)
 
 
 def fmt_num(x) -> str:

@@ -81,7 +81,7 @@ def run(args) -> int:
     dtypes, modes, devices = split_list(args.dtype), split_list(args.mode), split_list(args.device)
     validate_variant_filters(dtypes, modes, devices)
     oracles = oracle_list(split_list(args.oracle) or cfg.gate.get("oracles"))
-    from ..fuzz.isolate import isolate_options
+    from ..backends.isolate import isolate_options
 
     isolate = isolate_options(args.isolate, args.eval_timeout, cfg.gate)
     specs = [catalog.get(n) for n in args.ops]
@@ -113,7 +113,7 @@ def run(args) -> int:
     findings = []
     store = None
     if not args.no_seeds:
-        from ..fuzz.seeds import SeedStore
+        from ..search.seeds import SeedStore
 
         store = SeedStore(cfg.baselines_dir / "seeds")
     from .common import Progress
@@ -169,7 +169,7 @@ def sweep_float32(args, tasks) -> int:
     """``--exhaustive`` at float32: every float32 value of ``--shard`` through each elementwise
     operator (in this process: a campaign over trusted rows), its exact maximum and input."""
     from ..fuzz import exhaustive as EX
-    from ..fuzz.runner import VariantRunner
+    from ..oracles.runner import VariantRunner
 
     shard = EX.parse_shard(args.shard)
     results = []

@@ -30,8 +30,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..backends.base import resolve_callable
-    from ..fuzz.harvest import harvest
-    from ..fuzz.seeds import SeedStore
+    from ..search.harvest import harvest
+    from ..search.seeds import SeedStore
 
     command = list(args.command)
     if command and command[0] == "--":

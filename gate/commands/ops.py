@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..backends import FRAMEWORKS
 from .common import add_config_arg, load, print_table, write_json
 
 
@@ -11,7 +12,7 @@ def register(sub) -> None:
     p = sub.add_parser("ops", help="list the operator catalogue", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  dl-gate ops --framework torch\n  dl-gate ops --json ops.json")
     add_config_arg(p)
-    p.add_argument("--framework", choices=["torch", "tensorflow"], help="only this framework's operators")
+    p.add_argument("--framework", choices=list(FRAMEWORKS), help="only this framework's operators")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the catalogue as JSON to FILE ('-' or no FILE: stdout)")
     p.set_defaults(func=run)
 

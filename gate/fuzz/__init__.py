@@ -1,5 +1,5 @@
 """Fuzz: Task -> Finding. Seeds, mutations and guidance; the loop itself is framework-blind
-(:mod:`gate.fuzz.engine`), the glue to a backend is :mod:`gate.fuzz.runner`."""
+(:mod:`gate.search.engine`), the glue to a backend is :mod:`gate.oracles.runner`."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -7,12 +7,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..plan import Task
-from .engine import GUIDANCES, search
-from .finding import Crash, Finding
-from .inputs import Candidate, draw
-from .mutate import MUTATORS, PREDOO_MUTATORS, bind
-from .registry import RUNNERS, build_runner
-from .runner import OK, CRASH, VariantRunner
+from ..search.engine import GUIDANCES, search
+from ..search.finding import Crash, Finding
+from ..search.inputs import Candidate, draw
+from ..search.mutate import MUTATORS, PREDOO_MUTATORS, bind
+from ..oracles.registry import RUNNERS, build_runner
+from ..search.evaluation import CRASH, OK
 
 
 def fuzz_task(
@@ -20,7 +20,7 @@ def fuzz_task(
     *,
     seeds: Sequence[Candidate] = (),
     progress: Optional[Callable[[int, float], None]] = None,
-    runner: Optional[VariantRunner] = None,
+    runner=None,
     mutators: Optional[Sequence[str]] = None,
     scheduler=None,
     seed_store=None,
@@ -33,14 +33,14 @@ def fuzz_task(
     exhaustive: bool = True,
 ) -> Finding:
     """Search ``task``'s variant for the input with the largest error of its oracle
-    (``task.variant.oracle``, dispatched through :data:`gate.fuzz.registry.RUNNERS`; the
+    (``task.variant.oracle``, dispatched through :data:`gate.oracles.registry.RUNNERS`; the
     oracle's runner may impose the candidate spec, the guidance and extra mutators).
-    ``isolate`` (True or :class:`gate.fuzz.isolate.IsolateOptions`) runs every evaluation in a
+    ``isolate`` (True or :class:`gate.backends.isolate.IsolateOptions`) runs every evaluation in a
     worker process that may crash or hang without taking the gate down.
 
     ``scheduler``: ``"uct"`` (default for guided strategies), ``"uniform"`` (the control arm)
     or an object with ``choose``/``update``. ``seeds`` run first, all of them, in order; then
-    the seeds of ``seed_store`` (a :class:`gate.fuzz.seeds.SeedStore`: calls harvested from the
+    the seeds of ``seed_store`` (a :class:`gate.search.seeds.SeedStore`: calls harvested from the
     project's tests, PyTorch OpInfo samples), most novel value classes first, at most
     ``max_seeds``. ``coverage``: draw fresh inputs aimed at uncovered
     value classes and pairs, reward the scheduler for new coverage, report it in
@@ -66,69 +66,18 @@ def fuzz_task(
 
 def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_store, coverage, batch, max_seeds,
           on_best, stop_on_inf, exhaustive=True) -> Finding:
-    from .batch import BatchEvaluator
-    from .coverage import CoverageMap
-    from .schedule import make_scheduler
-
     # the oracle's hooks: the space candidates come from, an imposed guidance, extra mutators
     spec = getattr(runner, "search_spec", None) or task.op
     guidance = getattr(runner, "guidance", None) or task.strategy
     stop_on_inf = getattr(runner, "stop_on_inf", None) or stop_on_inf
-    extra_mutators = dict(getattr(runner, "extra_mutators", None) or {})
     runner.backend.seed(task.seed)
     rng = np.random.default_rng(task.rng_seed())
     dtype = task.variant.dtype
-    names = list(mutators or MUTATORS) + [n for n in extra_mutators if not mutators or n not in mutators]
-    table = {**MUTATORS, **extra_mutators}
-    if scheduler is None:
-        scheduler = "uniform" if guidance == "random" else "uct"
-    if isinstance(scheduler, str):
-        scheduler = make_scheduler(scheduler, names)
-    elif hasattr(scheduler, "bind"):
-        scheduler = scheduler.bind(names)
-    if hasattr(scheduler, "sub"):
-        choose = scheduler.sub
-    else:
-        def choose(name, options, r):
-            return options[int(r.integers(len(options)))] if options else None
-    bound = {n: bind(table[n], spec, dtype=dtype, choose=choose, name=n) for n in names}
-
-    cov = CoverageMap(spec, dtype) if coverage else None
-
-    def novelty(q: Candidate, ev) -> float:
-        if cov is None or ev.status not in (OK, CRASH):
-            return 0.0
-        singles, pairs = cov.observe(q)
-        return min(1.0, 0.5 * singles + 0.05 * pairs)
-
-    if cov is not None and guidance != "random":
-        fresh = lambda r: cov.draw(r)  # noqa: E731
-    else:
-        fresh = lambda r: draw(spec, r)  # noqa: E731
-
-    seed_list = list(seeds)  # given seeds run first, all of them, in their order
-    seed_info = {"given": len(seed_list)}
-    if seed_store is not None:
-        from .seeds import prioritise
-
-        stored = seed_store.load(spec)
-        seed_info.update(seed_store.last_sources)
-        seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
-    seed_info["used"] = len(seed_list)
-
-    # batching concatenates candidates into one precision call: only for the precision runner
-    batchable = type(runner) is VariantRunner
-    evaluator = BatchEvaluator(runner) if batchable else None
-    width = 1 if not batchable else (batch if batch is not None else (8 if evaluator.pays else 1))
-    from . import exhaustive as EX
-
-    ex = None
-    seconds = task.budget.seconds
-    if exhaustive and EX.applies(task.op, task.variant):
-        with np.errstate(all="ignore"):
-            ex = EX.run(runner, task.op, task.variant)  # every value of the dtype: the exact maximum
-        if seconds is not None:
-            seconds = max(0.0, seconds - ex.seconds)  # the search gets what is left
+    scheduler, bound = _mutators(runner, spec, dtype, guidance, mutators, scheduler)
+    cov, novelty, fresh = _coverage(spec, dtype, guidance, coverage)
+    seed_list, seed_info = _seeds(spec, dtype, seeds, seed_store, max_seeds)
+    evaluator, width = _batching(runner, batch)
+    ex, seconds = _exhaustive(task, runner, exhaustive)
     with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
         res = search(
             runner.evaluate,
@@ -153,6 +102,93 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             _, alone = runner.evaluate(res.best, quantized=True)
             if alone.status == OK:
                 best_eval = alone
+    best, best_eval, best_fin, best_fin_eval = _with_exhaustive(ex, res, best_eval)
+    finding = _finding(task, runner, guidance, res, best, best_eval, best_fin, best_fin_eval)
+    _add_exhaustive(finding, ex)
+    _add_coverage(finding, res, cov, scheduler, seed_info, evaluator, width)
+    return finding
+
+
+def _mutators(runner, spec, dtype: str, guidance: str, mutators, scheduler):
+    """(the scheduler, the mutators bound to ``spec``): the engine's table plus the oracle's own."""
+    from ..search.schedule import make_scheduler
+
+    extra_mutators = dict(getattr(runner, "extra_mutators", None) or {})
+    names = list(mutators or MUTATORS) + [n for n in extra_mutators if not mutators or n not in mutators]
+    table = {**MUTATORS, **extra_mutators}
+    if scheduler is None:
+        scheduler = "uniform" if guidance == "random" else "uct"
+    if isinstance(scheduler, str):
+        scheduler = make_scheduler(scheduler, names)
+    elif hasattr(scheduler, "bind"):
+        scheduler = scheduler.bind(names)
+    if hasattr(scheduler, "sub"):
+        choose = scheduler.sub
+    else:
+        def choose(name, options, r):
+            return options[int(r.integers(len(options)))] if options else None
+    return scheduler, {n: bind(table[n], spec, dtype=dtype, choose=choose, name=n) for n in names}
+
+
+def _coverage(spec, dtype: str, guidance: str, coverage: bool):
+    """(the coverage map or None, the novelty reward, the fresh-input drawer)."""
+    from ..search.coverage import CoverageMap
+
+    cov = CoverageMap(spec, dtype) if coverage else None
+
+    def novelty(q: Candidate, ev) -> float:
+        if cov is None or ev.status not in (OK, CRASH):
+            return 0.0
+        singles, pairs = cov.observe(q)
+        return min(1.0, 0.5 * singles + 0.05 * pairs)
+
+    if cov is not None and guidance != "random":
+        fresh = lambda r: cov.draw(r)  # noqa: E731
+    else:
+        fresh = lambda r: draw(spec, r)  # noqa: E731
+    return cov, novelty, fresh
+
+
+def _seeds(spec, dtype: str, seeds, seed_store, max_seeds: int):
+    """(the seeds to run first, where they came from)."""
+    seed_list = list(seeds)  # given seeds run first, all of them, in their order
+    seed_info = {"given": len(seed_list)}
+    if seed_store is not None:
+        from ..search.seeds import prioritise
+
+        stored = seed_store.load(spec)
+        seed_info.update(seed_store.last_sources)
+        seed_list += prioritise(spec, stored, dtype, limit=max_seeds)
+    seed_info["used"] = len(seed_list)
+    return seed_list, seed_info
+
+
+def _batching(runner, batch: Optional[int]):
+    """(the runner's batch evaluator or None, the batch width)."""
+    # batching concatenates candidates into one call: only where the runner offers it (precision)
+    make_batch = getattr(runner, "batch_evaluator", None)
+    evaluator = make_batch() if make_batch is not None else None
+    batchable = evaluator is not None
+    width = 1 if not batchable else (batch if batch is not None else (8 if evaluator.pays else 1))
+    return evaluator, width
+
+
+def _exhaustive(task: Task, runner, exhaustive: bool):
+    """(the exhaustive run over every value of a 16-bit dtype or None, the seconds left to the search)."""
+    from . import exhaustive as EX
+
+    ex = None
+    seconds = task.budget.seconds
+    if exhaustive and EX.applies(task.op, task.variant):
+        with np.errstate(all="ignore"):
+            ex = EX.run(runner, task.op, task.variant)  # every value of the dtype: the exact maximum
+        if seconds is not None:
+            seconds = max(0.0, seconds - ex.seconds)  # the search gets what is left
+    return ex, seconds
+
+
+def _with_exhaustive(ex, res, best_eval):
+    """(best, its evaluation, best finite, its evaluation) of the search merged with the exhaustive run."""
     best, best_fin, best_fin_eval = res.best, res.best_finite, res.best_finite_eval
     if best_fin is best:
         best_fin = best_fin_eval = None
@@ -168,6 +204,10 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             elif best_fin is None and best_eval is not None and not best_eval.metrics.nonfinite:
                 best_fin, best_fin_eval = best, best_eval
             best, best_eval = witness or ex.candidates[0], ex.best_eval
+    return best, best_eval, best_fin, best_fin_eval
+
+
+def _finding(task: Task, runner, guidance: str, res, best, best_eval, best_fin, best_fin_eval) -> Finding:
     status, message = "ok", None
     if res.unsupported and best_eval is None:
         status, message = "unsupported", res.unsupported
@@ -193,6 +233,10 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     )
     if best_fin is not None and best_fin_eval is not None:
         finding.best_finite, finding.finite_metrics = best_fin, best_fin_eval.metrics
+    return finding
+
+
+def _add_exhaustive(finding: Finding, ex) -> None:
     if ex is not None:
         finding.extra["exhaustive"] = ex.summary()  # per set: its figures, or why it did not run
         finding.seconds += ex.seconds
@@ -200,6 +244,9 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             finding.exhaustive = [*ex.witnesses, *ex.candidates]
             finding.extra["search"] = "exhaustive"
             finding.evals += sum(s.values for s in ex.sets if s.metrics is not None)
+
+
+def _add_coverage(finding: Finding, res, cov, scheduler, seed_info: dict, evaluator, width: int) -> None:
     finding.coverage["mutators"] = {k: list(v) for k, v in res.mutator_stats.items()}
     if res.mutator_errors:
         finding.coverage["mutator_error"] = res.mutator_errors
@@ -211,8 +258,7 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     if evaluator is not None:
         finding.coverage["batch"] = {"width": width if evaluator.enabled else 1, "calls": evaluator.calls,
                                      "default": 8 if evaluator.pays else 1}
-    return finding
 
 
-__all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "VariantRunner",
-           "RUNNERS", "build_runner"]
+__all__ = ["fuzz_task", "Finding", "Crash", "Candidate", "GUIDANCES", "MUTATORS", "PREDOO_MUTATORS", "RUNNERS",
+           "build_runner"]

@@ -32,8 +32,8 @@ from ..oracles.precision import Metrics, compare, overflow_bound
 from ..oracles.references import dtype_values, is_true_reference
 from ..oracles.references import resolve as resolve_truth
 from ..plan import Variant
-from .inputs import Candidate, draw
-from .runner import STRIDED_ORIGIN
+from ..search.inputs import Candidate, draw
+from ..oracles.runner import STRIDED_ORIGIN
 
 SIXTEEN_BIT = ("float16", "bfloat16")
 #: parameter settings run exhaustively (the product of the rows' choices); beyond it the defaults
@@ -194,7 +194,7 @@ def run(runner, spec: OpSpec, variant: Variant) -> ExhaustiveResult:
     """Every value of ``variant.dtype`` through ``runner`` (any runner with ``evaluate``), one
     call per parameter setting. An operator that refuses the whole set (raises on NaN or on
     values outside its domain) is run on the finite values inside its declared domain."""
-    from .runner import OK
+    from ..oracles.runner import OK
 
     t0 = time.perf_counter()
     dtype = variant.dtype
@@ -277,7 +277,7 @@ def sweep(runner, spec: OpSpec, variant: Variant, shard: Tuple[int, int] = (1, 1
     declared), each element in ulps of its own reference. ``strided``: as strided views (the
     kernel's element-by-element loop) instead of contiguous chunks. Returns the shard's exact
     maximum with its input (JSON-safe); ``limit`` stops after that many values (a smoke test)."""
-    from .runner import OK
+    from ..oracles.runner import OK
 
     i, n = shard
     lo, hi = shard_range(i, n)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..fuzz.finding import Finding
+from ..search.finding import Finding
 from .coverage import Coverage, CoverageSpace
 from .evaluate import DEFAULT_FLOOR_ULP, fuzz_graph
 from .generate import GraphSpace, make_arm

@@ -37,11 +37,11 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends.base import FLOAT_FORMATS, Output, flatten
-from ..fuzz.engine import search
-from ..fuzz.finding import Crash, Finding
-from ..fuzz.inputs import Candidate, draw, tensor_shape
-from ..fuzz.mutate import MUTATORS
-from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, quantize_inputs
+from ..search.engine import search
+from ..search.finding import Crash, Finding
+from ..search.inputs import Candidate, draw, tensor_shape
+from ..search.mutate import MUTATORS
+from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, quantize_inputs
 from ..ops import expr
 from ..ops.spec import Domain, OpSpec, TensorSpec
 from ..oracles.precision import Metrics, compare

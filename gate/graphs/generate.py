@@ -27,7 +27,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 import numpy as np
 
 from ..ops.spec import OpSpec
-from ..fuzz.inputs import draw_dims, tensor_shape
+from ..search.inputs import draw_dims, tensor_shape
 from .model import INPUT, Graph, Node, node_ref
 from .shapes import GraphOp, ShapeProbe, graph_op, node_params, solve_dims
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from ..fuzz.inputs import _jsonify, _unjsonify
+from ..search.inputs import _jsonify, _unjsonify
 
 INPUT = "x"  # the graph's input tensor
 

@@ -1,8 +1,8 @@
 """The scheduled (nightly) run of the two methods that test operators where users meet them:
 multi-operator graphs (:mod:`gate.graphs.campaign`) and deployment-path differentials
-(:mod:`gate.fuzz.export`), within one total budget split by ``share``.
+(:mod:`gate.oracles.export`), within one total budget split by ``share``.
 
-``run_nightly`` returns plain :class:`gate.fuzz.finding.Finding` rows — variant oracle
+``run_nightly`` returns plain :class:`gate.search.finding.Finding` rows — variant oracle
 ``graph`` (op = the graph's structural signature) or ``export`` (mode = the deployment path) —
 that the baselines stage stores and the judge compares like any other row. ``nightly`` returns
 the same rows with the run's coverage figures, campaign statistics and export failures grouped
@@ -21,10 +21,10 @@ import numpy as np
 from ..backends import framework_installed, get_backend
 from ..backends.exporters import get_path, paths_for
 from ..errors import GateError
-from ..fuzz.export import Exportable, export_finding, group_failures, op_exportable
-from ..fuzz.finding import Finding
+from ..oracles.export import Exportable, export_finding, group_failures, op_exportable
+from ..search.finding import Finding
 from ..ops.spec import OpSpec
-from ..oracles.export import EXPORT_DTYPE
+from ..oracles.export_metrics import EXPORT_DTYPE
 from ..plan import Variant
 from .campaign import CampaignResult, GraphCampaign
 from .evaluate import DEFAULT_FLOOR_ULP, GraphRunner

@@ -25,7 +25,7 @@ from ..backends import get_backend
 from ..backends.base import flatten
 from ..ops import expr
 from ..ops.spec import OpSpec, ParamSpec, TensorSpec
-from ..fuzz.inputs import derived_params, draw_values, tensor_shape
+from ..search.inputs import derived_params, draw_values, tensor_shape
 
 #: most parameter branches per operator before falling back to one-parameter-at-a-time
 MAX_BRANCHES = 16

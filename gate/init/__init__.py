@@ -6,7 +6,7 @@ The stages, each its own module:
    the one package at the root or under ``src/``) and its public definitions (AST), then what
    each one is and its signature (imported in a child process, :mod:`gate.init.worker`);
 2. harvest — the library's own tests run with every discovered operator wrapped
-   (:func:`gate.fuzz.harvest.run_harvest`), so each call they make is recorded;
+   (:func:`gate.search.harvest.run_harvest`), so each call they make is recorded;
 3. :mod:`gate.init.infer` — a spec from those calls (shapes → dims, values → domains and
    parameter choices), else small probe shapes of a few ranks;
 4. probing and validation in the child process — the first candidate spec that runs with the
@@ -86,7 +86,7 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
              log) -> Tuple[Dict[str, list], str]:
     from types import SimpleNamespace
 
-    from ..fuzz.harvest import load_records, run_harvest
+    from ..search.harvest import load_records, run_harvest
 
     argv = shlex.split(command)
     if argv and argv[0] in ("pytest", "py.test"):
@@ -182,11 +182,9 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
              workflows: bool = True, probe_timeout: float = 10.0, tests_timeout: float = 600.0,
              only: Optional[Sequence[str]] = None, no_tests: bool = False, log: Callable[[str], None] = lambda s: None) -> InitReport:
     """Discover, infer, probe and write; returns what was done (nothing is written when no
-    operator runs)."""
-    from .. import __version__
+    operator runs). The steps: classify the package's definitions, harvest its tests' calls,
+    infer candidate specs, probe them, write the config, the workflows and the seeds."""
     from ..config import parse_config
-    from . import workflows as wf
-    from . import yamlio
 
     t_start = time.monotonic()
     repo = Path(repo).resolve()
@@ -201,8 +199,27 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     sys_path = [str(pkg.root)]
     log(f"package {pkg.name} ({'src/' if pkg.python_path == 'src' else 'repository root'}), "
         f"{sum(len(v) for v in syms.values())} public definitions in {len(syms)} modules")
+    ops = _classify(repo, pkg, framework, syms, sys_path, only, report)
+    # 2. the library's own tests ----------------------------------------------------------
+    records: Dict[str, list] = {}
+    if tests is None and not no_tests:
+        tests = default_tests(repo, pkg)
+    if tests:
+        records, report.harvest = _harvest(ops, tests, repo, sys_path, tests_timeout, log)
+        log(report.harvest)
+    plans = _candidate_specs(ops, records, report)
+    final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report)
+    text, path = _write_config(repo, pkg, framework, syms, config, final, report)
+    if workflows:
+        _write_workflows(repo, config, framework, report)
+    if records:
+        report.seeds = _store_seeds(parse_config(text, path, repo), records, plans)
+    report.seconds = time.monotonic() - t_start
+    return report
 
-    # 1. what each definition is --------------------------------------------------------
+
+def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: InitReport) -> List[Operator]:
+    """1. What each public definition is, in a child process: the operator candidates."""
     names = {m: [s.name for s in ss] for m, ss in syms.items()}
     answers = run_worker("classify", list(syms), lambda m: m, {"names": names, "package": pkg.name}, cwd=repo, sys_path=sys_path,
                          item_timeout=120.0)
@@ -256,14 +273,11 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         raise SetupError(f"no operator candidates in {pkg.name}: " +
                          ("; ".join(f"{n}: {w}" for n, w in report.left_out[:3]) or "nothing public"))
 
-    # 2. the library's own tests ----------------------------------------------------------
-    records: Dict[str, list] = {}
-    if tests is None and not no_tests:
-        tests = default_tests(repo, pkg)
-    if tests:
-        records, report.harvest = _harvest(ops, tests, repo, sys_path, tests_timeout, log)
-        log(report.harvest)
+    return ops
 
+
+def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: InitReport) -> dict:
+    """Name -> (operator, candidate specs, where they came from, how many from the tests)."""
     # 3. candidate specs ------------------------------------------------------------------
     plans: Dict[str, Tuple[Operator, List[dict], str]] = {}
     for op in ops:
@@ -293,6 +307,13 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
             continue
         plans[op.name] = (op, cands, origin, n_rec)
 
+    return plans
+
+
+def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: float, log,
+           report: InitReport) -> List[Tuple[dict, str]]:
+    """Run each operator's candidate specs once at every dtype and variant in a child process;
+    the first that runs is its row."""
     # 4. probe and validate in the child process -------------------------------------------
     done = [0]
 
@@ -316,6 +337,16 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
             del spec["framework"]  # the file's own framework: said once at the top
         final.append((spec, f"{name}: {note}"))
         report.found.append((name, op.kind, note))
+
+    return final
+
+
+def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: List[Tuple[dict, str]],
+                  report: InitReport) -> Tuple[str, Path]:
+    """Write a new config, or merge the rows into the existing one; returns (its text, its path)."""
+    from .. import __version__
+    from ..config import parse_config
+    from . import yamlio
 
     # 5. the seeds, the config, the workflows ------------------------------------------------
     path = repo / config
@@ -367,24 +398,25 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     except ConfigError as exc:  # a bug of init, or a user's edit that was already invalid
         raise ConfigError(f"the config dl-gate init would write does not validate: {exc}") from None
     path.write_text(text, encoding="utf-8")
-    if workflows:
-        spec_name = "dl-gate[tensorflow]" if framework == "tensorflow" else "dl-gate[torch]"
-        for rel, body in wf.render(config=config, spec=spec_name).items():
-            p = repo / rel
-            if not p.exists():
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_text(body)
-                report.workflows.append(rel)
-    if records:
-        report.seeds = _store_seeds(parse_config(text, path, repo), records, plans)
-    report.seconds = time.monotonic() - t_start
-    return report
+    return text, path
+
+
+def _write_workflows(repo: Path, config: str, framework: str, report: InitReport) -> None:
+    from . import workflows as wf
+
+    spec_name = "dl-gate[tensorflow]" if framework == "tensorflow" else "dl-gate[torch]"
+    for rel, body in wf.render(config=config, spec=spec_name).items():
+        p = repo / rel
+        if not p.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(body)
+            report.workflows.append(rel)
 
 
 def _store_seeds(cfg, records: Dict[str, list], plans) -> int:
     """The harvested calls, stored as seeds beside the baselines (where the fuzzer finds them)."""
-    from ..fuzz.harvest import store_records
-    from ..fuzz.seeds import CallRecord, Opaque, SeedStore
+    from ..search.harvest import store_records
+    from ..search.seeds import CallRecord, Opaque, SeedStore
 
     store = SeedStore(cfg.baselines_dir / "seeds", opinfo=False)
     specs = [s for s in cfg.ops if s.name in records]

@@ -1,5 +1,5 @@
 """Operator specs inferred from what is known about a callable: the calls the library's own
-tests make (harvested, :mod:`gate.fuzz.harvest`), its signature (defaults, annotations), and,
+tests make (harvested, :mod:`gate.search.harvest`), its signature (defaults, annotations), and,
 where neither says enough, a list of small shapes of a few ranks to probe in that order.
 
 Everything here is data in, spec dicts out (the ``.dl-gate.yml`` row form); nothing imports
@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..fuzz.seeds import CallRecord, Opaque, TensorArg
+from ..search.seeds import CallRecord, Opaque, TensorArg
 
 #: annotations that mean "not a tensor" (a required parameter with one of them and no default
 #: cannot be probed with tensors)

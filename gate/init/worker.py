@@ -9,13 +9,13 @@ Two jobs:
   (function, ``nn.Module`` / Keras ``Layer`` class, ``autograd.Function``, ``torch.library``
   custom op), with its signature (names, defaults, annotations), or why it is not an operator;
 * ``probe``: for each operator, try its candidate specs in order with the gate's own runners
-  (:func:`gate.fuzz.registry.build_runner`, the code path the fuzzer takes) on inputs drawn
-  as the fuzzer draws them (:func:`gate.fuzz.inputs.draw`), keep the first that runs, then run
+  (:func:`gate.oracles.registry.build_runner`, the code path the fuzzer takes) on inputs drawn
+  as the fuzzer draws them (:func:`gate.search.inputs.draw`), keep the first that runs, then run
   it once at every variant the gate would plan for it (each dtype, the non-contiguous layout,
   the gradient) and report each one's outcome.
 
 Each evaluation gets a SIGALRM deadline, the worker the gate's memory limit and the
-die-with-parent flag (:mod:`gate.fuzz.isolate`)."""
+die-with-parent flag (:mod:`gate.backends.isolate`)."""
 from __future__ import annotations
 
 import importlib
@@ -146,8 +146,8 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
     one runs (``need_all``: when every one does), else the last failure's (status, message)."""
     import numpy as np
 
-    from ..fuzz.inputs import draw
-    from ..fuzz.registry import build_runner, hooks
+    from ..search.inputs import draw
+    from ..oracles.registry import build_runner, hooks
 
     try:
         runner = build_runner(spec, variant)
@@ -260,7 +260,7 @@ def probe(req: dict) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..fuzz.isolate import _die_with_parent, _limit_memory
+    from ..backends.isolate import _die_with_parent, _limit_memory
 
     argv = list(sys.argv[1:] if argv is None else argv)
     with open(argv[0]) as fh:

@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import HARNESS_VERSION
 from ..errors import GateError
-from ..fuzz.finding import Finding
-from ..fuzz.inputs import Candidate
+from ..search.finding import Finding
+from ..search.inputs import Candidate
 from ..serial import from_json_safe, json_safe
 
 ENV_KEYS = ("framework", "version", "device", "capability", "harness")

@@ -23,8 +23,8 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..errors import GateError
-from ..fuzz.inputs import Candidate
-from ..fuzz.runner import OK, Evaluation
+from ..search.inputs import Candidate
+from ..oracles.runner import OK, Evaluation
 
 
 def _nonfinite(outputs) -> bool:
@@ -89,7 +89,7 @@ class ContrastRunner:
 def contrast_runner(spec, base_spec, variant, isolate, base_isolate) -> Optional[ContrastRunner]:
     """Head's and base's isolated runners for ``variant``; None where base cannot run it (a new
     operator, or an import error on base: the search is then head's alone)."""
-    from ..fuzz.registry import build_runner
+    from ..oracles.registry import build_runner
 
     head = build_runner(spec, variant, isolate=isolate)
     try:

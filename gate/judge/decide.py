@@ -30,8 +30,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..fuzz.finding import Finding
-from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
+from ..search.finding import Finding
+from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED
 from ..ops.spec import OpSpec
 from ..oracles.precision import compare
 from ..plan import Variant
@@ -53,7 +53,7 @@ GRAD_FLOOR_FACTOR = 4.0
 # (``gate.grad_multiplier_factor``); a real gradient regression (a NaN, a cancellation that
 # costs 1e3+ ulps) is far beyond it
 GRAD_MULTIPLIER_FACTOR = 8.0
-NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.fuzz.gradients)
+NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.oracles.gradients)
 BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
 
 
@@ -232,166 +232,205 @@ def decide(
     return vv
 
 
-def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls,
-                      ordinary=()) -> V.VariantVerdict:
-    dtype = variant.dtype
-    m, floor = settings.m(variant), settings.floor(spec, variant)
-    worst: Tuple[float, int, str] = (-1.0, -1, "")
-    behaviour: Tuple[float, int] = (-1.0, -1)
-    base_max = head_max_same = 0.0
-    fixed = garbage = 0
+@dataclass
+class _Tally:
+    """What the head/base comparison of every input found (``_compare_pairs``'s output)."""
+    worst: Tuple[float, int, str] = (-1.0, -1, "")  # (severity, input, reason) of the worst regression
+    behaviour: Tuple[float, int] = (-1.0, -1)  # (float64 divergence, input) of the largest behaviour change
+    base_max: float = 0.0
+    head_max_same: float = 0.0
+    fixed: int = 0
+    garbage: int = 0
+    pairs: int = 0
+    identical: int = 0  # inputs with bit-identical outputs
+    moved_ref: int = 0  # of those, with a moved reference
+    ref_moved: float = 0.0  # the largest move of the float64 run within the threshold (not a behaviour change)
     # fixes on inputs from the operator's ordinary value domain (random draws, all-zero and
     # constant tensors, structured rows), not the search's edges: a changed constant that moves
     # an overflow at 1e38 "fixes" an input there by accident, an eps fixes the flat image
-    fixed_ordinary = 0
-
-    def is_ordinary(i: int) -> bool:
-        return bool(ordinary[i]) if i < len(ordinary) else True
-
+    fixed_ordinary: int = 0
     changed_at: Optional[Tuple[int, float]] = None  # (input, float64 move) of the worst precision loss
-    pairs = 0
-    identical = moved_ref = 0  # inputs with bit-identical outputs; of those, with a moved reference
-    ref_moved = 0.0  # the largest move of the float64 run within the threshold (not a behaviour change)
+
+    def regress(self, sev: float, i: int, why: str) -> None:
+        self.worst = max(self.worst, (sev, i, why), key=lambda x: x[0])
+
+
+def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs, controls,
+                      ordinary=()) -> V.VariantVerdict:
+    m, floor = settings.m(variant), settings.floor(spec, variant)
     # outputs are the operator's own (or its gradients) at the variant dtype
     by_output = variant.oracle in ("precision", "grad")
+    t = _Tally()
     for i, (h, b) in enumerate(zip(head, base)):
-        if b.status == UNAVAILABLE:
-            continue
-        if _failed(h) and b.status == OK:
-            sev = (math.inf, i, f"new crash: head raises {h.error} where base returns")
-            worst = max(worst, sev, key=lambda x: x[0])
-            continue
-        if h.status == OK and _failed(b):
-            fixed += 1
-            fixed_ordinary += is_ordinary(i)
-            continue
-        if h.status != OK or b.status != OK:
-            continue
-        pairs += 1
-        hm, bm = h.metrics, b.metrics
-        base_max = max(base_max, bm.ulp)
-        head_max_same = max(head_max_same, hm.ulp)
-        if not by_output and hm.nonfinite and not bm.nonfinite:
-            # another oracle's outputs (a gradient, a compiled twin): its own NaN/Inf count decides
-            worst = max(worst, (math.inf, i, f"new NaN/Inf: {hm.nonfinite} non-finite outputs where float64 is finite and base had none"),
-                        key=lambda x: x[0])
-            continue
-        nf = new_nonfinite(h, b) if by_output else 0
-        if nf:
-            worst = max(worst, (math.inf, i, f"new NaN/Inf: head returns NaN/Inf on {nf} elements where base's output is "
-                                             "finite (head's float64 run is non-finite there too: the function now yields it)"),
-                        key=lambda x: x[0])
-            continue
-        if by_output and new_nonfinite(b, h):
-            # head returns numbers where base returned NaN/Inf: a fix, whatever head's error there
-            # (base's NaN "matched" its own NaN reference, which is no accuracy to hold head to)
-            fixed += 1
-            fixed_ordinary += is_ordinary(i)
-            continue
-        if by_output and same_outputs(h, b):
-            # the operator's result did not change; a different error can only come from the
-            # reference (e.g. base cast its float64 input down): nothing to hold against head
-            identical += 1
-            d = ref_divergence(h, b, dtype, spec.ulp_floor)
-            if d is not None and d > BEHAVIOUR_TOLERANCE_ULP:
-                moved_ref += 1
-            head_max_same = max(head_max_same, min(hm.ulp, bm.ulp))
-            base_max = max(base_max, min(hm.ulp, bm.ulp))
-            continue
-        if hm.int_mismatch and not bm.int_mismatch:
-            worst = max(worst, (math.inf, i, f"integer outputs differ from the reference on {hm.int_mismatch} elements (base: none)"),
-                        key=lambda x: x[0])
-            continue
-        thr = max(floor, m * bm.ulp)
-        if no_correct_digits(bm.ulp, dtype):
-            garbage += 1  # base had no correct digit here: head cannot lose any (NaN/Inf, crashes still count)
-        elif hm.ulp > thr:
-            sev = hm.ulp / thr
-            if sev > worst[0]:
-                worst = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x base {_f(bm.ulp)})) on the same input")
-                moved = ref_divergence(h, b, dtype, spec.ulp_floor)
-                # the float64 runs differ beyond the threshold here: head computes another value
-                # on this input (an eps now added), so base's error is not the yardstick
-                changed_at = (i, moved) if moved is not None and moved > thr else None
-        if bm.nonfinite and not hm.nonfinite:
-            fixed += 1
-            fixed_ordinary += is_ordinary(i)
-        # behaviour change is judged on control inputs from the bulk of the value domain: at
-        # adversarial edges (subnormal or overflowing intermediates) a float64 reference can
-        # itself be inexact, and a changed formula there shows up as a precision difference
-        is_control = controls[i] if i < len(controls) else True
-        d = ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
-        if d is None and _int_outputs_differ(h, b):
-            d = math.inf  # integer outputs (indices) are exact on any input: a tie now broken differently
-        # the float64 run moved by less than the variant's own error threshold on this input: an
-        # approximation replaced by the exact function (or the reverse) within the accuracy the
-        # gate holds it to; reported as "reference moved", not a behaviour change
-        if d is not None and BEHAVIOUR_TOLERANCE_ULP < d <= thr and math.isfinite(d):
-            ref_moved = max(ref_moved, d)
-        elif d is not None and d > BEHAVIOUR_TOLERANCE_ULP and d > behaviour[0]:
-            behaviour = (d, i)
-    vv.details["pairs"] = pairs
-    vv.details["identical_outputs"] = identical
-    if fixed_ordinary:  # head returns numbers where base failed, on ordinary inputs (read by stability_fixes)
-        vv.details["fixed_inputs"] = fixed_ordinary
-    if garbage:
-        vv.details["base_no_correct_digits"] = garbage  # inputs where precision was not judged
-    if ref_moved:
-        vv.details["reference_moved_ulp"] = round(ref_moved, 3)
-    if moved_ref:
-        vv.details["reference_moved"] = moved_ref
+        _compare_pair(t, i, h, b, spec, variant.dtype, m, floor, by_output, controls, ordinary)
+    _tally_details(vv, t, variant.dtype)
+    _stability_tradeoff(vv, t, m)
+    if t.worst[1] >= 0:
+        return _regression(vv, t, head, base, inputs, m, floor, by_output)
+    vv.base_error, vv.head_error = t.base_max, t.head_max_same
+    vv.threshold = max(floor, m * t.base_max)
+    if t.pairs == 0 and t.identical == 0 and not t.fixed and t.behaviour[1] < 0:
+        return _nothing_compared(vv, head, base)
+    if t.behaviour[1] >= 0:
+        return _behaviour_change(vv, t, variant.dtype, settings, inputs)
+    return _no_regression(vv, t, variant.dtype, row, row_status, base, m, floor)
+
+
+def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: float, by_output: bool,
+                  controls, ordinary=()) -> None:
+    """Head's and base's evaluation of input ``i``, booked into ``t``."""
+    is_ordinary = bool(ordinary[i]) if i < len(ordinary) else True
+    if b.status == UNAVAILABLE:
+        return
+    if _failed(h) and b.status == OK:
+        t.regress(math.inf, i, f"new crash: head raises {h.error} where base returns")
+        return
+    if h.status == OK and _failed(b):
+        t.fixed += 1
+        t.fixed_ordinary += is_ordinary
+        return
+    if h.status != OK or b.status != OK:
+        return
+    t.pairs += 1
+    hm, bm = h.metrics, b.metrics
+    t.base_max = max(t.base_max, bm.ulp)
+    t.head_max_same = max(t.head_max_same, hm.ulp)
+    if not by_output and hm.nonfinite and not bm.nonfinite:
+        # another oracle's outputs (a gradient, a compiled twin): its own NaN/Inf count decides
+        t.regress(math.inf, i, f"new NaN/Inf: {hm.nonfinite} non-finite outputs where float64 is finite and base had none")
+        return
+    nf = new_nonfinite(h, b) if by_output else 0
+    if nf:
+        t.regress(math.inf, i, f"new NaN/Inf: head returns NaN/Inf on {nf} elements where base's output is "
+                               "finite (head's float64 run is non-finite there too: the function now yields it)")
+        return
+    if by_output and new_nonfinite(b, h):
+        # head returns numbers where base returned NaN/Inf: a fix, whatever head's error there
+        # (base's NaN "matched" its own NaN reference, which is no accuracy to hold head to)
+        t.fixed += 1
+        t.fixed_ordinary += is_ordinary
+        return
+    if by_output and same_outputs(h, b):
+        # the operator's result did not change; a different error can only come from the
+        # reference (e.g. base cast its float64 input down): nothing to hold against head
+        t.identical += 1
+        d = ref_divergence(h, b, dtype, spec.ulp_floor)
+        if d is not None and d > BEHAVIOUR_TOLERANCE_ULP:
+            t.moved_ref += 1
+        t.head_max_same = max(t.head_max_same, min(hm.ulp, bm.ulp))
+        t.base_max = max(t.base_max, min(hm.ulp, bm.ulp))
+        return
+    if hm.int_mismatch and not bm.int_mismatch:
+        t.regress(math.inf, i, f"integer outputs differ from the reference on {hm.int_mismatch} elements (base: none)")
+        return
+    thr = max(floor, m * bm.ulp)
+    if no_correct_digits(bm.ulp, dtype):
+        t.garbage += 1  # base had no correct digit here: head cannot lose any (NaN/Inf, crashes still count)
+    elif hm.ulp > thr:
+        sev = hm.ulp / thr
+        if sev > t.worst[0]:
+            t.worst = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x base {_f(bm.ulp)})) on the same input")
+            moved = ref_divergence(h, b, dtype, spec.ulp_floor)
+            # the float64 runs differ beyond the threshold here: head computes another value
+            # on this input (an eps now added), so base's error is not the yardstick
+            t.changed_at = (i, moved) if moved is not None and moved > thr else None
+    if bm.nonfinite and not hm.nonfinite:
+        t.fixed += 1
+        t.fixed_ordinary += is_ordinary
+    _behaviour(t, i, h, b, spec, dtype, thr, controls)
+
+
+def _behaviour(t: _Tally, i: int, h, b, spec, dtype: str, thr: float, controls) -> None:
+    # behaviour change is judged on control inputs from the bulk of the value domain: at
+    # adversarial edges (subnormal or overflowing intermediates) a float64 reference can
+    # itself be inexact, and a changed formula there shows up as a precision difference
+    is_control = controls[i] if i < len(controls) else True
+    d = ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
+    if d is None and _int_outputs_differ(h, b):
+        d = math.inf  # integer outputs (indices) are exact on any input: a tie now broken differently
+    # the float64 run moved by less than the variant's own error threshold on this input: an
+    # approximation replaced by the exact function (or the reverse) within the accuracy the
+    # gate holds it to; reported as "reference moved", not a behaviour change
+    if d is not None and BEHAVIOUR_TOLERANCE_ULP < d <= thr and math.isfinite(d):
+        t.ref_moved = max(t.ref_moved, d)
+    elif d is not None and d > BEHAVIOUR_TOLERANCE_ULP and d > t.behaviour[0]:
+        t.behaviour = (d, i)
+
+
+def _tally_details(vv: V.VariantVerdict, t: _Tally, dtype: str) -> None:
+    vv.details["pairs"] = t.pairs
+    vv.details["identical_outputs"] = t.identical
+    if t.fixed_ordinary:  # head returns numbers where base failed, on ordinary inputs (read by stability_fixes)
+        vv.details["fixed_inputs"] = t.fixed_ordinary
+    if t.garbage:
+        vv.details["base_no_correct_digits"] = t.garbage  # inputs where precision was not judged
+    if t.ref_moved:
+        vv.details["reference_moved_ulp"] = round(t.ref_moved, 3)
+    if t.moved_ref:
+        vv.details["reference_moved"] = t.moved_ref
         vv.details["warning"] = (
-            f"on {moved_ref} input(s) head's {dtype} output equals base's bit for bit but the float64 references "
+            f"on {t.moved_ref} input(s) head's {dtype} output equals base's bit for bit but the float64 references "
             "differ: one side's reference does not run in float64 (e.g. the code casts its input to float32), "
             "so its error figure is not trustworthy")
-    if worst[1] >= 0 and fixed and math.isfinite(worst[0]) and worst[0] <= m:
-        # a stability fix (head returns numbers where base returned NaN/Inf or raised) usually
-        # reformulates (log space, a clamp): its rounding moves elsewhere. Within m x the
-        # threshold that is reported, not failed; a larger loss still fails (the fix broke more)
+
+
+def _stability_tradeoff(vv: V.VariantVerdict, t: _Tally, m: float) -> None:
+    """A stability fix (head returns numbers where base returned NaN/Inf or raised) usually
+    reformulates (log space, a clamp): its rounding moves elsewhere. Within m x the threshold
+    that is reported, not failed; a larger loss still fails (the fix broke more)."""
+    worst = t.worst
+    if worst[1] >= 0 and t.fixed and math.isfinite(worst[0]) and worst[0] <= m:
         i = worst[1]
         vv.details["stability_tradeoff"] = {"input_index": i, "severity": round(worst[0], 3)}
-        vv.details["warning"] = (f"head fixes NaN/Inf or a crash on {fixed} input(s) and is less precise elsewhere: "
+        vv.details["warning"] = (f"head fixes NaN/Inf or a crash on {t.fixed} input(s) and is less precise elsewhere: "
                                  f"{worst[2]} ({worst[0]:.2g}x the threshold, within {m:g}x: reported, not failed)")
-        worst = (-1.0, -1, "")
-    if worst[1] >= 0:
-        i = worst[1]
-        h, b = head[i], base[i]
-        vv.outcome, vv.reason = V.REGRESSION, worst[2]
-        vv.head_error = h.metrics.ulp if h.metrics else None
-        vv.base_error = b.metrics.ulp if b.metrics else None
-        kind = ("crash" if _failed(h) else "nonfinite" if worst[2].startswith("new NaN/Inf")
-                else "int" if worst[2].startswith("integer outputs") else "precision")
-        vv.details["kind"] = kind  # what the report draws: one kind, one NaN count, per verdict
-        nf_new = new_nonfinite(h, b) if by_output else 0
-        vv.head_nonfinite = (nf_new or (h.metrics.nonfinite if h.metrics else 0)) if kind == "nonfinite" else \
-            (h.metrics.nonfinite if h.metrics else 0)
-        vv.base_nonfinite = b.metrics.nonfinite if b.metrics else 0
-        vv.threshold = max(floor, m * (vv.base_error or 0.0))
-        vv.head_crash = h.error if _failed(h) else None
-        vv.details["input_index"] = i
-        if kind == "precision" and changed_at is not None and changed_at[0] == i:
-            vv.details["function_changed_ulp"] = round(changed_at[1], 3)
-        if i < len(inputs):
-            vv.input_summary = inputs[i]
-        return vv
-    vv.base_error, vv.head_error = base_max, head_max_same
-    vv.threshold = max(floor, m * base_max)
-    if pairs == 0 and identical == 0 and not fixed and behaviour[1] < 0:
-        return _nothing_compared(vv, head, base)
-    if behaviour[1] >= 0:
-        i = behaviour[1]
-        vv.outcome = V.BEHAVIOUR_CHANGE
-        if math.isinf(behaviour[0]):
-            vv.reason = ("head's float64 run returns different integer outputs or shapes than base's on the same "
-                         "input (the function changed; precision did not worsen)")
-        else:
-            vv.reason = (f"head's float64 output differs from base's by {_f(behaviour[0])} {dtype} ulp on the same "
-                         "input (the function changed; precision did not worsen)")
-        vv.details["input_index"] = i
-        vv.details["behaviour_change"] = settings.behaviour_change
-        if i < len(inputs):
-            vv.input_summary = inputs[i]
-        return vv
+        t.worst = (-1.0, -1, "")
+
+
+def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, floor: float,
+                by_output: bool) -> V.VariantVerdict:
+    i = t.worst[1]
+    h, b = head[i], base[i]
+    vv.outcome, vv.reason = V.REGRESSION, t.worst[2]
+    vv.head_error = h.metrics.ulp if h.metrics else None
+    vv.base_error = b.metrics.ulp if b.metrics else None
+    kind = ("crash" if _failed(h) else "nonfinite" if t.worst[2].startswith("new NaN/Inf")
+            else "int" if t.worst[2].startswith("integer outputs") else "precision")
+    vv.details["kind"] = kind  # what the report draws: one kind, one NaN count, per verdict
+    nf_new = new_nonfinite(h, b) if by_output else 0
+    vv.head_nonfinite = (nf_new or (h.metrics.nonfinite if h.metrics else 0)) if kind == "nonfinite" else \
+        (h.metrics.nonfinite if h.metrics else 0)
+    vv.base_nonfinite = b.metrics.nonfinite if b.metrics else 0
+    vv.threshold = max(floor, m * (vv.base_error or 0.0))
+    vv.head_crash = h.error if _failed(h) else None
+    vv.details["input_index"] = i
+    if kind == "precision" and t.changed_at is not None and t.changed_at[0] == i:
+        vv.details["function_changed_ulp"] = round(t.changed_at[1], 3)
+    if i < len(inputs):
+        vv.input_summary = inputs[i]
+    return vv
+
+
+def _behaviour_change(vv: V.VariantVerdict, t: _Tally, dtype: str, settings, inputs) -> V.VariantVerdict:
+    i = t.behaviour[1]
+    vv.outcome = V.BEHAVIOUR_CHANGE
+    if math.isinf(t.behaviour[0]):
+        vv.reason = ("head's float64 run returns different integer outputs or shapes than base's on the same "
+                     "input (the function changed; precision did not worsen)")
+    else:
+        vv.reason = (f"head's float64 output differs from base's by {_f(t.behaviour[0])} {dtype} ulp on the same "
+                     "input (the function changed; precision did not worsen)")
+    vv.details["input_index"] = i
+    vv.details["behaviour_change"] = settings.behaviour_change
+    if i < len(inputs):
+        vv.input_summary = inputs[i]
+    return vv
+
+
+def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status, base, m: float,
+                   floor: float) -> V.VariantVerdict:
+    """Needs a baseline, an improvement, or a pass."""
+    base_max, head_max_same, fixed, pairs = t.base_max, t.head_max_same, t.fixed, t.pairs
     if row_status == "missing":
         vv.outcome = V.NEEDS_BASELINE
         vv.reason = f"no baseline for {vv.key}; head matches base on {pairs} identical inputs (max {_f(head_max_same)} ulp)"
@@ -408,8 +447,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         vv.details["baseline_env"] = row.env if row else None
     vv.outcome = V.PASS
     vv.reason = f"head {_f(head_max_same)} ulp vs base {_f(base_max)} ulp on {pairs} identical inputs (threshold {_f(vv.threshold)})"
-    if ref_moved:
-        vv.reason += (f"; the float64 run moved by up to {_f(ref_moved)} {dtype} ulp, within the threshold "
+    if t.ref_moved:
+        vv.reason += (f"; the float64 run moved by up to {_f(t.ref_moved)} {dtype} ulp, within the threshold "
                       "(reference moved, not a behaviour change)")
     base_nf = sum(b.metrics.nonfinite for b in base if b.status == OK and b.metrics is not None)
     vv.base_nonfinite = base_nf

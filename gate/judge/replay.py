@@ -20,8 +20,8 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import GateError
-from ..fuzz.inputs import Candidate
-from ..fuzz.runner import CRASH, VariantRunner
+from ..search.inputs import Candidate
+from ..oracles.runner import CRASH, VariantRunner
 from ..ops.spec import OpSpec
 from ..oracles.precision import Metrics
 from ..plan import Variant
@@ -46,9 +46,9 @@ class ReplayResult:
 def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
            runner: Optional[VariantRunner] = None, isolate=None) -> List[ReplayResult]:
     """Evaluate ``candidates`` for ``spec``/``variant`` with the runner of the variant's oracle,
-    in this process or (``isolate``: :class:`gate.fuzz.isolate.IsolateOptions`) in a worker
+    in this process or (``isolate``: :class:`gate.backends.isolate.IsolateOptions`) in a worker
     process, so that replaying a crashing input cannot take the gate down."""
-    from ..fuzz.registry import build_runner
+    from ..oracles.registry import build_runner
 
     own = runner is None
     try:
@@ -73,7 +73,7 @@ def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
 def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate], crashes: Sequence = (),
                 isolate=None) -> List[ReplayResult]:
     """Head's results on ``candidates``. With isolation, an input the search saw crash or hang
-    (``crashes``: the finding's :class:`~gate.fuzz.finding.Crash` records) is not run again, its
+    (``crashes``: the finding's :class:`~gate.search.finding.Crash` records) is not run again, its
     record is the result; and an operator that hung is not run on the other inputs either: each
     would cost a full timeout, and its hang is the finding that decides (replayed on base)."""
     known = {id(c.candidate): c for c in crashes if c.candidate is not None and isolate is not None}

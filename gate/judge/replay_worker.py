@@ -16,14 +16,14 @@ def main(work: str) -> int:
     root = Path(req["root"])
     for p in reversed(req.get("python_path") or ["."]):
         sys.path.insert(0, str((root / p).resolve()))
-    from gate.fuzz.inputs import Candidate
+    from gate.search.inputs import Candidate
     from gate.judge.replay import replay
     from gate.ops.spec import OpSpec
     from gate.plan import Variant
 
     isolate = None
     if req.get("isolate"):
-        from gate.fuzz.isolate import IsolateOptions
+        from gate.backends.isolate import IsolateOptions
 
         isolate = IsolateOptions(**req["isolate"])
     resp = {"jobs": []}

@@ -24,8 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import GateError
-from ..fuzz.inputs import Candidate
-from ..fuzz.runner import VariantRunner
+from ..search.inputs import Candidate
+from ..oracles.runner import VariantRunner
 from ..judge.replay import UNAVAILABLE, ReplayResult, replay, worktree
 from ..ops.spec import OpSpec
 from ..oracles.precision import Metrics
@@ -34,7 +34,7 @@ from ..plan import Variant
 
 class Head:
     """Evaluation with one cached runner (of the variant's oracle) per operator x variant, in
-    this process or, with ``isolate`` (:class:`gate.fuzz.isolate.IsolateOptions`), in worker
+    this process or, with ``isolate`` (:class:`gate.backends.isolate.IsolateOptions`), in worker
     processes that a crashing input cannot take down with the gate."""
 
     def __init__(self, isolate=None):
@@ -45,7 +45,7 @@ class Head:
     def runner(self, spec: OpSpec, variant: Variant) -> Optional[VariantRunner]:
         key = (spec.name, variant)
         if key not in self._runners:
-            from ..fuzz.registry import build_runner
+            from ..oracles.registry import build_runner
 
             try:
                 self._runners[key] = build_runner(spec, variant, isolate=self.isolate)

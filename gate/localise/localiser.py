@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..fuzz.inputs import Candidate, project
-from ..fuzz.runner import OK
+from ..search.inputs import Candidate, project
+from ..oracles.runner import OK
 from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from .evaluate import Check, Session

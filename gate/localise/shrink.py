@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..fuzz.inputs import Candidate, derived_params
+from ..search.inputs import Candidate, derived_params
 from ..ops import expr
 from ..ops.spec import Domain, OpSpec
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..fuzz.runner import CRASH, INVALID, OK, UNSUPPORTED
+from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED
 from ..judge.decide import (BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite, no_correct_digits,
                             ref_divergence, same_outputs)
 from ..judge.replay import UNAVAILABLE, ReplayResult

@@ -201,19 +201,6 @@ class _Frames:
         return stack[0]
 
 
-def _func_name(func) -> str:
-    try:
-        from torch.overrides import resolve_name
-
-        n = resolve_name(func)
-        if n:
-            return n
-    except Exception:
-        pass
-    mod = getattr(func, "__module__", None) or ""
-    return f"{mod}.{getattr(func, '__qualname__', getattr(func, '__name__', repr(func)))}".lstrip(".")
-
-
 def _remap(obj, is_tensor, fn):
     if is_tensor(obj):
         return fn(obj)
@@ -238,103 +225,13 @@ def _collect(obj, is_tensor, out: list) -> list:
     return out
 
 
-class _Framework:
-    """What the recorder needs to know of a framework's tensors."""
-
-    casts: frozenset = frozenset()
-
-    def is_tensor(self, t) -> bool: ...
-    def is_float(self, t) -> bool: ...
-    def as_f64(self, t): ...
-    def to_numpy(self, t) -> np.ndarray: ...
-    def shape(self, t) -> List[int]: ...
-
-    def numel(self, t) -> int:
-        return int(np.prod(self.shape(t))) if self.shape(t) else 1
-
-    def copy(self, t):
-        """A shadow that later in-place calls cannot alter."""
-        return t
-
-    def plain(self, outs):
-        """Context for the float64 shadow call (no autocast)."""
-        import contextlib
-
-        return contextlib.nullcontext()
-
-
-class _Torch(_Framework):
-    casts = frozenset({"torch.Tensor.to", "torch.Tensor.float", "torch.Tensor.half", "torch.Tensor.bfloat16",
-                       "torch.Tensor.double", "torch.Tensor.type", "torch.Tensor.type_as"})
-
-    def __init__(self):
-        import torch
-
-        self.torch = torch
-
-    def is_tensor(self, t):
-        return isinstance(t, self.torch.Tensor)
-
-    def is_float(self, t):
-        return isinstance(t, self.torch.Tensor) and (t.is_floating_point() or t.is_complex())
-
-    def as_f64(self, t):
-        return t.detach().to(self.torch.complex128 if t.is_complex() else self.torch.float64)
-
-    def to_numpy(self, t):
-        t = t.detach()
-        if t.is_complex():
-            t = self.torch.view_as_real(t)
-        return t.to("cpu", self.torch.float64).numpy().copy()
-
-    def shape(self, t):
-        return list(t.shape)
-
-    def numel(self, t):
-        return t.numel()
-
-    def copy(self, t):
-        return t.clone()
-
-    def plain(self, outs):
-        return self.torch.autocast(device_type=outs[0].device.type, enabled=False)
-
-
-class _TensorFlow(_Framework):
-    casts = frozenset({"tf.cast", "tf.dtypes.cast", "tf.saturate_cast", "tf.dtypes.saturate_cast"})
-
-    def __init__(self):
-        import tensorflow as tf
-
-        self.tf = tf
-
-    def is_tensor(self, t):
-        return isinstance(t, (self.tf.Tensor, self.tf.Variable))
-
-    def is_float(self, t):
-        # eager values only: symbolic tensors (inside a graph) have no values to shadow
-        return self.is_tensor(t) and (t.dtype.is_floating or t.dtype.is_complex) and hasattr(t, "numpy")
-
-    def as_f64(self, t):
-        return self.tf.cast(t, self.tf.complex128 if t.dtype.is_complex else self.tf.float64)
-
-    def to_numpy(self, t):
-        a = t.numpy()
-        if np.iscomplexobj(a):
-            a = np.stack([a.real, a.imag], -1)
-        return np.array(a, dtype=np.float64)
-
-    def shape(self, t):
-        return [int(d) if d is not None else -1 for d in t.shape]
-
-
 class _Recorder:
     """Records the library's calls into the framework; with ``dtype``, shadows each call at
     float64 and keeps its δ; with ``keep``, keeps the outputs (float64 runs compared across
     base and head). The front ends (:func:`_torch_recorder`, :func:`_tf_recorder`) route the
     calls here."""
 
-    def __init__(self, fw: _Framework, frames: "_Frames", dtype: Optional[str] = None, ulp_floor: str = "output",
+    def __init__(self, fw, frames: "_Frames", dtype: Optional[str] = None, ulp_floor: str = "output",
                  keep: bool = False):
         self.fw, self.frames = fw, frames
         self.trace = Trace()
@@ -421,123 +318,65 @@ def _uninitialised(name: str) -> bool:
 
 
 def _torch_recorder(frames: "_Frames", **kw):
-    """A :class:`torch.overrides.TorchFunctionMode` that sees every torch function and tensor
-    method the library calls."""
-    from torch.overrides import TorchFunctionMode
+    """A torch function mode (:func:`gate.backends.trace_hooks.torch_mode`) that routes every
+    torch function and tensor method the library calls to the recorder."""
+    from ..backends.trace_hooks import TorchTensors, torch_mode
 
-    core = _Recorder(_Torch(), frames, **kw)
+    core = _Recorder(TorchTensors(), frames, **kw)
 
-    class Mode(TorchFunctionMode):
-        trace = core.trace
+    def intercept(name, func, args, kwargs, caller):
+        stack = frames.library_stack(caller)
+        if stack is None or name.endswith("__get__") or name.endswith("__set__") or _uninitialised(name):
+            return func(*args, **kwargs)
+        return core.record(name, func, args, kwargs, stack)
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            stack = frames.library_stack(sys._getframe(1))
-            name = _func_name(func)
-            if stack is None or name.endswith("__get__") or name.endswith("__set__") or _uninitialised(name):
-                return func(*args, **kwargs)
-            return core.record(name, func, args, kwargs, stack)
-
-    return Mode()
-
-
-#: TensorFlow namespaces whose functions are wrapped while tracing, and the tensor operators
-TF_NAMESPACES = ("", "math", "nn", "linalg", "signal", "dtypes", "experimental.numpy")
-TF_OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
-                "__floordiv__", "__rfloordiv__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
-                "__abs__", "__mod__", "__rmod__", "__getitem__")
+    mode = torch_mode(intercept)
+    mode.trace = core.trace
+    return mode
 
 
 class _TFRecorder:
-    """Eager TensorFlow has no function mode: while active, the public functions of the
-    :data:`TF_NAMESPACES` (``tf.exp``, ``tf.math.log1p``, ``tf.nn.softmax``, ...) and the
-    tensor operators (``x - m``, ``x[..., 0]``) are replaced by recording wrappers, and
-    ``tf.function`` bodies run eagerly. Only calls made by the library itself are recorded
-    (TensorFlow's internal use of the same functions goes through its own modules)."""
+    """Eager TensorFlow has no function mode: while active, its public functions and tensor
+    operators are replaced by wrappers (:class:`gate.backends.trace_hooks.TfPatches`) that route
+    here. Only calls made by the library itself are recorded (TensorFlow's internal use of the
+    same functions goes through its own modules)."""
 
     def __init__(self, frames: "_Frames", **kw):
-        import tensorflow as tf
+        from ..backends.trace_hooks import TensorFlowTensors, TfPatches
 
-        self.tf = tf
-        self.core = _Recorder(_TensorFlow(), frames, **kw)
+        self.core = _Recorder(TensorFlowTensors(), frames, **kw)
         self.trace = self.core.trace
         self.frames = frames
-        self._saved: List[Tuple[Any, str, Any]] = []
         self._depth = 0
-        self._eager = None
+        self._patches = TfPatches(self._intercept)
 
-    def _wrap(self, name: str, func):
-        rec = self
-
-        def wrapper(*args, **kwargs):
-            if rec._depth:  # inside a recorded call
-                return func(*args, **kwargs)
-            caller = sys._getframe(1)
-            if rec.frames.is_framework(caller.f_code.co_filename):  # TensorFlow's own use
-                return func(*args, **kwargs)
-            stack = rec.frames.library_stack(caller)
-            if stack is None:
-                return func(*args, **kwargs)
-            rec._depth += 1
-            try:
-                return rec.core.record(name, func, args, kwargs, stack)
-            finally:
-                rec._depth -= 1
-
-        wrapper.__wrapped__ = func
-        wrapper.__name__ = getattr(func, "__name__", name)
-        wrapper.__doc__ = getattr(func, "__doc__", None)
-        return wrapper
+    def _intercept(self, name, func, args, kwargs, caller):
+        if self._depth:  # inside a recorded call
+            return func(*args, **kwargs)
+        if self.frames.is_framework(caller.f_code.co_filename):  # TensorFlow's own use
+            return func(*args, **kwargs)
+        stack = self.frames.library_stack(caller)
+        if stack is None:
+            return func(*args, **kwargs)
+        self._depth += 1
+        try:
+            return self.core.record(name, func, args, kwargs, stack)
+        finally:
+            self._depth -= 1
 
     def __enter__(self):
-        import inspect
-
-        tf = self.tf
-        wrappers: Dict[int, Any] = {}
-        for ns in TF_NAMESPACES:
-            mod = tf
-            for part in filter(None, ns.split(".")):
-                mod = getattr(mod, part, None)
-            if mod is None:
-                continue
-            prefix = "tf." + (ns + "." if ns else "")
-            for attr in dir(mod):
-                if attr.startswith("_"):
-                    continue
-                try:
-                    obj = getattr(mod, attr)
-                except Exception:
-                    continue
-                if not inspect.isfunction(obj):
-                    continue  # classes, modules, dtypes
-                w = wrappers.get(id(obj))
-                if w is None:
-                    w = wrappers[id(obj)] = self._wrap(prefix + attr, obj)
-                self._saved.append((mod, attr, obj))
-                setattr(mod, attr, w)
-        for op in TF_OPERATORS:
-            orig = tf.Tensor.__dict__.get(op)
-            if orig is None:
-                continue
-            self._saved.append((tf.Tensor, op, orig))
-            setattr(tf.Tensor, op, self._wrap(f"tf.Tensor.{op}", orig))
-        self._eager = tf.config.functions_run_eagerly()
-        tf.config.run_functions_eagerly(True)
+        self._patches.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for owner, attr, obj in reversed(self._saved):
-            setattr(owner, attr, obj)
-        self._saved.clear()
-        self.tf.config.run_functions_eagerly(bool(self._eager))
-        return False
+        return self._patches.__exit__(*exc)
 
 
 def trace_op(spec, variant, cand, root: Optional[str] = None, float64_run: bool = False) -> OpTrace:
     """Trace ``spec`` on ``cand`` at the variant's dtype (with float64 shadows) and, with
     ``float64_run``, once more at float64 keeping every intermediate output."""
     from ..backends import get_backend
-    from ..fuzz.runner import VariantRunner
+    from ..oracles.runner import VariantRunner
 
     result = OpTrace(dtype=variant.dtype)
     if spec.framework not in ("torch", "tensorflow"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
-from ..fuzz.inputs import Candidate, derived_params, tensor_shape
+from ..search.inputs import Candidate, derived_params, tensor_shape
 from ..ops.spec import OpSpec
 from ..plan import Variant
 

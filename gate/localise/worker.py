@@ -32,7 +32,7 @@ def _setup(work: Path, req: dict) -> None:
 
 
 def _replay(work: Path, req: dict) -> dict:
-    from ..fuzz.inputs import Candidate
+    from ..search.inputs import Candidate
     from ..judge.replay import replay
     from ..ops.spec import OpSpec
     from ..plan import Variant
@@ -58,7 +58,7 @@ def _replay(work: Path, req: dict) -> dict:
 
 
 def _trace(work: Path, req: dict, root: str) -> dict:
-    from ..fuzz.inputs import Candidate
+    from ..search.inputs import Candidate
     from ..ops.spec import OpSpec
     from ..plan import Variant
     from .trace import trace_op

@@ -7,10 +7,11 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import yaml
 
+from ..backends import FRAMEWORKS
 from ..errors import ConfigError, UnknownOpError
 from .spec import OpSpec
 
-BUILTIN_FILES = {"torch": "torch.yaml", "tensorflow": "tensorflow.yaml"}
+BUILTIN_FILES = {fw: f"{fw}.yaml" for fw in FRAMEWORKS}
 
 
 def load_table(text: str, origin: str = "builtin") -> List[OpSpec]:
@@ -27,7 +28,7 @@ def load_table(text: str, origin: str = "builtin") -> List[OpSpec]:
 _BUILTIN_CACHE: Dict[str, List[OpSpec]] = {}
 
 
-def load_builtin(frameworks: Sequence[str] = ("torch", "tensorflow")) -> List[OpSpec]:
+def load_builtin(frameworks: Sequence[str] = FRAMEWORKS) -> List[OpSpec]:
     out: List[OpSpec] = []
     for fw in frameworks:
         if fw not in _BUILTIN_CACHE:
@@ -104,7 +105,7 @@ class Catalog:
         if len(rows) == 1:
             return rows[0]
         root = norm.split(".", 1)[0]
-        if rows or root not in ("torch", "tensorflow") and root not in {
+        if rows or root not in FRAMEWORKS and root not in {
                 (s.callable or "").split(".", 1)[0].split(":", 1)[0] for s in self}:
             return None
         from ..backends.base import resolve_callable  # imports the framework: only for a path
@@ -150,5 +151,5 @@ class Catalog:
         return out
 
 
-def load_catalog(user_ops: Iterable[OpSpec] = (), builtin: Sequence[str] = ("torch", "tensorflow")) -> Catalog:
+def load_catalog(user_ops: Iterable[OpSpec] = (), builtin: Sequence[str] = FRAMEWORKS) -> Catalog:
     return Catalog([*load_builtin(builtin), *user_ops])

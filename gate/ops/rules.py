@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
 
+from ..backends import FRAMEWORKS
 from ..errors import ConfigError
 from .spec import FLOAT_DTYPES, OpSpec
 
-FRAMEWORKS = ("torch", "tensorflow")
 REQUIREMENTS = ("grad", "batch_dim", "layouts", "xfw")
 
 
@@ -34,12 +34,13 @@ class OracleRule:
     dtype: Optional[str] = None
     per_layout: bool = False
     args: Mapping[str, Any] = field(default_factory=dict)
+    runner: str = ""  # "module:Class" of the oracle's runner (gate.oracles.registry imports it)
 
     @classmethod
     def from_dict(cls, name: str, raw: Mapping) -> "OracleRule":
         raw = dict(raw or {})
         unknown = set(raw) - {"description", "frameworks", "kinds", "ops", "exclude", "requires", "dtypes",
-                              "dtype", "per_layout", "args"}
+                              "dtype", "per_layout", "args", "runner"}
         if unknown:
             raise ConfigError(f"oracle rule {name}: unknown key(s) {', '.join(sorted(unknown))}")
         for req in raw.get("requires") or ():
@@ -60,6 +61,7 @@ class OracleRule:
             dtype=raw.get("dtype"),
             per_layout=bool(raw.get("per_layout", False)),
             args=dict(raw.get("args") or {}),
+            runner=str(raw.get("runner") or ""),
         )
 
     def args_for(self, spec: OpSpec) -> Dict[str, Any]:

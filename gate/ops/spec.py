@@ -424,8 +424,10 @@ class OpSpec:
         for m in spec.modes:
             if m not in MODES:
                 raise ConfigError(f"operator {name}: unknown mode {m!r} (use {', '.join(MODES)})")
-        if spec.framework not in ("torch", "tensorflow"):
-            raise ConfigError(f"operator {name}: framework must be torch or tensorflow, not {spec.framework!r}")
+        from ..backends import FRAMEWORKS
+
+        if spec.framework not in FRAMEWORKS:
+            raise ConfigError(f"operator {name}: framework must be {' or '.join(FRAMEWORKS)}, not {spec.framework!r}")
         return spec
 
     def replace(self, **changes) -> "OpSpec":

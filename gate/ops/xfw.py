@@ -4,7 +4,7 @@ translation of one torch candidate into the arguments of its TensorFlow twin.
 Translation works on float64 NumPy arrays whose values are already exactly representable in
 the dtype under test (permutations and padding move values, never round them), so both sides
 see identical numbers. No framework is imported here: the differential runner
-(:mod:`gate.fuzz.differential`) turns the result into tensors.
+(:mod:`gate.oracles.differential`) turns the result into tensors.
 """
 from __future__ import annotations
 

@@ -1,129 +1,269 @@
-"""The export oracle (Opera's deployment-path differential): an operator — or a graph — exported
-through a path users deploy with (TorchScript, ONNX in onnxruntime, SavedModel; see
-:mod:`gate.backends.exporters`) must compute what eager computes on identical inputs.
+"""Fuzzing an exported model against eager (the runner of :mod:`gate.oracles.export_metrics`).
 
-* The model is exported once from an example input and then run, exported and eager, on the
-  inputs a short search draws and mutates at the same shapes (a trace frozen on the example's
-  branch shows up on the others). Errors are in ULPs of float32 with eager as the reference
-  (``Finding.metrics``, like the precision oracle); both sides are also scored against float64
-  and the exported path *diverges* when its float64 error exceeds ``m ×`` eager's plus the
-  operator's floor (PyTorch's own compiled-vs-eager rule, m = 2 for float32).
-* A conversion, save, load or run failure where eager works is a finding (a ``Crash``), grouped
-  by the converter function that failed: the innermost traceback frame, in the deepest chained
-  exception, whose module belongs to the path's converter packages.
-* Messages that say the operator or construct is *not supported* are classified apart
-  (``status = "unsupported"``): a documented limitation, not a defect.
+The model — one catalogue operator at one drawn shape and parameter set, or a graph — is
+exported once through a deployment path from an example input, then the search engine draws
+and mutates inputs of the same shapes (exports freeze shapes) and keeps the input where the
+exported artifact differs most from eager. One :class:`Finding` per model × path, with variant
+``float32/<device>/<path>/export`` (the path sits in the variant's ``mode`` slot).
 """
 from __future__ import annotations
 
 import math
-import re
-import traceback
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..backends.base import Output
-from ..backends.exporters import ExportPath, ExportUnsupported, StageError
-from .precision import Metrics, compare
+import numpy as np
 
-EXPORT_DTYPE = "float32"
-#: the "m" of the compiled-vs-eager rule for float32
-MULTIPLIER = 2.0
-#: messages that mean "the converter or runtime does not support this" (classified apart)
-UNSUPPORTED_PATTERNS = (
-    r"is not supported",
-    r"not supported",
-    r"[Uu]nsupported",
-    r"Could not find an implementation",
-    r"No ONNX function found",
-    r"No decompositions registered",
-    r"NOT_IMPLEMENTED",
-    r"No Op registered for",
-    r"is not implemented",
-    r"not implemented for",
-    r"Could not guard on data-dependent",
-    r"data-dependent",
-)
+from ..backends import get_backend
+from ..backends.base import Backend, Output
+from ..backends.exporters import ExportCall, ExportPath, StageError, get_path
+from ..ops.spec import OpSpec
+from .export_metrics import EXPORT_DTYPE, Failure, classify, float64_rule, score
+from ..plan import Variant
+from ..search.engine import search
+from ..search.finding import Crash, Finding
+from ..search.inputs import Candidate, draw, inside_after_rounding, project
+from ..search.mutate import MUTATORS
+from .runner import CRASH, INVALID, OK, Evaluation, exception_signature
+
+
+
+def negate(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[Candidate]:
+    """Flip the sign of one input: a trace frozen on a sign-dependent branch shows at once."""
+    names = [t.name for t in spec.inputs if t.kind == "float" and cand.arrays.get(t.name) is not None]
+    if not names:
+        return None
+    name = names[int(rng.integers(len(names)))]
+    dom = next(t.domain for t in spec.inputs if t.name == name)
+    new = cand.copy(origin="negate")
+    new.arrays[name] = project(-new.arrays[name], dom)
+    return new
+
+
+#: mutators of exported models' inputs: values only (shapes are frozen by the export)
+EXPORT_MUTATOR_TABLE = {**{k: MUTATORS[k] for k in ("scale", "noise", "edge", "shift", "perturb_1e-4")},
+                        "negate": negate}
+EXPORT_MUTATORS = tuple(EXPORT_MUTATOR_TABLE)
 
 
 @dataclass
-class Failure:
-    kind: str  # unsupported | failure
-    stage: str  # convert | save | load | run
-    function: str  # converter function (module.qualname) the failure is grouped by
-    error: str  # ExcType: first line
+class Exportable:
+    """A model to export: ``model(*tensors)`` over native tensors in the order of
+    ``spec.inputs`` (an op spec whose shapes and domains drive drawing and mutation), its
+    float64 reference, and the operator's own function for paths that compile it."""
 
-    @property
-    def group(self) -> str:
-        return f"{self.stage} in {self.function}"
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "stage": self.stage, "converter_function": self.function, "error": self.error,
-                "group": self.group}
-
-
-def _one_line(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:160]}"
+    name: str
+    framework: str
+    spec: OpSpec
+    model: Callable[..., Any]
+    reference: Callable[..., Any]
+    fixed_params: Mapping[str, Any] = field(default_factory=dict)
+    fixed_dims: Mapping[str, int] = field(default_factory=dict)
+    function: Optional[Callable] = None
+    bind: Optional[Callable] = None
+    ulp_floor: str = "output"
+    floor_ulp: float = 4.0
 
 
-def _chain(exc: BaseException) -> List[BaseException]:
-    out, seen = [], set()
-    cur: Optional[BaseException] = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        out.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    return out
+def op_exportable(spec: OpSpec, backend: Backend, rng: np.random.Generator) -> Tuple[Exportable, Candidate]:
+    """A single-operator model of ``spec`` (parameters baked in, every tensor an input) at one
+    drawn shape and parameter set, and the example input it is exported from."""
+    fn = backend.resolve(spec.callable)
+    ref = backend.resolve(spec.reference) if spec.reference else fn
+    example = draw(spec, rng)
+    params = dict(example.params)
+
+    def make(f):
+        def model(*tensors):
+            args, kwargs = [], dict(params)
+            for t, x in zip(spec.inputs, tensors):
+                if t.keyword:
+                    kwargs[t.name] = x
+                else:
+                    args.append(x)
+            return f(*args, **kwargs)
+
+        return model
+
+    def bind(compiled, tensors):
+        return make(compiled)(*tensors)
+
+    thr = spec.threshold(EXPORT_DTYPE).ulp
+    free = {p.name for p in spec.params if p.kind != "expr"}
+    ex = Exportable(name=spec.name, framework=spec.framework, spec=spec, model=make(fn), reference=make(ref),
+                    fixed_params={k: v for k, v in example.params.items() if k in free},
+                    fixed_dims=dict(example.dims), function=fn, bind=bind, ulp_floor=spec.ulp_floor,
+                    floor_ulp=thr if math.isfinite(thr) else 4.0)
+    return ex, example
 
 
-def converter_function(exc: BaseException, packages: Sequence[str]) -> str:
-    """``module.qualname`` of the innermost frame inside one of ``packages``, searched from the
-    deepest chained exception outwards; ``<native>`` when no frame is in a converter package."""
-    for e in reversed(_chain(exc)):
-        found = None
-        for frame, _ in traceback.walk_tb(e.__traceback__):
-            mod = frame.f_globals.get("__name__", "")
-            if any(mod == p or mod.startswith(p + ".") for p in packages):
-                found = f"{mod}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
-        if found:
-            return found
-    return "<native>"
+class ExportRunner:
+    """Runs candidates through eager and through the exported artifact (exported once)."""
+
+    def __init__(self, ex: Exportable, path: ExportPath, backend: Backend, device: str = "cpu"):
+        self.ex = ex
+        self.path = path
+        self.backend = backend
+        self.device = device
+        self.exported: Optional[Callable] = None
+        self.notes: List[str] = []
+        self.run_failures: Dict[str, Failure] = {}
+        self._tmp = tempfile.TemporaryDirectory(prefix="dl-gate-export-")
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+    def quantize(self, cand: Candidate) -> Candidate:
+        out = cand.copy()
+        for t in self.ex.spec.inputs:
+            a = out.arrays.get(t.name)
+            if a is None or t.kind != "float":
+                continue
+            q = self.backend.quantize(np.asarray(a, dtype=np.float64), EXPORT_DTYPE)
+            out.arrays[t.name] = inside_after_rounding(q, t.domain, EXPORT_DTYPE)
+        return out
+
+    def natives(self, cand: Candidate, dtype: str) -> List[Any]:
+        return [self.backend.to_native(cand.arrays[t.name], dtype, self.device) for t in self.ex.spec.inputs]
+
+    def eager(self, cand: Candidate, dtype: str = EXPORT_DTYPE) -> List[Output]:
+        fn = self.ex.model if dtype != "float64" else self.ex.reference
+        res = self.backend.call(fn, self.natives(cand, dtype), {}, mode="input", dtype=dtype, device=self.device)
+        return self.backend.to_outputs(res)
+
+    def export(self, example: Candidate) -> None:
+        call = ExportCall(model=self.ex.model, example=self.natives(example, EXPORT_DTYPE), function=self.ex.function,
+                          bind=self.ex.bind, label=self.ex.name)
+        self.exported = self.path.export(call, self._tmp.name)
+        self.notes = list(getattr(self.exported, "notes", []) or [])
+
+    def run_exported(self, cand: Candidate) -> List[Output]:
+        if self.exported is None:
+            raise RuntimeError("export() first")
+        return self.backend.to_outputs(self.exported(*self.natives(cand, EXPORT_DTYPE)))
+
+    def evaluate(self, cand: Candidate, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
+        t0 = time.perf_counter()
+        q = cand if quantized else self.quantize(cand)
+        try:
+            ref = self.eager(q)
+        except Exception as exc:  # outside the operator's domain: eager fails too
+            return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
+        try:
+            out = self.run_exported(q)
+        except Exception as exc:
+            f = classify(StageError("run", exc), self.path)
+            sig = f"{f.group}: {f.error}"
+            self.run_failures.setdefault(sig, f)
+            return q, Evaluation(CRASH, error=f.error, signature=sig, seconds=time.perf_counter() - t0)
+        m = score(out, ref, self.ex.ulp_floor)
+        return q, Evaluation(OK, metrics=m, seconds=time.perf_counter() - t0)
+
+    def against_float64(self, cand: Candidate) -> Dict[str, Any]:
+        try:
+            ref64 = self.eager(cand, "float64")
+            eager = self.eager(cand)
+            out = self.run_exported(cand)
+        except Exception as exc:
+            return {"float64": f"not comparable: {exception_signature(exc)[1]}"}
+        return float64_rule(out, eager, ref64, self.ex.floor_ulp, self.ex.ulp_floor)
 
 
-def classify(exc: BaseException, path: ExportPath, stage: str = "convert") -> Failure:
-    """A conversion failure: its stage, the converter function it is grouped by, and whether
-    the converter said "not supported"."""
-    if isinstance(exc, StageError):
-        stage, exc = exc.stage, exc.exc
-    chain = _chain(exc)
-    text = " | ".join(f"{type(e).__name__}: {e}" for e in chain)
-    unsupported = any(isinstance(e, ExportUnsupported) for e in chain) or any(
-        re.search(p, text) for p in UNSUPPORTED_PATTERNS)
-    error = _one_line(chain[-1])
-    return Failure(kind="unsupported" if unsupported else "failure", stage=stage,
-                   function=converter_function(exc, path.converter_packages), error=error)
+def export_finding(ex: Exportable, example: Candidate, path_name: str, *, seed: int = 0, evals: Optional[int] = 12,
+                   seconds: Optional[float] = None, device: str = "cpu",
+                   mutators: Sequence[str] = EXPORT_MUTATORS) -> Finding:
+    """Export ``ex`` through ``path_name`` from ``example``, then search inputs of the same
+    shapes for the largest exported-vs-eager difference."""
+    path = get_path(path_name)
+    backend = get_backend(ex.framework)
+    variant = Variant(dtype=EXPORT_DTYPE, device=device, mode=path.name, oracle="export")
+    finding = Finding(op=ex.name, framework=ex.framework, variant=variant, strategy="linf", seed=seed,
+                      env={**backend.environment(device), "export_path": path.name})
+    finding.extra = {"path": path.name}
+    missing = path.missing()
+    if missing:
+        finding.status, finding.message = "unsupported", missing
+        finding.extra["failure"] = {"kind": "unavailable", "stage": "setup", "error": missing}
+        return finding
+    t0 = time.perf_counter()
+    runner = ExportRunner(ex, path, backend, device)
+    try:
+        q = runner.quantize(example)
+        try:
+            runner.eager(q)
+        except Exception as exc:
+            finding.status, finding.message = "no-valid-input", exception_signature(exc)[1]
+            return finding
+        try:
+            runner.export(q)
+        except Exception as exc:
+            fail = classify(exc, path)
+            finding.extra["failure"] = fail.to_dict()
+            finding.evals = 1
+            if fail.kind == "unsupported":
+                finding.status, finding.message = "unsupported", f"{fail.group}: {fail.error}"
+            else:
+                finding.crashes = [Crash(f"{fail.group}: {fail.error}", fail.error, 1, q)]
+                finding.message = f"{path.name} {fail.stage} failed where eager works: {fail.error}"
+            return finding
+        if runner.notes:
+            finding.extra["notes"] = runner.notes
+        rng = np.random.default_rng([seed, zlib.crc32(f"{ex.name}[{path.name}]".encode())])
+        spec = ex.spec
+
+        def fresh(r: np.random.Generator) -> Candidate:
+            return draw(spec, r, fixed_params=ex.fixed_params, fixed_dims=ex.fixed_dims)
+
+        bound = {n: (lambda m: (lambda c, r: m(c, spec, r)))(EXPORT_MUTATOR_TABLE[n]) for n in mutators}
+        res = search(runner.evaluate, fresh, bound, rng, seconds=seconds, evals=evals, seeds=[q], n_seeds=4,
+                     stop_on_inf=True)
+        finding.evals = res.evals
+        finding.invalid = res.invalid
+        finding.metrics = res.best_eval.metrics if res.best_eval else None
+        finding.best = res.best
+        finding.trajectory = [[e, f] for e, f in res.trajectory]
+        finding.crashes = [Crash(c.signature, c.message, c.count, c.candidate) for c in res.crashes.values()]
+        if res.crashes:
+            first = runner.run_failures[next(iter(res.crashes))]
+            finding.extra["failure"] = first.to_dict()
+            finding.message = f"{path.name} artifact fails to run where eager works: {first.error}"
+        if res.best is not None:
+            finding.extra.update(runner.against_float64(res.best))
+            m = finding.metrics
+            finding.extra["differs"] = bool(m is not None and (m.severity == math.inf or m.ulp > ex.floor_ulp))
+        elif not res.crashes:
+            finding.status, finding.message = "no-valid-input", res.invalid_example
+        return finding
+    finally:
+        finding.seconds = time.perf_counter() - t0
+        runner.close()
 
 
-# ---------------------------------------------------------------------------------------
-# scoring
-# ---------------------------------------------------------------------------------------
-def score(exported: Sequence[Output], eager: Sequence[Output], ulp_floor: str = "output") -> Metrics:
-    """Exported against eager on identical inputs, in ULPs of float32 (eager is the reference)."""
-    return compare(exported, eager, EXPORT_DTYPE, ulp_floor)
+def export_op(spec: OpSpec, path_name: str, *, seed: int = 0, evals: Optional[int] = 12, seconds: Optional[float] = None,
+              device: str = "cpu") -> Finding:
+    """The export oracle on one catalogue operator and one deployment path."""
+    backend = get_backend(spec.framework)
+    backend.seed(seed)
+    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    ex, example = op_exportable(spec, backend, rng)
+    return export_finding(ex, example, path_name, seed=seed, evals=evals, seconds=seconds, device=device)
 
 
-def float64_rule(exported: Sequence[Output], eager: Sequence[Output], ref64: Sequence[Output], floor_ulp: float,
-                 ulp_floor: str = "output") -> Dict[str, Any]:
-    """Both sides against float64: the exported path diverges when its error exceeds
-    ``MULTIPLIER ×`` eager's plus the operator's floor."""
-    me = compare(eager, ref64, EXPORT_DTYPE, ulp_floor)
-    mx = compare(exported, ref64, EXPORT_DTYPE, ulp_floor)
-    eager_err = math.inf if me.severity == math.inf else me.ulp
-    export_err = math.inf if mx.severity == math.inf else mx.ulp
-    diverges = export_err > MULTIPLIER * eager_err + floor_ulp if math.isfinite(eager_err) else False
-    return {"eager_vs_f64_ulp": eager_err, "export_vs_f64_ulp": export_err, "diverges": bool(diverges)}
+def group_failures(findings: Sequence[Finding]) -> Dict[str, List[str]]:
+    """Export failures where eager works (not the unsupported ones), grouped by path and
+    converter function: ``"<path>: <module.function>"`` -> finding ids."""
+    out: Dict[str, List[str]] = {}
+    for f in findings:
+        fail = (f.extra or {}).get("failure")
+        if f.variant.oracle != "export" or not fail or fail.get("kind") != "failure":
+            continue
+        key = f"{f.variant.mode}: {fail.get('converter_function', '<native>')}"
+        out.setdefault(key, []).append(f.id)
+    return dict(sorted(out.items()))
 
 
-__all__ = ["classify", "Failure", "converter_function", "score", "float64_rule", "UNSUPPORTED_PATTERNS",
-           "EXPORT_DTYPE", "MULTIPLIER"]
+__all__ = ["Exportable", "ExportRunner", "op_exportable", "export_finding", "export_op", "group_failures",
+           "EXPORT_MUTATORS"]

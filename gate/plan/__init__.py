@@ -55,7 +55,7 @@ class Variant:
 
 #: Oracles planned per operator by :func:`variants_for`, in the order of the rules table
 #: ``gate/ops/catalog/oracles.yaml`` (which says which oracle applies to which operator); each
-#: has a runner in ``gate.fuzz.registry``.
+#: has a runner in ``gate.oracles.registry``.
 def validate_variant_filters(dtypes, modes, devices) -> None:
     """``--dtype``/``--mode``/``--device`` values, checked before any work is done."""
     for d in dtypes or []:
@@ -69,9 +69,15 @@ def validate_variant_filters(dtypes, modes, devices) -> None:
             raise GateError(f"unknown device {d!r} (use cpu or cuda)")
 
 
-FUZZ_ORACLES = ("precision", "nan", "xfw", "compiled", "compiled_xla", "dtype_eq", "layout_eq", "contig_eq",
-                "length_eq", "batch_eq", "inplace_eq", "grad", "gradcheck")
-#: Oracles whose findings come from their own campaigns (gate.fuzz.export, gate.graphs).
+def _fuzz_oracles() -> tuple:
+    from ..ops.rules import load_rules
+
+    return tuple(load_rules().names())
+
+
+#: Oracles the fuzz stage runs: every rule of ``gate/ops/catalog/oracles.yaml``, in its order.
+FUZZ_ORACLES = _fuzz_oracles()
+#: Oracles whose findings come from their own campaigns (gate.oracles.export, gate.graphs).
 CAMPAIGN_ORACLES = ("export", "graph")
 ORACLES = FUZZ_ORACLES + CAMPAIGN_ORACLES
 

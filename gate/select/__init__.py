@@ -63,11 +63,40 @@ class _Acc:
 
 
 def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes: Optional[ChangeSet] = None) -> Selection:
+    """The operators a diff reaches, each with the reasons it was chosen; every changed file is
+    accounted for (selected through, cleared, uncovered native, or unmapped)."""
     repo = Path(repo)
     git = Git(repo)
     roots = python_roots(git.root, config)
     cs = changes if changes is not None else collect_changes(repo, base, head, python_path=roots)
     cb = cs.codebase if isinstance(cs.codebase, CodeBase) else CodeBase(git, cs.merge_base, cs.head_sha, roots)
+    gmap, all_globs, ignore, cap = _select_config(config, catalog)
+    sel = Selection(base=cs.base, head=cs.head, base_sha=cs.base_sha, head_sha=cs.head_sha, merge_base=cs.merge_base,
+                    files_changed=len(cs.files))
+    sel.notes.extend(cs.notes)
+    acc = _Acc()
+    accounted: set = set()
+    ignored = _ignored(cs, ignore)
+    syms = [s for s in cs.symbols if s.file not in ignored]
+    for s in syms:
+        accounted.add(s.file)
+        if not s.semantic:
+            sel.cleared.append(Cleared(s.file, s.line, s.symbol, s.why))
+    unreached: List[Tuple[ChangedSymbol, str]] = []  # semantic changes no analysis attributed
+    changed_natives = _cpp_natives(syms, cb, git, sel, unreached)
+    _aten_yaml_natives(syms, changed_natives)
+    python_covered = _python_reach(syms, cb, catalog, changed_natives, sel, acc, unreached)
+    _natives_to_rows(changed_natives, python_covered, catalog, sel, acc)
+    mapped_files, all_hits = _globs(cs, syms, ignored, gmap, all_globs, catalog, acc)
+    _unreached(cs, syms, unreached, catalog, sel, acc, mapped_files)
+    accounted |= mapped_files
+    if all_hits:
+        _select_all(all_hits, acc, catalog, cap, sel)
+    return _finish(cs, ignored, accounted, acc, sel)
+
+
+def _select_config(config, catalog) -> Tuple[Dict[str, List[str]], List[str], List[str], Optional[int]]:
+    """(select.map, select.all, select.ignore, select.cap), the map's operators checked."""
     scfg = dict(getattr(config, "select", None) or {})
     gmap: Dict[str, List[str]] = dict(scfg.get("map") or {})
     all_globs: List[str] = list(scfg.get("all") or [])
@@ -80,26 +109,21 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                     catalog.get(n)
                 except Exception as exc:
                     raise ConfigError(f"select.map '{pattern}': {exc}") from None
+    return gmap, all_globs, ignore, cap
 
-    sel = Selection(base=cs.base, head=cs.head, base_sha=cs.base_sha, head_sha=cs.head_sha, merge_base=cs.merge_base,
-                    files_changed=len(cs.files))
-    sel.notes.extend(cs.notes)
-    acc = _Acc()
-    accounted: set = set()
 
+def _ignored(cs: ChangeSet, ignore: List[str]) -> Dict[str, str]:
+    """Changed file -> the select.ignore pattern it matches."""
     ignored: Dict[str, str] = {}
     for f in cs.files:
         pat = first_match(f.path, ignore) or (first_match(f.old_path, ignore) if f.old_path else "")
         if pat:
             ignored[f.path] = pat
-    syms = [s for s in cs.symbols if s.file not in ignored]
-    for s in syms:
-        accounted.add(s.file)
-        if not s.semantic:
-            sel.cleared.append(Cleared(s.file, s.line, s.symbol, s.why))
+    return ignored
 
-    unreached: List[Tuple[ChangedSymbol, str]] = []  # semantic changes no analysis attributed
 
+def _cpp_natives(syms, cb, git, sel: Selection, unreached: list) -> Dict[Tuple[str, str], list]:
+    """Changed C/C++/CUDA symbols -> the native ops they reach: (framework, op) -> [(path, symbol)]."""
     # 1. C/C++/CUDA -> native ops ---------------------------------------------------------
     changed_natives: Dict[Tuple[str, str], List[Tuple[List[str], ChangedSymbol]]] = {}
     cpp_syms = [s for s in syms if s.lang == "cpp" and s.semantic]
@@ -121,12 +145,20 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
         for p in props.values():
             sel.notes.extend(p.notes)
 
+    return changed_natives
+
+
+def _aten_yaml_natives(syms, changed_natives: dict) -> None:
     # 1b. native_functions.yaml entries -> their ops ------------------------------------------
     for s in syms:
         if s.lang == "aten-yaml" and s.semantic and s.data.get("op"):
             changed_natives.setdefault(("torch", str(s.data["op"])), []).append(
                 ([f"{s.file}: {s.data['func']} ({s.change})"], s))
 
+
+def _python_reach(syms, cb, catalog, changed_natives: dict, sel: Selection, acc: "_Acc", unreached: list) -> set:
+    """Changed Python symbols -> native ops they implement and catalogue entry points that reach
+    them (or a changed native op); returns the native ops some Python entry point covers."""
     # 2. Python: implementations of native ops, then catalogue entry points -------------------
     py_syms = [s for s in syms if s.lang == "python" and s.semantic]
     targets = {side: {f"{s.data['module']}:{s.data['key']}": s for s in py_syms if s.side == side} for side in ("head", "base")}
@@ -145,6 +177,17 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                         reached.add(id(sym))
                         changed_natives.setdefault((fw, op), []).append(
                             ([display(n) for n in path] + [op_label(fw, op)], sym))
+    python_covered = _python_entries(py_syms, targets, reached, cb, catalog, changed_natives, sel, acc)
+    for s in py_syms:
+        if id(s) not in reached:
+            unreached.append((s, NOT_REACHABLE))
+    return python_covered
+
+
+def _python_entries(py_syms, targets, reached: set, cb, catalog, changed_natives: dict, sel: Selection,
+                    acc: "_Acc") -> set:
+    """Catalogue entry points whose call graph reaches a changed symbol or a changed native op."""
+    python_covered: set = set()
     nat_nodes = native_targets(changed_natives)
     if py_syms or nat_nodes:
         for side in ("head", "base"):
@@ -176,10 +219,10 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                         sym = tset[t]
                         reached.add(id(sym))
                         acc.add(spec.name, Reason(sym.file, sym.line, sym.symbol, chain + [spec.name], "python"))
-    for s in py_syms:
-        if id(s) not in reached:
-            unreached.append((s, NOT_REACHABLE))
+    return python_covered
 
+
+def _natives_to_rows(changed_natives: dict, python_covered: set, catalog, sel: Selection, acc: "_Acc") -> None:
     # 3. native ops -> catalogue rows -------------------------------------------------------
     by_native = {fw: catalog.by_native(fw) for fw in ("torch", "tensorflow")}
     for (fw, op), found in sorted(changed_natives.items()):
@@ -197,6 +240,9 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                 for path, sym in sorted(found, key=lambda x: len(x[0]))[:MAX_REASONS]]))
     _fold_inplace(sel, acc, by_native)
 
+
+def _globs(cs: ChangeSet, syms, ignored: Dict[str, str], gmap, all_globs, catalog, acc: "_Acc"):
+    """(files a glob accounted for, select.all hits): select.map, catalogue sources, select.all."""
     # 4. globs: select.map, catalogue sources, select.all -------------------------------------
     # select.map always applies to a file with a real change; a row's ``sources`` decide alone
     # only for files no analyser reads, and otherwise pick up what the analysis left unattributed.
@@ -228,6 +274,11 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                 mapped_files.add(f.path)
                 all_hits.append((f.path, pattern, line))
                 break
+    return mapped_files, all_hits
+
+
+def _unreached(cs: ChangeSet, syms, unreached: list, catalog, sel: Selection, acc: "_Acc", mapped_files: set) -> None:
+    """Semantic changes no analysis attributed: a row's sources pick them up, else they are cleared."""
     # a whole new / deleted file none of whose symbols matters is one line, not one per symbol
     status = {f.path: f.status for f in cs.files}
     by_file: Dict[str, List[Tuple[ChangedSymbol, str]]] = {}
@@ -255,22 +306,25 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
                 acc.add(spec.name, Reason(s.file, s.line, s.symbol, [s.symbol, f"sources '{src}'", spec.name], "sources"))
         if not hit and s.file not in mapped_files:
             sel.cleared.append(Cleared(s.file, s.line, s.symbol, why))
-    accounted |= mapped_files
-    if all_hits:
-        order = list(acc.ops) + [s.name for s in sorted(catalog, key=lambda s: s.origin != "user")]
-        limit = cap or len(catalog)
-        fpath, pattern, line = all_hits[0]
-        for name in dict.fromkeys(order):
-            if name in acc.ops:
-                continue
-            if len(acc.ops) < limit:
-                acc.add(name, Reason(fpath, line, fpath, [fpath, f"select.all '{pattern}'", name], "select-all"))
-            else:
-                sel.capped.append(name)
-        for fpath, pattern, _line in all_hits:
-            sel.notes.append(f"{fpath} matches select.all '{pattern}': every operator is selected"
-                             + (f" up to cap {cap} ({len(sel.capped)} left out, listed in 'capped')" if sel.capped else ""))
 
+
+def _select_all(all_hits: list, acc: "_Acc", catalog, cap: Optional[int], sel: Selection) -> None:
+    order = list(acc.ops) + [s.name for s in sorted(catalog, key=lambda s: s.origin != "user")]
+    limit = cap or len(catalog)
+    fpath, pattern, line = all_hits[0]
+    for name in dict.fromkeys(order):
+        if name in acc.ops:
+            continue
+        if len(acc.ops) < limit:
+            acc.add(name, Reason(fpath, line, fpath, [fpath, f"select.all '{pattern}'", name], "select-all"))
+        else:
+            sel.capped.append(name)
+    for fpath, pattern, _line in all_hits:
+        sel.notes.append(f"{fpath} matches select.all '{pattern}': every operator is selected"
+                         + (f" up to cap {cap} ({len(sel.capped)} left out, listed in 'capped')" if sel.capped else ""))
+
+
+def _finish(cs: ChangeSet, ignored: Dict[str, str], accounted: set, acc: "_Acc", sel: Selection) -> Selection:
     # 5. whatever is left is unmapped, never lost ----------------------------------------------
     for r in [r for lst in acc.ops.values() for r in lst] + [r for u in sel.uncovered_native for r in u.reasons]:
         accounted.add(r.file)

@@ -8,7 +8,7 @@ Every runner has the interface the framework-blind engine calls, ``evaluate(cand
 * ``extra_mutators``: mutators added to the engine's table for this oracle.
 
 The hooks are computed by classmethods from data alone (spec, variant, rule arguments), so an
-isolated runner (:mod:`gate.fuzz.isolate`) can answer them in the parent without importing a
+isolated runner (:mod:`gate.backends.isolate`) can answer them in the parent without importing a
 framework.
 
 :class:`PairRunner` is the EAGLE/Audee shape: side A and one or more B sides computed from the
@@ -24,10 +24,10 @@ import numpy as np
 
 from ..backends.base import Backend, Output
 from ..ops.spec import OpSpec, resolve_params
-from ..oracles.equivalence import closer, compare_pair
-from ..oracles.precision import Metrics, compare
+from .pair_metrics import closer, compare_pair
+from .precision import Metrics, compare
 from ..plan import Variant
-from .inputs import Candidate
+from ..search.inputs import Candidate
 from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, VariantRunner, exception_signature
 
 
@@ -44,6 +44,10 @@ class OracleRunner(VariantRunner):
         self.options = dict(options)
         self.search_spec = type(self).candidate_spec(spec, variant, self.options)
         self.extra_mutators = type(self).mutators_for(spec, variant, self.options)
+
+    @classmethod
+    def build(cls, spec: OpSpec, variant: Variant, options: Dict[str, Any]) -> "OracleRunner":
+        return cls(spec, variant, **options)
 
     # -- hooks (data only, no framework) -----------------------------------------------------
     @classmethod

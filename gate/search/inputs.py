@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..ops import expr
 from ..ops.spec import Domain, ImportRef, OpSpec, TensorSpec
-from ..oracles.precision import ulp
+from .score import ulp
 
 
 @dataclass
@@ -398,7 +398,7 @@ def edge_values(domain: Domain, dtype: str = "float32") -> np.ndarray:
 
 
 #: whole-tensor value regimes a generator can aim at (see :func:`regime_values`); the same
-#: names are the value classes of :mod:`gate.fuzz.coverage`
+#: names are the value classes of :mod:`gate.search.coverage`
 REGIMES = ("bulk", "zero", "subnormal", "tiny", "all_tiny", "near_one", "large", "near_max",
            "constant", "shifted", "negative")
 
@@ -415,7 +415,7 @@ def _signed(mags: np.ndarray, domain: Domain, rng: np.random.Generator) -> np.nd
 @functools.lru_cache(maxsize=None)
 def element_bands(dtype: str) -> Dict[str, tuple]:
     """Magnitude bands ``a <= |x| < b`` of the element value classes (shared with
-    :mod:`gate.fuzz.coverage`, so that a generated value lands in the class it aims at)."""
+    :mod:`gate.search.coverage`, so that a generated value lands in the class it aims at)."""
     f = float_facts(dtype)
     return {
         "subnormal": (f["min_subnormal"], f["min_normal"]),

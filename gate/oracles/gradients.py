@@ -29,9 +29,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..backends.base import NotDifferentiable, Output
-from ..oracles.precision import Metrics, compare, ulp
-from .inputs import Candidate
-from .oracle_base import OracleRunner, content_seed, float_input_names
+from .precision import Metrics, compare, ulp
+from ..search.inputs import Candidate
+from .base import OracleRunner, content_seed, float_input_names
 from .runner import INVALID, OK, UNSUPPORTED, Evaluation, exception_signature
 
 UPSTREAM = "__upstream{}__"

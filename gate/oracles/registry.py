@@ -1,44 +1,45 @@
 """Oracle name -> runner class: the extension point through which :func:`gate.fuzz.fuzz_task`
 dispatches on ``task.variant.oracle``.
 
-A runner class is built as ``cls(spec, variant, **options)`` (options: the oracle's rule
-arguments from ``gate/ops/catalog/oracles.yaml`` merged with the row's ``oracle_args``) and
-exposes ``evaluate(candidate) -> (quantised candidate, Evaluation)`` and ``backend``; the
-optional hooks ``candidate_spec``, ``mutators_for`` (classmethods) and ``guidance`` are
-described in :mod:`gate.fuzz.oracle_base`. A new oracle is a runner registered here, a rule in
-``oracles.yaml`` saying which operators it applies to, and its name in ``gate.plan.ORACLES``.
+Every oracle is a rule in ``gate/ops/catalog/oracles.yaml`` whose ``runner`` names its class
+(``module:Class``); the registry imports the classes from there, so it names no oracle module
+itself. A runner class is built with ``cls.build(spec, variant, options)`` (options: the
+oracle's rule arguments merged with the row's ``oracle_args``; a class without ``build`` is
+called as ``cls(spec, variant, **options)``) and exposes ``evaluate(candidate) -> (quantised
+candidate, Evaluation)`` and ``backend``; the optional hooks ``candidate_spec``,
+``mutators_for`` (classmethods), ``guidance`` and ``batch_evaluator`` are described in
+:mod:`gate.oracles.base`. A new oracle is one file in ``gate/oracles/`` with its runner and one
+rule in ``oracles.yaml``.
 
 No module imported here imports a framework at import time.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..errors import ConfigError
 from ..ops.spec import OpSpec
 from ..plan import Variant
-from .differential import XfwRunner
-from .equivalence import (BatchEqRunner, CompiledRunner, CompiledXlaRunner, ContigEqRunner, DtypeEqRunner,
-                          InplaceEqRunner, LayoutEqRunner, LengthEqRunner)
-from .gradients import GradcheckRunner, GradRunner
-from .nansearch import NanRunner
-from .runner import VariantRunner
 
-RUNNERS: Dict[str, type] = {
-    "precision": VariantRunner,
-    "nan": NanRunner,
-    "xfw": XfwRunner,
-    "compiled": CompiledRunner,
-    "compiled_xla": CompiledXlaRunner,
-    "dtype_eq": DtypeEqRunner,
-    "layout_eq": LayoutEqRunner,
-    "contig_eq": ContigEqRunner,
-    "length_eq": LengthEqRunner,
-    "batch_eq": BatchEqRunner,
-    "inplace_eq": InplaceEqRunner,
-    "grad": GradRunner,
-    "gradcheck": GradcheckRunner,
-}
+
+def _load(name: str, path: str) -> type:
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"oracle rule {name}: runner {path!r} is not 'module:Class'")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"oracle rule {name}: cannot import runner {path!r}: {exc}") from None
+
+
+def _runners_from_rules() -> Dict[str, type]:
+    from ..ops.rules import load_rules
+
+    return {name: _load(name, rule.runner) for name, rule in load_rules().rules.items() if rule.runner}
+
+
+RUNNERS: Dict[str, type] = _runners_from_rules()
 
 
 def register_runner(name: str, cls: type) -> None:
@@ -73,18 +74,25 @@ def hooks(spec: OpSpec, variant: Variant, options: Optional[Dict[str, Any]] = No
     return cand_spec, getattr(cls, "guidance", None), muts
 
 
+def _crash(**kw: Any):
+    """The evaluation of a candidate whose isolated worker died or hung."""
+    from ..search.evaluation import CRASH, Evaluation
+
+    return Evaluation(CRASH, **kw)
+
+
 def build_runner(spec: OpSpec, variant: Variant, *, isolate=None):
     """The runner for ``variant.oracle``, in this process or (``isolate``: True or an
-    :class:`gate.fuzz.isolate.IsolateOptions`) in a worker process."""
+    :class:`gate.backends.isolate.IsolateOptions`) in a worker process."""
     if isolate:
-        from .isolate import IsolatedRunner, IsolateOptions
+        from ..backends.isolate import IsolatedRunner, IsolateOptions
 
         opts = isolate if isinstance(isolate, IsolateOptions) else IsolateOptions()
-        return IsolatedRunner(spec, variant, opts)
+        return IsolatedRunner(spec, variant, opts, hooks=hooks(spec, variant), crash=_crash)
     cls = runner_class(variant.oracle)
     options = runner_options(spec, variant.oracle)
-    if cls is VariantRunner:
-        return VariantRunner(spec, variant)
+    if hasattr(cls, "build"):
+        return cls.build(spec, variant, options)
     return cls(spec, variant, **options)
 
 

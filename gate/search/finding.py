@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..oracles.precision import Metrics
+from .score import Metrics
 from ..serial import from_json_safe, json_safe  # noqa: F401  (re-exported)
 from ..plan import Variant
 from .inputs import Candidate

@@ -9,7 +9,7 @@ the signal name or ``timeout after Xs`` plus the innermost frame of the operator
 that ``faulthandler`` printed (a hung worker is asked for its stack with SIGUSR1 before it is
 killed), the worker is replaced, and the search goes on.
 
-Processes. Workers are forked by a **zygote**: one ``python -m gate.fuzz.isolate --zygote``
+Processes. Workers are forked by a **zygote**: one ``python -m gate.backends.isolate --zygote``
 process per framework (shared by every isolated runner of this gate process) that imports the
 framework once and never runs an operator, then forks a worker on request; the worker's two
 pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
@@ -19,7 +19,7 @@ pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
   do), and TensorFlow, whose import starts threads, is not preloaded;
 * ``spawn`` and ``forkserver`` re-import the caller's ``__main__`` in every worker, so a user's
   script without an ``if __name__ == "__main__"`` guard would re-run; our processes start from
-  ``-m gate.fuzz.isolate``;
+  ``-m gate.backends.isolate``;
 * the protocol runs on dedicated descriptors, not stdin/stdout, so an operator that prints
   cannot corrupt it; its output goes to a log the parent reads for the crash signature.
 
@@ -45,18 +45,17 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import errors
 from ..errors import GateError
-from ..ops.spec import OpSpec
-from ..plan import Variant
-from .inputs import Candidate
-from .runner import CRASH, Evaluation
 
 _TIMEOUT = "timeout"
 _DEAD = "dead"
 PRELOAD = {"torch": ("torch",), "tensorflow": ()}  # TensorFlow's import starts threads: not forked
+#: what a worker calls to build its runner, ``module:function(spec, variant)``: a name, not an
+#: import, so that this module knows no oracle (the zygote imports the module once)
+RUNNER_FACTORY = "gate.oracles.registry:build_runner"
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ class _Zygote:
         try:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "gate.fuzz.isolate", "--zygote", str(child.fileno())],
+                    [sys.executable, "-m", "gate.backends.isolate", "--zygote", str(child.fileno())],
                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
                 )
         finally:
@@ -300,7 +299,7 @@ class _RemoteBackend:
 class _Worker:
     """One worker process (forked by the zygote, or a fresh interpreter), its pipes and log."""
 
-    def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions):
+    def __init__(self, spec: Any, variant: Any, options: IsolateOptions, factory: str = RUNNER_FACTORY):
         zygote = _zygote(PRELOAD.get(spec.framework, ()), options.start_timeout) if options.zygote else None
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
@@ -313,7 +312,7 @@ class _Worker:
                 self.log = _new_log()
                 with open(self.log, "ab") as log:
                     self.proc = subprocess.Popen(
-                        [sys.executable, "-m", "gate.fuzz.isolate", str(p2c_r), str(c2p_w)],
+                        [sys.executable, "-m", "gate.backends.isolate", str(p2c_r), str(c2p_w)],
                         pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
                     )
         except BaseException:
@@ -331,7 +330,7 @@ class _Worker:
         # sent now, answered when the worker has imported the framework and built the runner
         self.tx.send(("init", {"sys_path": list(options.sys_path if options.sys_path is not None else sys.path),
                                "spec": spec, "variant": variant, "memory": options.memory_limit(),
-                               "cwd": options.cwd}))
+                               "cwd": options.cwd, "factory": factory}))
 
     def receive(self, timeout: float) -> Tuple[str, Any]:
         try:
@@ -433,15 +432,18 @@ class _Worker:
 class IsolatedRunner:
     """The runner of ``variant.oracle`` for ``spec``, living in a worker process."""
 
-    def __init__(self, spec: OpSpec, variant: Variant, options: IsolateOptions = IsolateOptions()):
-        from .registry import hooks, runner_options
-
+    def __init__(self, spec: Any, variant: Any, options: IsolateOptions = IsolateOptions(), *,
+                 hooks: Tuple[Any, Optional[str], Dict[str, Any]], crash: Callable[..., Any],
+                 factory: str = RUNNER_FACTORY):
+        """``hooks``: the oracle's (candidate spec, guidance, extra mutators), answered by the
+        caller from data; ``crash(error=, signature=, seconds=, extra=)``: the caller's
+        evaluation of a worker that died or hung; ``factory``: the worker's runner builder."""
         self.spec = spec
         self.variant = variant
         self.options = options
-        self.oracle_options = runner_options(spec, variant.oracle)
-        # the oracle's hooks are data: answered here without importing a framework
-        self.search_spec, self.guidance, self.extra_mutators = hooks(spec, variant, self.oracle_options)
+        self.factory = factory
+        self.crash = crash
+        self.search_spec, self.guidance, self.extra_mutators = hooks
         self.backend = _RemoteBackend(self)
         self.env: Dict[str, Any] = {}
         self.devices: list = [variant.device]
@@ -459,7 +461,7 @@ class IsolatedRunner:
     def _ensure_active(self) -> _Worker:
         if self._active is None:
             self.stats["starts"] += 1
-            worker = _Worker(self.spec, self.variant, self.options)
+            worker = _Worker(self.spec, self.variant, self.options, self.factory)
             try:
                 self.env = worker.ready(self.options.start_timeout, self.what)
                 self.devices = worker.devices or self.devices
@@ -500,7 +502,7 @@ class IsolatedRunner:
         if self._active is not None:
             self._active.call(("seed", seed), self.options.start_timeout)
 
-    def quantize(self, cand: Candidate) -> Candidate:
+    def quantize(self, cand: Any) -> Any:
         """The candidate as the worker's runner quantises it (no operator call)."""
         worker = self._ensure_active()
         try:
@@ -510,7 +512,7 @@ class IsolatedRunner:
             return cand
         return reply[1] if reply[0] == "result" else cand
 
-    def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
+    def evaluate(self, cand: Any, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Any, Any]:
         worker = self._ensure_active()
         if worker.gone():  # died between evaluations (killed from outside)
             self.stats["lost"] += 1
@@ -549,7 +551,7 @@ class IsolatedRunner:
             signature = name + (f" in {where}" if where else "")
             message = why + (f" in {where}" if where else "") + "; the worker died and was replaced"
         self._discard_active(kill=True)
-        ev = Evaluation(CRASH, error=message, signature=signature, seconds=time.perf_counter() - t0,
+        ev = self.crash(error=message, signature=signature, seconds=time.perf_counter() - t0,
                         extra={"isolated": True})
         return cand, ev
 
@@ -605,7 +607,7 @@ def _describe_exit(rc: Optional[int]) -> Tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------
-# the worker and the zygote (run as ``python -m gate.fuzz.isolate``)
+# the worker and the zygote (run as ``python -m gate.backends.isolate``)
 # ---------------------------------------------------------------------------------------
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this worker when the gate process dies (no orphan hangs)."""
@@ -631,6 +633,13 @@ def _limit_memory(limit: Optional[int]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX, or not allowed
         pass
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    import importlib
+
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def worker_main(rfd: int, wfd: int) -> int:
@@ -660,9 +669,7 @@ def worker_main(rfd: int, wfd: int) -> int:
             if info.get("cwd"):
                 os.chdir(info["cwd"])
             try:
-                from .registry import build_runner
-
-                runner = build_runner(info["spec"], info["variant"])
+                runner = _resolve(info.get("factory") or RUNNER_FACTORY)(info["spec"], info["variant"])
                 env = runner.backend.environment(info["variant"].device)
                 tx.send(("ready", {"env": env, "devices": runner.backend.devices(), "pid": os.getpid()}))
             except GateError as exc:
@@ -704,7 +711,7 @@ def zygote_main(fd: int) -> int:
                     importlib.import_module(mod)
                 except Exception:  # the worker will report it, with the operator's context
                     pass
-            importlib.import_module("gate.fuzz.registry")  # the gate's runners, imported once too
+            importlib.import_module(RUNNER_FACTORY.partition(":")[0])  # the gate's runners, imported once too
 
             conn.send(("ok",))
         elif msg[0] == "fork":

@@ -14,8 +14,8 @@ import numpy as np
 
 from ..backends.base import FLOAT_FORMATS
 from ..ops.spec import OpSpec
-from .inputs import Candidate, pick_positions, project
-from .oracle_base import OracleRunner
+from ..search.inputs import Candidate, pick_positions, project
+from .base import OracleRunner
 from .runner import OK, Evaluation
 
 
@@ -111,7 +111,7 @@ class NanRunner(OracleRunner):
 
 
 def _first_nonfinite(outs, refs, dtype: str) -> dict:
-    from ..oracles.precision import overflow_bound
+    from .precision import overflow_bound
 
     bound = overflow_bound(dtype)
     for k, (o, r) in enumerate(zip(outs or (), refs or ())):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
-import tensorflow as tf
+from .base import before_tensorflow
+
+before_tensorflow()
+import tensorflow as tf  # noqa: E402
 
 
 def layer_norm(x, gamma, beta, epsilon=1e-5):

@@ -21,11 +21,11 @@ import numpy as np
 from ..backends.base import Output
 from ..errors import ConfigError
 from ..ops.xfw import TwinCall, Untranslatable, XfwPair, load_table, pair_specs
-from ..oracles.equivalence import closer, compare_pair
-from ..oracles.precision import compare
+from .pair_metrics import closer, compare_pair
+from .precision import compare
 from ..plan import Variant
-from .inputs import Candidate
-from .oracle_base import OracleRunner
+from ..search.inputs import Candidate
+from .base import OracleRunner
 from .runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, VariantRunner, exception_signature
 
 

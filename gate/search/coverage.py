@@ -11,7 +11,7 @@ Every candidate is mapped to *classes*, one set per coverage key:
 * ``values:TENSOR`` - the value classes present in a float input (several at once):
   ``bulk, zero, subnormal, tiny, all_tiny, near_one, large, near_max, constant, shifted
   (one sign, |mean| >= 30 std), negative, empty``; the magnitude bands are those of
-  :func:`gate.fuzz.inputs.element_bands` for the dtype under test.
+  :func:`gate.search.inputs.element_bands` for the dtype under test.
 * ``shape:TENSOR`` - rank x per-dimension size class (``r2:1x10-63``), reported alone.
 
 The *universe* of a key is the set of classes the spec's value spaces can reach: parameter

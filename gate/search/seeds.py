@@ -4,7 +4,7 @@ candidates of the operator's spec and run before anything is generated.
 Two sources:
 
 * **harvested** calls of a project's own test suite (``dl-gate harvest -- pytest ...``, see
-  :mod:`gate.fuzz.harvest`), stored beside the baselines::
+  :mod:`gate.search.harvest`), stored beside the baselines::
 
       <baselines>/seeds/index.json            {"version": 1, "ops": {op: [{"file", "source",
                                                 "shapes", "dtypes", "params"}]}}
@@ -144,19 +144,9 @@ def _doc_arguments(doc: str) -> Optional[str]:
 
 def _aten_names(fn: Callable) -> Optional[List[str]]:
     """Argument names from the ATen schema of a torch builtin (only if torch is loaded)."""
-    import sys
+    from ..backends.torch_seeds import aten_argument_names
 
-    torch = sys.modules.get("torch")
-    name = getattr(fn, "__name__", None)
-    if torch is None or not name or getattr(fn, "__module__", None) not in (None, "torch", "torch._C._VariableFunctions"):
-        return None
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
-    except Exception:
-        return None
-    if not schemas:
-        return None
-    return [a.name for a in schemas[0].arguments]
+    return aten_argument_names(fn)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -168,10 +158,30 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+class _Reject(Exception):
+    """Why a recorded call cannot become a candidate of the spec."""
+
+
 def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.Generator] = None
                         ) -> Tuple[Optional[Candidate], str]:
-    """The candidate of ``spec`` that replays ``rec``, or ``(None, reason)``."""
+    """The candidate of ``spec`` that replays ``rec``, or ``(None, reason)``: the call's tensors
+    bound to the spec's inputs, its other arguments to the declared parameters, the dims read
+    from the shapes, the derived parameters checked, the arrays taken (or drawn where the
+    recording kept no values)."""
     rng = rng or np.random.default_rng(0)
+    try:
+        tensors, bound = _bind_tensors(spec, rec)
+        params = _call_params(spec, rec, bound)
+        dims = _dims_from_shapes(spec, tensors, params)
+        full = _derived(spec, params, dims)
+        arrays = _call_arrays(spec, tensors, {**full, **dims}, rng)
+    except _Reject as why:
+        return None, str(why)
+    return Candidate(dims=dims, params=full, arrays=arrays, origin=f"seed:{rec.source}" if rec.source else "seed"), ""
+
+
+def _bind_tensors(spec: OpSpec, rec: CallRecord) -> Tuple[Dict[str, "TensorArg"], Dict[str, Any]]:
+    """(input name -> the call's tensor, the call's other arguments by name)."""
     positional = [t for t in spec.inputs if not t.keyword]
     keyword = [t for t in spec.inputs if t.keyword]
     names = parameter_names(rec.fn)
@@ -180,13 +190,13 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
     args = list(rec.args)
     if names is not None:
         if len(args) > len(names):
-            return None, f"{len(args)} positional arguments for {len(names)} parameters"
+            raise _Reject(f"{len(args)} positional arguments for {len(names)} parameters")
         for i, t in enumerate(positional):
             if i >= len(names):
-                return None, f"no parameter for input {t.name}"
+                raise _Reject(f"no parameter for input {t.name}")
             val = args[i] if i < len(args) else rec.kwargs.get(names[i])
             if not isinstance(val, TensorArg):
-                return None, f"input {t.name} is not a tensor in this call"
+                raise _Reject(f"input {t.name} is not a tensor in this call")
             tensors[t.name] = val
         for i in range(len(positional), len(args)):
             bound[names[i]] = args[i]
@@ -196,20 +206,25 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             bound[k] = v
     else:
         if len(args) != len(positional) or not all(isinstance(a, TensorArg) for a in args):
-            return None, "positional arguments other than the spec's inputs and no signature to name them"
+            raise _Reject("positional arguments other than the spec's inputs and no signature to name them")
         tensors.update({t.name: a for t, a in zip(positional, args)})
         bound.update(rec.kwargs)
     for t in keyword:
         val = bound.pop(t.name, None)
         if not isinstance(val, TensorArg):
-            return None, f"input {t.name} missing or not a tensor"
+            raise _Reject(f"input {t.name} missing or not a tensor")
         tensors[t.name] = val
+    return tensors, bound
+
+
+def _call_params(spec: OpSpec, rec: CallRecord, bound: Dict[str, Any]) -> Dict[str, Any]:
+    """The call's arguments as the spec's declared parameters."""
     params: Dict[str, Any] = {}
     for k, v in bound.items():
         if isinstance(v, TensorArg):
-            return None, f"tensor argument {k} is not an input of the spec"
+            raise _Reject(f"tensor argument {k} is not an input of the spec")
         if isinstance(v, Opaque):
-            return None, f"argument {k}={v!r} cannot be replayed"
+            raise _Reject(f"argument {k}={v!r} cannot be replayed")
         params[k] = tuple(v) if isinstance(v, list) else v
     # parameters as the spec declares them: an argument the spec does not declare is dropped
     # (its meaning is unknown to the oracle: dropout_p=0.5 makes the output random), a declared
@@ -235,10 +250,14 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             continue
         v = params[p.name]
         if p.kind == "choice" and p.choices is not None and not any(_same(v, c) for c in p.choices):
-            return None, f"{p.name}={v!r} is not one of the declared choices {list(p.choices)}"
+            raise _Reject(f"{p.name}={v!r} is not one of the declared choices {list(p.choices)}")
         if p.kind in ("int", "float") and not (isinstance(v, (int, float)) and not isinstance(v, bool)
                                                and p.lo <= v <= p.hi):
-            return None, f"{p.name}={v!r} is outside the declared range [{p.lo}, {p.hi}]"
+            raise _Reject(f"{p.name}={v!r} is outside the declared range [{p.lo}, {p.hi}]")
+    return params
+
+
+def _dims_from_shapes(spec: OpSpec, tensors: Dict[str, "TensorArg"], params: Dict[str, Any]) -> Dict[str, int]:
     # dims from shapes
     dims: Dict[str, int] = {}
     pending: List[Tuple[Any, int, str]] = []
@@ -246,14 +265,14 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
     for t in spec.inputs:
         shape = tuple(tensors[t.name].shape)
         if len(shape) != len(t.shape):
-            return None, f"input {t.name} has rank {len(shape)}, the spec {len(t.shape)}"
+            raise _Reject(f"input {t.name} has rank {len(shape)}, the spec {len(t.shape)}")
         for e, n in zip(t.shape, shape):
             if isinstance(e, int):
                 if e != n:
-                    return None, f"input {t.name}: size {n} where the spec fixes {e}"
+                    raise _Reject(f"input {t.name}: size {n} where the spec fixes {e}")
             elif isinstance(e, str) and e in dim_names:
                 if dims.setdefault(e, int(n)) != int(n):
-                    return None, f"dim {e} is both {dims[e]} and {n}"
+                    raise _Reject(f"dim {e} is both {dims[e]} and {n}")
             else:
                 pending.append((e, int(n), t.name))
     exprs = {p.name: p.expr for p in spec.params if p.kind == "expr"}
@@ -278,25 +297,35 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             try:
                 dims[name] = int(expr.evaluate(lo_e, {**params, **dims}))
             except Exception:
-                return None, f"cannot tell dim {name} from the call"
+                raise _Reject(f"cannot tell dim {name} from the call")
+    return dims
+
+
+def _derived(spec: OpSpec, params: Dict[str, Any], dims: Dict[str, int]) -> Dict[str, Any]:
+    """The spec's parameters, derived ones included (a recorded derived value must agree)."""
+    exprs = {p.name: p.expr for p in spec.params if p.kind == "expr"}
     recorded_derived = {k: params.pop(k) for k in list(params) if k in exprs}
     try:
         full = derived_params(spec, params, dims)
     except Exception as exc:
-        return None, f"derived parameters: {exc}"
+        raise _Reject(f"derived parameters: {exc}")
     for k, v in recorded_derived.items():
         if not _same(full.get(k), v):
-            return None, f"{k}={v!r} is not what the spec derives ({full.get(k)!r})"
-    env = {**full, **dims}
+            raise _Reject(f"{k}={v!r} is not what the spec derives ({full.get(k)!r})")
+    return full
+
+
+def _call_arrays(spec: OpSpec, tensors: Dict[str, "TensorArg"], env: Dict[str, Any],
+                 rng: np.random.Generator) -> Dict[str, np.ndarray]:
     arrays: Dict[str, np.ndarray] = {}
     for t in spec.inputs:
         ta = tensors[t.name]
         try:
             want = tensor_shape(t, env)
         except Exception as exc:
-            return None, f"input {t.name}: {exc}"
+            raise _Reject(f"input {t.name}: {exc}")
         if want != tuple(ta.shape):
-            return None, f"input {t.name}: shape {tuple(ta.shape)} does not fit the spec's {want}"
+            raise _Reject(f"input {t.name}: shape {tuple(ta.shape)} does not fit the spec's {want}")
         if ta.values is not None:
             arr = np.asarray(ta.values)
             arrays[t.name] = arr.astype(np.int64) if t.kind in ("index", "bool") else arr.astype(np.float64)
@@ -307,7 +336,7 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
             arrays[t.name] = (rng.random(want) < 0.5).astype(np.int64)
         else:
             arrays[t.name] = draw_values(t.domain, want, rng)
-    return Candidate(dims=dims, params=full, arrays=arrays, origin=f"seed:{rec.source}" if rec.source else "seed"), ""
+    return arrays
 
 
 # ---------------------------------------------------------------------------------------
@@ -354,61 +383,25 @@ def spec_digest(spec: OpSpec) -> str:
     return hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _torch_value(v: Any, max_elems: int) -> Any:
-    import torch
-
-    if isinstance(v, torch.Tensor):
-        t = v.detach()
-        values = None
-        if t.numel() <= max_elems and not t.is_complex():
-            values = t.to("cpu", torch.float64 if t.is_floating_point() else torch.int64).numpy().copy()
-        return TensorArg(tuple(t.shape), str(t.dtype).replace("torch.", ""), values)
-    if isinstance(v, (bool, int, float, str)) or v is None:
-        return v
-    if isinstance(v, (list, tuple)):
-        inner = [_torch_value(x, max_elems) for x in v]
-        if any(isinstance(x, (TensorArg, Opaque)) for x in inner):
-            return Opaque(f"sequence with tensors: {type(v).__name__}")
-        return tuple(inner)
-    if isinstance(v, torch.Size):
-        return tuple(int(x) for x in v)
-    return Opaque(type(v).__name__)
-
-
 def opinfo_records(name: str, max_elems: int = 1 << 16) -> Tuple[List[CallRecord], str]:
     """Sample calls of OpInfo entry ``name`` (``"nn.functional.conv2d"``, or with a variant test
-    name ``"softmax[with_dtype]"``), or a reason."""
-    try:
-        import torch
-        from torch.testing._internal.common_methods_invocations import op_db
-    except Exception as exc:  # expecttest missing, internals moved...
-        return [], f"OpInfo database not importable: {type(exc).__name__}: {exc}"
-    m = re.fullmatch(r"(.+?)(?:\[(.*)\])?", name)
-    base, variant = m.group(1), m.group(2) or ""
-    entries = [o for o in op_db if o.name == base and o.variant_test_name == variant]
-    if not entries:
-        return [], f"no OpInfo entry {name!r}"
-    out: List[CallRecord] = []
-    for op in entries[:1]:
-        dtype = torch.float32 if torch.float32 in op.supported_dtypes("cpu") else torch.float64
-        try:
-            samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
-        except Exception as exc:
-            return [], f"OpInfo {name}: sample_inputs failed: {exc}"
-        for s in samples:
-            args = [_torch_value(s.input, max_elems)] + [_torch_value(a, max_elems) for a in s.args]
-            kwargs = {k: _torch_value(v, max_elems) for k, v in s.kwargs.items()}
-            out.append(CallRecord(op=name, args=args, kwargs=kwargs, source=f"opinfo:{name}", fn=op.op))
-    return out, ""
+    name ``"softmax[with_dtype]"``), or a reason; the torch side is
+    :func:`gate.backends.torch_seeds.opinfo_samples`."""
+    from ..backends.torch_seeds import opinfo_samples
+
+    samples, why = opinfo_samples(name, max_elems, tensor=TensorArg, opaque=Opaque)
+    return [CallRecord(op=name, args=args, kwargs=kwargs, source=f"opinfo:{name}", fn=fn)
+            for args, kwargs, fn in samples], why
 
 
 def opinfo_seeds(spec: OpSpec, cache_dir: Optional[Path] = None) -> Tuple[List[Candidate], str]:
     """Seeds of ``spec`` from its OpInfo samples (cached on disk), and a note on what happened."""
     if spec.framework != "torch" or not getattr(spec, "opinfo", None):
         return [], "no opinfo key"
+    from ..backends.torch_seeds import torch_version
+
     try:
-        import torch
-        version = torch.__version__
+        version = torch_version()
     except Exception as exc:  # pragma: no cover - torch ops without torch
         return [], f"torch not importable: {exc}"
     root = (cache_dir or cache_root()) / "opinfo" / f"torch-{version}-h{HARNESS_VERSION}-s{SEED_RULES}" / \

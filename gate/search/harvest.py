@@ -1,11 +1,11 @@
 """Harvest operator calls from a project's own tests into a seed corpus (Opera).
 
 :func:`run_harvest` runs a command (``pytest ...``) in a subprocess whose ``PYTHONPATH`` starts
-with a generated ``sitecustomize.py``; that loads :mod:`gate.fuzz.harvest_hook` by file path
+with a generated ``sitecustomize.py``; that loads :mod:`gate.search.harvest_hook` by file path
 (and then the ``sitecustomize`` it shadows, if any), which wraps the configured operators'
 callables and records their calls. :func:`store_records` binds each recorded call to the
-operator's spec (:func:`gate.fuzz.seeds.candidate_from_call`) and stores it in the seed store
-beside the baselines (:class:`gate.fuzz.seeds.SeedStore`), where ``fuzz_task`` finds it.
+operator's spec (:func:`gate.search.seeds.candidate_from_call`) and stores it in the seed store
+beside the baselines (:class:`gate.search.seeds.SeedStore`), where ``fuzz_task`` finds it.
 """
 from __future__ import annotations
 

@@ -22,15 +22,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from ..oracles.precision import Metrics, below_normal, compare, overflow_bound, ulp
-from .inputs import Candidate
-from .runner import OK, Evaluation, VariantRunner
+from .precision import Metrics, below_normal, compare, overflow_bound, ulp
+from ..search.inputs import Candidate
+from ..search.evaluation import OK, Evaluation
 
 SEPARABLE_RTOL = 1e-9
 
 
 class BatchEvaluator:
-    def __init__(self, runner: VariantRunner, max_batch: int = 64):
+    def __init__(self, runner, max_batch: int = 64):  # the precision runner (gate.oracles.runner)
         self.runner = runner
         self.spec = runner.spec
         self.max_batch = max_batch
@@ -192,7 +192,8 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
     are concatenated along axis 0, candidate ``i`` owns ``sizes[i]`` rows. Gives exactly the
     figures ``compare`` gives on each candidate's rows (maxima, counts and the worst element
     exactly; sums to rounding, as they are summed row by row), with the elementwise work done
-    once for the whole batch."""
+    once for the whole batch. Long on purpose: it follows ``compare`` statement by statement, so
+    that the two can be read side by side and keep giving the same figures."""
     n = len(sizes)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
     if len(outputs) != len(reference):

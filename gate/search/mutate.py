@@ -6,7 +6,7 @@ point.
 A mutator may also declare keyword-only parameters, which :func:`bind` fills in:
 ``dtype`` (the dtype under test: edge values and value regimes depend on it) and ``choose``
 (``choose(options) -> option``: which class to aim at, decided by the scheduler's second level,
-see :mod:`gate.fuzz.schedule`; uniform when the scheduler has none)."""
+see :mod:`gate.search.schedule`; uniform when the scheduler has none)."""
 from __future__ import annotations
 
 import inspect

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -15,23 +14,10 @@ from ..backends import get_backend
 from ..backends.base import Backend, Output
 from ..errors import UnsupportedVariant
 from ..ops.spec import OpSpec, check_imports, resolve_params
-from ..oracles.precision import Metrics, compare
+from .precision import compare
 from ..plan import Variant
-from .inputs import Candidate, inside_after_rounding
-
-OK, INVALID, CRASH, UNSUPPORTED = "ok", "invalid", "crash", "unsupported"
-
-
-@dataclass
-class Evaluation:
-    status: str
-    metrics: Optional[Metrics] = None
-    error: Optional[str] = None  # one-line exception summary
-    signature: Optional[str] = None  # exception type + first line, for grouping crashes
-    seconds: float = 0.0
-    extra: Dict[str, Any] = field(default_factory=dict)  # oracle facts: sides, closer side, rule…
-    outputs: Optional[List[Output]] = field(default=None, repr=False)
-    reference: Optional[List[Output]] = field(default=None, repr=False)
+from ..search.evaluation import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, exit_signature  # noqa: F401
+from ..search.inputs import Candidate, inside_after_rounding
 
 
 def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str) -> Candidate:
@@ -61,23 +47,22 @@ def is_exhaustive(cand: Candidate) -> bool:
 STRIDED_ORIGIN = "exhaustive-strided"
 
 
-def exit_signature(exc: SystemExit) -> Tuple[str, str]:
-    """A ``sys.exit()`` inside the operator, with the place it was called from."""
-    import traceback as tb
-
-    frames = tb.extract_tb(exc.__traceback__)
-    where = f" in {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno} {frames[-1].name}" if frames else ""
-    text = f"SystemExit({exc.code!r}): the operator called sys.exit(){where}"
-    return text, text
-
-
-def exception_signature(exc: BaseException) -> Tuple[str, str]:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:300]}", f"{type(exc).__name__}: {first[:160]}"
-
-
 class VariantRunner:
     """Runs candidates of ``spec`` under ``variant`` against the float64 reference."""
+
+    @classmethod
+    def build(cls, spec: OpSpec, variant: Variant, options: Dict[str, Any]) -> "VariantRunner":
+        """The runner of ``variant`` (the precision oracle takes no rule arguments)."""
+        return cls(spec, variant)
+
+    def batch_evaluator(self):
+        """Candidates concatenated into one call (:mod:`gate.oracles.batch`): the precision
+        runner's own, not its subclasses'; ``None`` where batching does not apply."""
+        if type(self) is not VariantRunner:
+            return None
+        from .batch import BatchEvaluator
+
+        return BatchEvaluator(self)
 
     def __init__(self, spec: OpSpec, variant: Variant, backend: Optional[Backend] = None,
                  fn: Optional[Callable] = None, reference: Optional[Callable] = None):
@@ -88,7 +73,7 @@ class VariantRunner:
             raise UnsupportedVariant(f"device {variant.device} is not available to {self.backend.name}")
         self.fn = fn or self.backend.resolve(spec.callable)
         check_imports(spec)
-        from ..oracles.references import resolve as resolve_truth
+        from .references import resolve as resolve_truth
 
         # a correctly rounded reference (``reference: mpmath.erf``) is the reference everywhere;
         # the row's ``truth`` only on the exhaustive 16-bit sets (cached), where it is cheap

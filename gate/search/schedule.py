@@ -7,7 +7,7 @@ class, a size class, a value regime). Rewards in [0, 1] come from the engine: th
 error improvement over the parent (1 for a new NaN/Inf or a new crash) plus a bonus for new
 value-class coverage. Untried arms are tried first (so every class is tried once), ties are
 broken with the search's own RNG: the schedule is deterministic for a seed.
-:class:`gate.fuzz.engine.UniformScheduler` is the control arm.
+:class:`gate.search.engine.UniformScheduler` is the control arm.
 
 Across tasks, :func:`allocate` splits a total budget: every task first gets a minimum useful
 share in priority order (coverage gaps x history, per unit of cost), what is left is spread in

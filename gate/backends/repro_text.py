@@ -1,0 +1,167 @@
+"""The framework part of a repro script (:mod:`gate.localise.repro` writes the rest): how the
+script builds tensors, calls the operator and reads outputs back, as text for each framework.
+The script runs on its own, so the text imports its framework; this module does not."""
+from __future__ import annotations
+
+TORCH = r'''
+if DEVICE == "cpu":  # a Triton kernel runs on CPU tensors only in the interpreter (read at @triton.jit)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+
+
+def to_native(arr, dtype, memory_format):
+    if arr.dtype.kind in "iub":
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(DEVICE)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).to(device=DEVICE, dtype=DTYPES[dtype])
+    if memory_format == "channels_last" and t.dim() == 4:
+        t = t.contiguous(memory_format=torch.channels_last)
+    elif memory_format == "channels_last_3d" and t.dim() == 5:
+        t = t.contiguous(memory_format=torch.channels_last_3d)
+    elif memory_format in ("transposed", "noncontiguous") and t.dim() >= 2 and t.shape[-1] > 1 and t.shape[-2] > 1:
+        t = t.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, non-contiguous strides
+    elif memory_format in ("strided", "noncontiguous") and t.dim() >= 1 and t.shape[-1] > 1:
+        buf = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+        view = buf[..., ::2]  # same values, every other element of a longer buffer
+        view.copy_(t)
+        t = view
+    return t
+
+
+def quantize(arr, dtype):
+    return torch.from_numpy(np.asarray(arr, np.float64)).to(DTYPES[dtype]).to(torch.float64).numpy()
+
+
+def call_grad(fn, args, kwargs, dtype):
+    """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
+    leaves = []
+
+    def leaf(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
+            leaves.append(x)
+        return x
+
+    args = [leaf(a) for a in args]
+    kwargs = {k: leaf(v) for k, v in kwargs.items()}
+    with torch.enable_grad():
+        result = fn(*args, **kwargs)
+    flat = []
+
+    def walk(r):
+        if isinstance(r, (list, tuple)):
+            for x in r:
+                walk(x)
+        elif isinstance(r, torch.Tensor):
+            flat.append(r)
+
+    walk(result)
+    roots, ups = [], []
+    for k, t in enumerate(flat):
+        if not t.requires_grad or not t.is_floating_point():
+            continue
+        u = upstream(k, tuple(t.shape) or (1,))
+        roots.append(t)
+        ups.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
+                   .to(device=t.device, dtype=t.dtype))
+    grads = torch.autograd.grad(roots, leaves, ups, allow_unused=True) if roots and leaves else [None] * len(leaves)
+    if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
+        raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
+    return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, leaves)]
+
+
+def call(fn, args, kwargs, mode, dtype):
+    ctx = torch.autocast(device_type=DEVICE, dtype=DTYPES[dtype]) if mode == "operator" and dtype in ("float16", "bfloat16") else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        return fn(*args, **kwargs)
+
+
+def outputs(result, low):
+    flat = []
+
+    def walk(r):
+        if isinstance(r, (list, tuple)):
+            for x in r:
+                walk(x)
+        elif isinstance(r, torch.Tensor):
+            flat.append(r.detach().to("cpu", torch.float64).numpy() if r.is_floating_point() else r.cpu().numpy())
+        elif isinstance(r, (int, float, bool)):
+            flat.append(np.asarray(r, dtype=np.float64))
+
+    walk(result)
+    if low and OUT_PERMUTE is not None and flat:
+        flat[0] = np.transpose(flat[0], np.argsort(OUT_PERMUTE))
+    return flat
+'''
+
+TENSORFLOW = r'''
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+
+DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
+DEV = "/GPU:0" if DEVICE == "cuda" else "/CPU:0"
+
+
+def to_native(arr, dtype, memory_format):
+    with tf.device(DEV):
+        if arr.dtype.kind in "iub":
+            return tf.constant(np.ascontiguousarray(arr))
+        return tf.cast(tf.constant(np.ascontiguousarray(arr, dtype=np.float64)), DTYPES[dtype])
+
+
+def call(fn, args, kwargs, mode, dtype):
+    with tf.device(DEV):
+        if mode == "operator" and dtype != "float64":
+            cast = lambda a: tf.cast(a, DTYPES[dtype]) if isinstance(a, tf.Tensor) and a.dtype.is_floating else a
+            return [tf.cast(o, tf.float32) if isinstance(o, tf.Tensor) and o.dtype.is_floating else o
+                    for o in tf.nest.flatten(fn(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()}))]
+        return fn(*args, **kwargs)
+
+
+def quantize(arr, dtype):
+    return tf.cast(tf.cast(tf.constant(np.asarray(arr, np.float64)), DTYPES[dtype]), tf.float64).numpy()
+
+
+def call_grad(fn, args, kwargs, dtype):
+    """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
+    with tf.device(DEV):
+        leaves = [a for a in list(args) + list(kwargs.values()) if isinstance(a, tf.Tensor) and a.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            for x in leaves:
+                tape.watch(x)
+            result = fn(*args, **kwargs)
+        flat = [r for r in tf.nest.flatten(result) if isinstance(r, tf.Tensor)]
+        targets, ups = [], []
+        for k, t in enumerate(flat):
+            if not t.dtype.is_floating:
+                continue
+            targets.append(t)
+            ups.append(tf.cast(tf.constant(upstream(k, tuple(t.shape))), t.dtype))
+        grads = tape.gradient(targets, leaves, output_gradients=ups) if targets and leaves else [None] * len(leaves)
+        if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
+            raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
+        return [g if g is not None else tf.zeros_like(x) for g, x in zip(grads, leaves)]
+
+
+def outputs(result, low):
+    flat = []
+    for r in tf.nest.flatten(result):
+        if hasattr(r, "dtype") and hasattr(r, "numpy"):
+            flat.append(tf.cast(r, tf.float64).numpy() if r.dtype.is_floating else np.asarray(r.numpy()))
+        elif isinstance(r, (int, float, bool, np.ndarray, np.generic)):
+            flat.append(np.asarray(r, dtype=np.float64))
+    if low and OUT_PERMUTE is not None and flat:
+        flat[0] = np.transpose(flat[0], np.argsort(OUT_PERMUTE))
+    return flat
+'''
+
+
+#: framework -> its part of a repro script (a new backend adds its own text here)
+PRELUDES = {"torch": TORCH, "tensorflow": TENSORFLOW}
+
+
+def repro_prelude(framework: str) -> str:
+    """The script's framework part for ``framework``."""
+    return PRELUDES[framework]

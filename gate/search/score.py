@@ -1,0 +1,89 @@
+"""The score the search sees: :class:`Metrics` of one evaluation, the ``fitness`` a guidance
+maximises, and ``ulp`` (the unit every error is counted in). Data and numbers only: no oracle,
+no framework; the precision oracle (:mod:`gate.oracles.precision`) computes these figures."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+from ..backends.base import FLOAT_FORMATS
+
+
+_EXP_MASK = np.uint64(0x7FF0000000000000)
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Unit in the last place of |x| in ``dtype`` (subnormal spacing near zero).
+
+    Masking the float64 exponent bits gives 2^e exactly; scaling by 2^-(p-1) and clamping to
+    the format's exponent range then takes three more passes (several times faster than
+    frexp/ldexp on large outputs). Non-finite inputs give the ulp of the largest exponent."""
+    p, emin, emax = FLOAT_FORMATS[dtype]
+    x = np.asarray(x, dtype=np.float64)
+    shape = x.shape
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = (flat.view(np.uint64) & _EXP_MASK).view(np.float64)  # 2^e; 0 for zeros/subnormals, inf for inf/NaN
+    out *= math.ldexp(1.0, -(p - 1))
+    np.maximum(out, math.ldexp(1.0, emin - (p - 1)), out=out)
+    np.minimum(out, math.ldexp(1.0, emax - (p - 1)), out=out)
+    return out.reshape(shape)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    ulp: float = 0.0
+    abs: float = 0.0
+    rel: float = 0.0
+    l1: float = 0.0
+    mean_ulp: float = 0.0
+    nonfinite: int = 0
+    int_mismatch: int = 0
+    numel: int = 0
+    worst_output: int = 0
+    worst_index: Tuple[int, ...] = ()
+    worst_out: float = 0.0
+    worst_ref: float = 0.0
+    shape_mismatch: Optional[str] = None
+    spread: float = 0.0  # max - min of the finite float outputs (Audee's NaN search maximises it)
+
+    @property
+    def severity(self) -> float:
+        """A single number that orders findings: NaN/Inf and mismatches first, then ULP."""
+        if self.shape_mismatch or self.nonfinite or self.int_mismatch:
+            return math.inf
+        return self.ulp
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["worst_index"] = list(self.worst_index)
+        return {k: _jsonable(v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Metrics":
+        raw = dict(raw)
+        raw["worst_index"] = tuple(raw.get("worst_index") or ())
+        return cls(**{k: (math.inf if v == "inf" else v) for k, v in raw.items() if k in cls.__dataclass_fields__})
+
+
+def _jsonable(v):
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v
+
+
+def fitness(m: Metrics, guidance: str) -> float:
+    """The number the search maximises. ``linf``: max ULP error; ``l1``: mean ULP error;
+    ``spread``: max − min of the output (drives values towards overflow, Audee's NaN search);
+    ``random``: no feedback. NaN/Inf and mismatches dominate everything."""
+    if m.shape_mismatch or m.nonfinite or m.int_mismatch:
+        return math.inf
+    if guidance == "spread":
+        return m.spread
+    if guidance == "l1":
+        return m.mean_ulp
+    return m.ulp
