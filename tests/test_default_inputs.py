@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_gate_run import by_op, gate, git, make_repo
+from tests.test_gate_run import by_op, gate, git, make_repo, commit_pr
 
 OPS = '''
 import torch
@@ -61,13 +61,10 @@ def lib_repo(tmp_path_factory):
 
 def pr(repo, name, reverse=False):
     old, new = PRS[name]
-    base = f"pr-{name}" if reverse else "main"
-    git(repo, "checkout", "-q", "-B", f"pr-{name}{'-fix' if reverse else ''}", base)
-    src = (repo / "lib" / "ops.py").read_text()
-    a, b = (new, old) if reverse else (old, new)
-    assert a in src
-    (repo / "lib" / "ops.py").write_text(src.replace(a, b))
-    git(repo, "commit", "-q", "-am", name + (" fix" if reverse else ""))
+    if reverse:  # the fix: the PR taken back out of its own branch
+        commit_pr(repo, f"pr-{name}-fix", f"pr-{name}", new, old)
+    else:
+        commit_pr(repo, f"pr-{name}", "main", old, new)
 
 
 def test_default_variants_include_a_non_contiguous_layout_and_a_gradient(lib_repo):

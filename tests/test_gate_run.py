@@ -77,6 +77,16 @@ def git(repo, *args):
                    check=True, capture_output=True)
 
 
+def commit_pr(repo: Path, name: str, start: str, old: str, new: str, path: str = "lib/ops.py") -> None:
+    """Branch ``name`` from ``start`` with one commit that replaces ``old`` (found exactly once in
+    ``path``) by ``new``: a PR of the beds."""
+    git(repo, "checkout", "-q", "-B", name, start)
+    src = (repo / path).read_text()
+    assert src.count(old) == 1, (name, old)
+    (repo / path).write_text(src.replace(old, new))
+    git(repo, "commit", "-q", "-am", name)
+
+
 def make_repo(tmp_path: Path, ops_src: str = BASE_OPS, baselines: bool = True, config: str = CONFIG,
               package: str = "mylib") -> Path:
     """A git repository on ``main``: ``package/ops.py`` and ``.dl-gate.yml``, baselines committed."""
@@ -104,12 +114,7 @@ def refresh(repo: Path):
 
 
 def open_pr(repo: Path, name: str):
-    old, new = PRS[name]
-    src = (repo / "mylib" / "ops.py").read_text()
-    assert old in src
-    git(repo, "checkout", "-q", "-b", f"pr-{name}")
-    (repo / "mylib" / "ops.py").write_text(src.replace(old, new))
-    git(repo, "commit", "-q", "-am", name)
+    commit_pr(repo, f"pr-{name}", "HEAD", *PRS[name], path="mylib/ops.py")
 
 
 def gate(repo: Path, tmp_path: Path, *extra, seed=0, evals=40):

@@ -8,7 +8,7 @@
   (a dropped ``eps``: 0/0), found on the all-zeros input replayed on both sides."""
 import pytest
 
-from tests.test_gate_run import by_op, gate, git, make_repo
+from tests.test_gate_run import by_op, gate, git, make_repo, commit_pr
 
 
 def main_variants(report, op):
@@ -87,12 +87,7 @@ def lib_repo(tmp_path_factory):
 
 
 def pr(repo, name):
-    old, new = PRS[name]
-    git(repo, "checkout", "-q", "-B", f"pr-{name}", "main")
-    src = (repo / "lib" / "ops.py").read_text()
-    assert old in src
-    (repo / "lib" / "ops.py").write_text(src.replace(old, new))
-    git(repo, "commit", "-q", "-am", name)
+    commit_pr(repo, f"pr-{name}", "main", *PRS[name])
 
 
 def test_a_shared_nan_does_not_hide_a_new_precision_loss(lib_repo, tmp_path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_gate_run import by_op, gate, git, make_repo
+from tests.test_gate_run import by_op, gate, make_repo, commit_pr
 
 OPS = '''
 import enum
@@ -82,12 +82,7 @@ def lib_repo(tmp_path_factory):
 
 
 def pr(repo, name):
-    old, new = PRS[name]
-    git(repo, "checkout", "-q", "-B", f"pr-{name}", "main")
-    src = (repo / "lib" / "ops.py").read_text()
-    assert old in src
-    (repo / "lib" / "ops.py").write_text(src.replace(old, new))
-    git(repo, "commit", "-q", "-am", name)
+    commit_pr(repo, f"pr-{name}", "main", *PRS[name])
 
 
 def test_positions_cast_to_bf16_fail_when_the_input_keeps_float32(lib_repo, tmp_path):

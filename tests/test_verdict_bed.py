@@ -37,7 +37,7 @@ import sys
 
 import pytest
 
-from tests.test_gate_run import by_op, git, make_repo
+from tests.test_gate_run import by_op, git, make_repo, commit_pr
 
 OPS = '''
 import math
@@ -174,11 +174,7 @@ def bed(tmp_path_factory):
 
 
 def branch(repo, name, start, old, new):
-    git(repo, "checkout", "-q", "-B", name, start)
-    src = (repo / "lib" / "ops.py").read_text()
-    assert src.count(old) == 1, (name, old)
-    (repo / "lib" / "ops.py").write_text(src.replace(old, new))
-    git(repo, "commit", "-q", "-am", name)
+    commit_pr(repo, name, start, old, new)
 
 
 def run_gate(repo, out, base, op, dtype="float32", evals=40, seed=0):
