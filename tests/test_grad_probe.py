@@ -9,7 +9,7 @@ loss, so a loss computed through it trained nothing; the fix moved the detach af
 The forward value is bit-identical either way: only the gradient variant can tell."""
 import pytest
 
-from tests.test_gate_run import by_op, gate, git, make_repo
+from tests.test_gate_run import by_op, gate, git, make_repo, commit_pr
 
 OPS = '''
 import torch
@@ -58,12 +58,7 @@ def lib_repo(tmp_path_factory):
 
 
 def pr(repo, name):
-    old, new = PRS[name]
-    git(repo, "checkout", "-q", "-B", f"pr-{name}", "main")
-    src = (repo / "lib" / "ops.py").read_text()
-    assert old in src
-    (repo / "lib" / "ops.py").write_text(src.replace(old, new))
-    git(repo, "commit", "-q", "-am", name)
+    commit_pr(repo, f"pr-{name}", "main", *PRS[name])
 
 
 def grad_rows(report, op):
@@ -94,6 +89,17 @@ def test_a_loss_that_detaches_its_input_fails_on_the_gradient(lib_repo, tmp_path
     git(lib_repo, "checkout", "-q", "main")
     on_base = repro()
     assert on_base.returncode == 0, on_base.stdout + on_base.stderr
+
+
+@pytest.mark.parametrize("op", ["lib.nll_loss", "lib.nll_loss_vs_reference"])
+def test_the_fix_that_takes_the_detach_out_passes(lib_repo, tmp_path, op):
+    # ignite #1675 itself: base detaches (no gradient), head computes the loss on the live tensor
+    old, new = PRS["detach"]
+    commit_pr(lib_repo, "pr-detach", "main", old, new)
+    commit_pr(lib_repo, "fix-detach", "pr-detach", new, old)
+    code, report = gate(lib_repo, tmp_path, "--ops", op, "--base", "pr-detach", evals=20)
+    (g,) = grad_rows(report, op)
+    assert code in (0, 3) and g.outcome in ("pass", "improvement", "needs-baseline"), (g.outcome, g.reason)
 
 
 def test_the_refactor_of_the_loss_passes(lib_repo, tmp_path):

@@ -240,6 +240,7 @@ class _Tally:
     base_max: float = 0.0
     head_max_same: float = 0.0
     fixed: int = 0
+    gained: int = 0  # inputs where head has a gradient and base's output had none (a detach removed)
     garbage: int = 0
     pairs: int = 0
     identical: int = 0  # inputs with bit-identical outputs
@@ -269,6 +270,11 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         return _regression(vv, t, head, base, inputs, m, floor, by_output)
     vv.base_error, vv.head_error = t.base_max, t.head_max_same
     vv.threshold = max(floor, m * t.base_max)
+    if t.gained and t.pairs == 0 and t.identical == 0:
+        # the mirror of "gradient lost": base's output carried no gradient, head's does (ignite #1675)
+        vv.outcome = V.IMPROVEMENT
+        vv.reason = f"gradient gained: head's output is differentiable on {t.gained} input(s) where base's is not"
+        return vv
     if t.pairs == 0 and t.identical == 0 and not t.fixed and t.behaviour[1] < 0:
         return _nothing_compared(vv, head, base)
     if t.behaviour[1] >= 0:
@@ -284,6 +290,9 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         return
     if _failed(h) and b.status == OK:
         t.regress(math.inf, i, f"new crash: head raises {h.error} where base returns")
+        return
+    if h.status == OK and b.status == UNSUPPORTED and str(b.error or "").startswith(NOT_DIFFERENTIABLE):
+        t.gained += 1
         return
     if h.status == OK and _failed(b):
         t.fixed += 1
