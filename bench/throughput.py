@@ -13,7 +13,7 @@ CPU kernels run far slower than on a normal draw):
 and the ratios fuzz/op and fuzz/(op+ref); ``batched/(op+ref)``: the same search with the default
 batching (8 children of one parent in one call for ``batch_dim`` rows), evaluations/s over the
 single-candidate op+ref rate (``-`` for rows that cannot batch). Target: fuzz >= 50% of the raw rate for ops that take
-> 1 ms. Usage: python bench/throughput.py [--seconds 3] [--dtype float32]
+> 1 ms. Usage: python bench/throughput.py [--seconds 3] [--dtype float32] [--device cuda]
 """
 from __future__ import annotations
 
@@ -87,13 +87,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--ops", nargs="*", default=list(CASES))
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the backend synchronises after each CUDA call)")
     args = ap.parse_args()
     cat = load_catalog(builtin=("torch",))
     print(f"{'operator':36} {'ms/call':>8} {'op/s':>8} {'op+ref/s':>9} {'fuzz/s':>8} {'fuzz/op':>8} "
           f"{'fuzz/(op+ref)':>13} {'batched/(op+ref)':>16} {'normal op/s':>11}")
     for name in args.ops:
         spec = pinned(cat.get(name), CASES[name])
-        v = Variant(args.dtype)
+        v = Variant(args.dtype, args.device)
         runner = VariantRunner(spec, v)
         cand = runner.quantize(draw(spec, np.random.default_rng(0)))
         low_args, low_kw = runner.build_call(cand, v.dtype, low=True)
@@ -101,11 +102,11 @@ def main() -> int:
         b = runner.backend
 
         def op():
-            b.call(runner.fn, low_args, low_kw, mode="input", dtype=v.dtype, device="cpu")
+            b.call(runner.fn, low_args, low_kw, mode="input", dtype=v.dtype, device=args.device)
 
         def op_ref():
             op()
-            b.call(runner.ref_fn, ref_args, ref_kw, mode="input", dtype="float64", device="cpu")
+            b.call(runner.ref_fn, ref_args, ref_kw, mode="input", dtype="float64", device=args.device)
 
         normal = rate(op, args.seconds / 2)
         clocked = ClockedBackend(b)

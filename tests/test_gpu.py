@@ -22,13 +22,22 @@ def test_cuda_variants_are_planned_where_a_gpu_is_present():
 @pytest.mark.parametrize("name,dtype", [("torch.softmax", "float16"), ("torch.relu", "bfloat16"),
                                         ("torch.matmul", "float32")])
 def test_fuzzing_on_cuda_scores_against_a_float64_reference_on_the_same_device(name, dtype):
-    f = fuzz_task(Task(op=_spec(name), variant=Variant(dtype, "cuda"), budget=Budget(evals=60), seed=0))
+    # exhaustive=False: the search itself (relu at bfloat16 would otherwise take all 65,536 values first)
+    task = Task(op=_spec(name), variant=Variant(dtype, "cuda"), budget=Budget(evals=60), seed=0)
+    f = fuzz_task(task, exhaustive=False)
     assert f.status == "ok" and f.evals == 60, f.message
     assert f.env["device_name"] and f.env["capability"].startswith("sm_")
     if name == "torch.relu":
         assert f.metrics.ulp == 0.0  # exact on every device
-    again = fuzz_task(Task(op=_spec(name), variant=Variant(dtype, "cuda"), budget=Budget(evals=60), seed=0))
+    again = fuzz_task(task, exhaustive=False)
     assert again.metrics.ulp == f.metrics.ulp  # deterministic for a seed and an evaluation budget
+
+
+def test_an_elementwise_16_bit_row_on_cuda_is_exhaustive():
+    f = fuzz_task(Task(op=_spec("torch.relu"), variant=Variant("bfloat16", "cuda"), budget=Budget(evals=60), seed=0))
+    assert f.status == "ok" and f.evals >= 65536, f.message  # every bfloat16 value, then the search
+    assert f.extra.get("search") == "exhaustive"
+    assert f.metrics.ulp == 0.0
 
 
 def test_tf32_is_a_variant_of_its_own_and_less_precise_than_strict_float32():
