@@ -15,7 +15,7 @@ seconds, and in a longer fixed budget for context. Columns:
 The reference tables are computed first, once per function x parameters x dtype, and cached
 (``$DL_GATE_CACHE/references``); their cost is printed separately ("truth s"), it is paid once per
 machine. Both sides measure each element in ulps of its own reference (``ulp_floor: dtype``), the
-unit exhaustive sets are judged in; the search uses the float64 run as its reference. Usage: python bench/exhaustive.py [--ops torch.erf,torch.exp] [--long 2] [--seed 0]
+unit exhaustive sets are judged in; the search uses the float64 run as its reference. Usage: python bench/exhaustive.py [--ops torch.erf,torch.exp] [--long 2] [--seed 0] [--device cuda]
 """
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--long", type=float, default=2.0, help="seconds of the longer search (context)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args(argv)
     cat = load_catalog(builtin=["torch", "tensorflow"])
     rows = []
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
         # both measured per element (ulps of each element's own reference, as exhaustive sets are)
         spec = cat.get(name).replace(ulp_floor="dtype")
         for dtype in args.dtypes.split(","):
-            v = Variant(dtype=dtype)
+            v = Variant(dtype=dtype, device=args.device)
             if not EX.applies(spec, v):
                 print(f"{name:15} {dtype:9} (not exhaustive: {'not elementwise' if not spec.elementwise else 'inputs'})")
                 continue

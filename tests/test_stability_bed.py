@@ -78,3 +78,69 @@ def test_a_stability_fix_passes_with_its_changes_reported_and_its_revert_fails(b
     code, report = run_gate(bed, tmp_path / "revert", "main", op, dtype)
     regs = [v for v in by_op(report, op) if v.outcome == "regression"]
     assert code == 1 and regs and any("new NaN/Inf" in v.reason for v in regs), outcomes(report, op)
+
+
+# kornia PR #2125 (fdb5d39): the binary focal loss's ``probs.log()`` -> ``logsigmoid(input)``.
+# On the input below (found by the contrast search in CI: logits near 0, targets of -4e4 and -5e4)
+# the two terms of each element are ~3.5e3 and cancel to ~0.2; in float16 base rounds both logs
+# to the same value and head (each log correctly rounded) to adjacent ones, so the cancellation
+# leaves 1010 ulps of error on base and 3742 on head, while the float64 function did not change.
+FOCAL = '''
+import torch
+
+
+def focal_fixed(input, target, alpha: float = 0.5, gamma: float = 2.0):
+    probs_pos, probs_neg = input.sigmoid(), (-input).sigmoid()
+    log_pos = torch.nn.functional.logsigmoid(input)
+    log_neg = torch.nn.functional.logsigmoid(-input)
+    loss = -alpha * probs_neg.pow(gamma) * target * log_pos - (1 - alpha) * probs_pos.pow(gamma) * (1.0 - target) * log_neg
+    return loss.mean()
+
+
+def focal_broken(input, target, alpha: float = 0.5, gamma: float = 2.0):
+    probs_pos, probs_neg = input.sigmoid(), (-input).sigmoid()
+    log_pos, log_neg = probs_pos.log(), probs_neg.log()
+    loss = -alpha * probs_neg.pow(gamma) * target * log_pos - (1 - alpha) * probs_pos.pow(gamma) * (1.0 - target) * log_neg
+    return loss.mean()
+'''
+
+
+def _focal_verdict(tmp_path, monkeypatch, head_fn, base_fn, target):
+    import numpy as np
+
+    from gate.config import parse_config
+    from gate.judge.decide import GateSettings, decide
+    from gate.judge.replay import replay
+    from gate.plan import Variant
+    from gate.search.inputs import Candidate
+
+    (tmp_path / "focalbed.py").write_text(FOCAL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = "\n".join(f"  - {{name: {fn}, callable: 'focalbed:{fn}', dims: {{N: [2, 2]}}, "
+                     f"inputs: [{{name: input, shape: [N, 3]}}, {{name: target, shape: [N, 3]}}]}}"
+                     for fn in (head_fn, base_fn))
+    cfg = parse_config(f"version: 1\nframework: torch\nbuiltin: false\nops:\n{rows}\n", root=tmp_path)
+    spec = {o.name: o for o in cfg.ops}
+    cand = Candidate(dims={"N": 2}, params={},
+                     arrays={"input": np.array([[0, 0, 0], [1.5997886657714844e-04, -9.0003e-05, 0]]),
+                             "target": np.asarray(target, dtype=np.float64)})
+    v = Variant("float16")
+    head, base = replay(spec[head_fn], v, [cand]), replay(spec[base_fn], v, [cand])
+    verdict = decide(spec[head_fn], v, head, base, None, "ok", None, GateSettings(), inputs=["found"], controls=[False])
+    return verdict, head[0].metrics.ulp, base[0].metrics.ulp
+
+
+def test_the_focal_loss_fix_is_not_failed_where_both_sides_cancel_terms_of_1e4(tmp_path, monkeypatch):
+    v, head_ulp, base_ulp = _focal_verdict(tmp_path, monkeypatch, "focal_fixed", "focal_broken",
+                                           [[0, 0, 0], [-40000.0, -49984.0, 0]])
+    # the numbers of the CI failure: head more than 3x base (the ratio rule alone fails this fix)
+    assert base_ulp > 500 and head_ulp > 3 * base_ulp, (head_ulp, base_ulp)
+    assert v.outcome == "pass" and v.details.get("base_unreliable") == 1, (v.outcome, v.reason)
+
+
+def test_on_targets_in_their_range_the_focal_loss_is_judged(tmp_path, monkeypatch):
+    # the same logits with targets in [0, 1]: nothing cancels, base is accurate, the input is judged
+    v, head_ulp, base_ulp = _focal_verdict(tmp_path, monkeypatch, "focal_fixed", "focal_broken",
+                                           [[0, 1, 0.5], [1, 0, 0.25]])
+    assert base_ulp < 45 and "base_unreliable" not in v.details and v.details["pairs"] == 1, (base_ulp, v.details)
+    assert v.outcome in ("pass", "improvement"), (v.outcome, v.reason)

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED
-from ..judge.decide import (BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite, no_correct_digits,
+from ..judge.decide import (BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite, base_unreliable,
                             ref_divergence, same_outputs)
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
@@ -157,8 +157,8 @@ class Target:
             return False  # a new NaN/Inf: another kind of finding (the judge calls it that first)
         if h.outputs is not None and same_outputs(h, b):
             return False  # the same output: only the reference moved
-        if no_correct_digits(b.metrics.ulp, dtype):
-            return False  # base had no correct digit on this input: nothing for head to lose (the judge's rule)
+        if base_unreliable(b.metrics.ulp, dtype):
+            return False  # base kept fewer than half its digits on this input: not judged (the judge's rule)
         return h.metrics.ulp > self.threshold(b, dtype)
 
     def severity(self, h: ReplayResult, b: Optional[ReplayResult], dtype: str) -> float:
