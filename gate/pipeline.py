@@ -30,7 +30,7 @@ from .judge.replay import ReplayJob, base_isolate_options, replay_head, replay_i
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
-from .report import make_output_dir
+from .report import FILES, make_output_dir
 
 
 @dataclass
@@ -142,7 +142,7 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 
 #: what a run writes under its output directory; an earlier run's copies are removed first, so
 #: that repro scripts of another branch never sit next to this run's report
-RUN_OUTPUTS = ("repro", "findings", "report.json", "report.md", "junit.xml", "errors.png")
+RUN_OUTPUTS = ("repro", "findings", *FILES.values())
 
 
 def clear_previous_run(out: Path) -> None:

@@ -95,6 +95,23 @@ def test_registry_rules_schema_and_plan_agree():
     assert Variant.parse(v.key) == v and v.key == "float32/cpu/input/channels_last/layout_eq"
 
 
+def test_nightly_oracles_are_rules_too():
+    """``export`` and ``graph`` are rows of oracles.yaml with ``schedule: nightly``: named (variant
+    keys parse), never planned per operator, never given a runner."""
+    from gate.ops.rules import parse_rules
+    from gate.plan import CAMPAIGN_ORACLES
+
+    rules = load_rules()
+    assert CAMPAIGN_ORACLES == tuple(rules.nightly) == ("export", "graph")
+    assert not set(CAMPAIGN_ORACLES) & (set(RUNNERS) | set(ORACLES) | set(rules.names()))
+    assert Variant.parse("float32/cpu/onnx/export") == Variant("float32", "cpu", "onnx", oracle="export")
+    assert "export" not in rules.applicable(SPECS["torch.exp"])
+    with pytest.raises(ConfigError, match="takes a description only"):
+        parse_rules("rules: {late: {schedule: nightly, runner: 'gate.oracles.late:LateRunner'}}")
+    with pytest.raises(ConfigError, match="unknown schedule 'weekly'"):
+        parse_rules("rules: {late: {schedule: weekly}}")
+
+
 def test_finding_extra_round_trips():
     f = Finding(op="torch.exp", framework="torch", variant=Variant("float32", oracle="xfw"),
                 metrics=Metrics(ulp=3.0, spread=2.0),

@@ -221,3 +221,27 @@ def test_one_annotation_per_changed_line_never_a_pile_on_one_line():
     assert [(n.file, n.line) for n in errors] == [("mylib/ops.py", 14), ("mylib/util.py", 7)]
     assert all("(+29 more failing variant(s)" in n.message for n in errors)
     assert "mylib.op0, mylib.op1" in errors[0].title
+
+
+CALLS = []
+
+
+def _fake_publish(report, env, *, paths, **switches):
+    CALLS.append((report.outcome, sorted(paths), switches))
+    return {}
+
+
+def test_a_new_publisher_is_one_registry_line_and_gets_its_publish_switch(tmp_path, monkeypatch, capsys):
+    import gate.cli
+    import gate.commands.publish as pub
+    from gate.report.sinks import Publisher
+
+    monkeypatch.setattr(pub, "PUBLISHERS", pub.PUBLISHERS + (
+        Publisher("gitlab", "publish on GitLab CI", "tests.test_report_github:_fake_publish"),))
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(rich_report().to_dict()))
+    CALLS.clear()
+    assert gate.cli.main(["publish", str(report), "--gitlab", "--out", str(tmp_path / "out"), "--no-comment"]) == 0
+    ((outcome, keys, switches),) = CALLS
+    assert outcome == "regression" and "junit" in keys and switches["comment"] is False
+    assert capsys.readouterr().out == ""  # a publisher chosen: no Markdown on stdout

@@ -5,6 +5,7 @@ import json
 import re
 import struct
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +160,20 @@ def test_write_all_writes_every_file_and_lists_them(tmp_path):
                                   "markdown": "report.md"}
     assert paths["markdown"].read_text().startswith("## ❌ dl-gate")
     assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+def _write_csv(report, path, root=None):
+    Path(path).write_text("".join(f"{v.id},{v.outcome}\n" for v in report.verdicts))
+    return Path(path)
+
+
+def test_a_new_file_sink_is_one_registry_line(tmp_path, monkeypatch):
+    import gate.report as rep
+    from gate.report.sinks import FileSink
+
+    monkeypatch.setattr(rep, "FILE_SINKS", rep.FILE_SINKS + (FileSink("csv", "verdicts.csv",
+                                                                      "tests.test_report_markdown:_write_csv"),))
+    paths = write_all(rich_report(), tmp_path / "out")
+    assert paths["csv"].read_text().startswith("mylib.")
+    assert json.loads(paths["report"].read_text())["artifacts"]["csv"] == "verdicts.csv"
+    assert list(rep.written(tmp_path / "out"))[-2:] == ["csv", "report"]  # report.json last, as written

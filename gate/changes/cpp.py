@@ -396,6 +396,13 @@ class CppFile:
     def _find_registrations(self) -> None:
         text = self.clean_text()
         line_at = _LineIndex(text)
+        self._dispatch_registrations(text, line_at)
+        self._tf_registrations(text, line_at)
+        self._pybind_registrations(text, line_at)
+        self._torch_library_registrations(text, line_at)
+
+    def _dispatch_registrations(self, text: str, line_at: _LineIndex) -> None:
+        """``REGISTER_*DISPATCH(stub, &impl)``: a kernel behind an ATen dispatch stub."""
         for m in re.finditer(r"\b(?:ALSO_)?REGISTER_\w*DISPATCH\s*\(", text):
             args, stop = _call_args(text, m.end() - 1)
             if len(args) >= 2:
@@ -405,6 +412,10 @@ class CppFile:
                 if re.fullmatch(r"\w+", stub) and re.fullmatch(r"\w+", impl):
                     self.registrations.append(Registration("dispatch", line_at(m.start()), line_at(stop), names=[impl],
                                                            stub=stub))
+
+    def _tf_registrations(self, text: str, line_at: _LineIndex) -> None:
+        """``REGISTER_OP("Name")``, ``REGISTER_KERNEL_BUILDER(Name("Op")..., Kernel)`` and the
+        ``REGISTERn(...)`` / ``REGISTER_*(...)`` macros that name TensorFlow ops by string."""
         for m in re.finditer(r"\bREGISTER_OP\s*\(\s*\"(\w+)\"\s*\)", text):
             stop = _statement_end(text, m.end())
             self.registrations.append(Registration("tf_op", line_at(m.start()), line_at(stop), ops=[m.group(1)]))
@@ -429,6 +440,9 @@ class CppFile:
                 names = [x for a in args if '"' not in a for x in re.findall(r"[A-Za-z_]\w*", a) if x not in _PRIMITIVE]
                 self.registrations.append(Registration("tf_kernel", line_at(m.start()), line_at(stop), ops=ops,
                                                        names=list(dict.fromkeys(names))))
+
+    def _pybind_registrations(self, text: str, line_at: _LineIndex) -> None:
+        """``m.def("name", &fn)`` inside ``PYBIND11_MODULE``."""
         for m in re.finditer(r"\bPYBIND11_MODULE\s*\(", text):
             # m.def("name", &fn, ...): a Python-visible function of a compiled extension module,
             # reached from Python as `pkg._C.name` (op ``pybind::name``)
@@ -451,6 +465,9 @@ class CppFile:
                     names = [x for x in re.findall(r"\b([A-Za-z_]\w*)\s*\(", args[1]) if x not in _PRIMITIVE]
                 self.registrations.append(Registration("pybind_def", line_at(brace + d.start()), line_at(brace + dstop),
                                                        ops=[f"pybind::{lit.group(1)}"], names=list(dict.fromkeys(names))))
+
+    def _torch_library_registrations(self, text: str, line_at: _LineIndex) -> None:
+        """``.def`` / ``.impl`` calls inside a ``TORCH_LIBRARY*`` block."""
         for sym in self.symbols:
             if sym.macro in _TORCH_LIB and sym.macro_args:
                 ns = sym.macro_args[0]

@@ -61,14 +61,14 @@ def parse_shard(text: Optional[str]):
 def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float], evals: Optional[int], seed: int,
                       total: Optional[float] = None,
                       out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
-    from ..backends import get_backend
+    from ..backends import FRAMEWORKS, get_backend
     from ..fuzz import fuzz_task
     from ..search.seeds import SeedStore
     from ..judge.baselines import check_writable, write_rows
     from ..ops.catalog import load_catalog
     from ..plan import Budget, Task, plan
 
-    catalog = load_catalog(cfg.ops, builtin=("torch", "tensorflow"))
+    catalog = load_catalog(cfg.ops, builtin=FRAMEWORKS)
     names = [catalog.get(n).name for n in ops] if ops else [s.name for s in cfg.ops]
     if not names:
         raise GateError("nothing to refresh: the config declares no operators (name some with --ops)")

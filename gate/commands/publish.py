@@ -11,14 +11,16 @@ import os
 import sys
 from pathlib import Path
 
+from ..report.sinks import PUBLISHERS
+
 
 def register(sub) -> None:
     p = sub.add_parser("publish", help="render and publish an existing report.json (JUnit, Markdown, GitHub)", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="example:\n  dl-gate publish artifact/report.json --github --no-annotations")
     p.add_argument("report", metavar="REPORT.json", help="a report written by `dl-gate run`")
     p.add_argument("--out", metavar="DIR", help="write junit.xml, report.md, report.json and errors.png here")
-    p.add_argument("--github", action="store_true",
-                   help="publish on GitHub Actions: job summary, annotations, step outputs, PR comment")
+    for pub in PUBLISHERS:  # --github, ...
+        p.add_argument(f"--{pub.name}", action="store_true", help=pub.help)
     p.add_argument("--comment", action=argparse.BooleanOptionalAction, default=True,
                    help="with --github: create/update the sticky PR comment (default: on)")
     p.add_argument("--annotations", action=argparse.BooleanOptionalAction, default=True,
@@ -44,11 +46,10 @@ def run(args) -> int:
         paths = write_all(report, Path(args.out), root=root)
         for name, p in sorted(paths.items()):
             print(f"{name}: {p}", file=sys.stderr)
-    if args.github:
-        from ..report.github import publish_to_github
-
-        publish_to_github(report, os.environ, paths=paths, comment=args.comment, annotations=args.annotations,
-                          summary=args.summary, comment_key=args.comment_key, comment_author=args.comment_author)
-    elif not args.out:
+    chosen = [pub for pub in PUBLISHERS if getattr(args, pub.name.replace("-", "_"))]
+    for pub in chosen:
+        pub.publish(report, os.environ, paths=paths, comment=args.comment, annotations=args.annotations,
+                    summary=args.summary, comment_key=args.comment_key, comment_author=args.comment_author)
+    if not chosen and not args.out:
         print(render_markdown(report))
     return 0

@@ -112,9 +112,9 @@ def _supervise(args) -> int:
     result = sup.wait()
     report, trusted = supervise.verdict_of_run(result, out)
     if trusted:
-        paths = {k: str(out / f) for k, f in (("junit", "junit.xml"), ("plot", "errors.png"),
-                                              ("markdown", "report.md"), ("report", "report.json"))
-                 if (out / f).exists()}
+        from ..report import written
+
+        paths = {k: str(p) for k, p in written(out).items()}
     else:
         paths = write_outputs(report, out)
     print_report(report)

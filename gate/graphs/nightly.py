@@ -103,37 +103,14 @@ def nightly(catalog: Iterable[OpSpec], *, budget_seconds: float, seed: int = 0, 
     t0 = time.perf_counter()
     run = NightlyRun(findings=[], seed=seed, budget_seconds=budget_seconds)
     say = progress or (lambda msg: None)
-    fws = []
-    for fw in frameworks:
-        if not framework_installed(fw):
-            run.notes.append(f"{fw} is not installed: skipped")
-            continue
-        fws.append(fw)
-    if not fws:
-        raise GateError(f"none of {', '.join(frameworks)} is installed")
+    fws = _installed(frameworks, run)
 
     # -- 1. graphs -------------------------------------------------------------------------
     graph_rows: Dict[str, List[Finding]] = {}
     if shares["graphs"] > 0:
-        per_fw = budget_seconds * shares["graphs"] / len(fws)
-        for fw in fws:
-            start = time.perf_counter()
-            try:
-                space = GraphSpace.build(specs, fw, dtypes=dtypes, device=device)
-            except ValueError as exc:
-                run.notes.append(f"graphs ({fw}): {exc}")
-                continue
-            for name, why in sorted(space.ineligible.items()):
-                run.notes.append(f"graphs ({fw}): {name} is not a graph node: {why}")
-            left = per_fw - (time.perf_counter() - start)
-            say(f"graphs ({fw}, {arm}): {len(space.ops)} operators, {left:.0f}s")
-            camp = GraphCampaign(space, arm=arm, dtypes=dtypes, seed=seed, evals_per_graph=evals_per_graph,
-                                 device=device)
-            res = camp.run(seconds=max(left, 0.0) if max_graphs is None else None, graphs=max_graphs)
-            run.campaigns[fw] = res
-            run.coverage[fw] = res.coverage
-            graph_rows[fw] = res.findings
-            run.findings.extend(res.findings)
+        graph_rows = _graphs(specs, fws, run, per_fw=budget_seconds * shares["graphs"] / len(fws), arm=arm,
+                             dtypes=dtypes, seed=seed, evals_per_graph=evals_per_graph, device=device,
+                             max_graphs=max_graphs, say=say)
 
     # -- 2. export differentials ------------------------------------------------------------
     if shares["export"] > 0:
@@ -142,53 +119,108 @@ def nightly(catalog: Iterable[OpSpec], *, budget_seconds: float, seed: int = 0, 
             deadline = time.perf_counter() + export_budget
         else:
             deadline = t0 + budget_seconds
-        jobs: List[Tuple[str, Callable[[], Finding]]] = []
-        rng = np.random.default_rng([seed, 0xE7])
-        for fw in fws:
-            paths = [p for p in paths_for(fw) if export_paths is None or p.name in export_paths]
-            usable = []
-            for p in paths:
-                why = p.missing()
-                if why:
-                    run.notes.append(f"export path {p.name}: not available ({why})")
-                else:
-                    usable.append(p)
-            by_name = {s.name: s for s in specs if s.framework == fw}
-            # graphs first (the worst few), then every exportable operator in a seeded order
-            worst = sorted((f for f in graph_rows.get(fw, []) if f.best is not None and f.metrics is not None),
-                           key=lambda f: (-f.metrics.severity, f.op))
-            chosen, seen = [], set()
-            for f in worst:
-                if f.op not in seen:
-                    seen.add(f.op)
-                    chosen.append(f)
-                if len(chosen) >= export_graphs:
-                    break
-            for f in chosen:
-                for p in usable:
-                    if p.name == "torchscript-script":
-                        continue  # a graph has no Python function of its own to script
-                    jobs.append((f"{f.op}[{EXPORT_DTYPE}/{device}/{p.name}/export]",
-                                 (lambda f=f, p=p: _export_graph(f, by_name, p.name, seed, export_evals, device))))
-            names = sorted(n for n, s in by_name.items() if EXPORT_DTYPE in s.dtypes
-                           and (export_ops is None or n in export_ops))
-            order = [names[int(i)] for i in rng.permutation(len(names))]
-            for n in order:
-                for p in usable:
-                    jobs.append((f"{n}[{EXPORT_DTYPE}/{device}/{p.name}/export]",
-                                 (lambda s=by_name[n], p=p: _export_op(s, p.name, seed, export_evals, device))))
+        jobs = _export_jobs(specs, fws, graph_rows, run, export_paths=export_paths, export_graphs=export_graphs,
+                            export_ops=export_ops, export_evals=export_evals, seed=seed, device=device)
         say(f"export: {len(jobs)} model x path rows")
-        for k, (label, job) in enumerate(jobs):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                run.not_covered.extend(lbl for lbl, _ in jobs[k:])
-                break
-            f = job()
-            if f is not None:
-                run.findings.append(f)
+        _run_jobs(jobs, deadline, run)
         run.export_failures = group_failures(run.findings)
     run.seconds = time.perf_counter() - t0
     return run
+
+
+def _installed(frameworks: Sequence[str], run: NightlyRun) -> List[str]:
+    """The frameworks of ``frameworks`` that are installed (a note for each one that is not)."""
+    fws = []
+    for fw in frameworks:
+        if not framework_installed(fw):
+            run.notes.append(f"{fw} is not installed: skipped")
+            continue
+        fws.append(fw)
+    if not fws:
+        raise GateError(f"none of {', '.join(frameworks)} is installed")
+    return fws
+
+
+def _graphs(specs: List[OpSpec], fws: List[str], run: NightlyRun, *, per_fw: float, arm: str, dtypes: Sequence[str],
+            seed: int, evals_per_graph: int, device: str, max_graphs: Optional[int],
+            say: Callable[[str], None]) -> Dict[str, List[Finding]]:
+    """One graph campaign per framework, ``per_fw`` seconds each (or ``max_graphs`` graphs);
+    their findings go into ``run`` and come back by framework."""
+    graph_rows: Dict[str, List[Finding]] = {}
+    for fw in fws:
+        start = time.perf_counter()
+        try:
+            space = GraphSpace.build(specs, fw, dtypes=dtypes, device=device)
+        except ValueError as exc:
+            run.notes.append(f"graphs ({fw}): {exc}")
+            continue
+        for name, why in sorted(space.ineligible.items()):
+            run.notes.append(f"graphs ({fw}): {name} is not a graph node: {why}")
+        left = per_fw - (time.perf_counter() - start)
+        say(f"graphs ({fw}, {arm}): {len(space.ops)} operators, {left:.0f}s")
+        camp = GraphCampaign(space, arm=arm, dtypes=dtypes, seed=seed, evals_per_graph=evals_per_graph,
+                             device=device)
+        res = camp.run(seconds=max(left, 0.0) if max_graphs is None else None, graphs=max_graphs)
+        run.campaigns[fw] = res
+        run.coverage[fw] = res.coverage
+        graph_rows[fw] = res.findings
+        run.findings.extend(res.findings)
+    return graph_rows
+
+
+def _export_jobs(specs: List[OpSpec], fws: List[str], graph_rows: Dict[str, List[Finding]], run: NightlyRun, *,
+                 export_paths: Optional[Sequence[str]], export_graphs: int, export_ops: Optional[Sequence[str]],
+                 export_evals: int, seed: int, device: str) -> List[Tuple[str, Callable[[], Finding]]]:
+    """The export rows to run, in order, each a label and a job: per framework, the worst few
+    graphs first, then every exportable operator in a seeded order, on every usable path."""
+    jobs: List[Tuple[str, Callable[[], Finding]]] = []
+    rng = np.random.default_rng([seed, 0xE7])
+    for fw in fws:
+        paths = [p for p in paths_for(fw) if export_paths is None or p.name in export_paths]
+        usable = []
+        for p in paths:
+            why = p.missing()
+            if why:
+                run.notes.append(f"export path {p.name}: not available ({why})")
+            else:
+                usable.append(p)
+        by_name = {s.name: s for s in specs if s.framework == fw}
+        # graphs first (the worst few), then every exportable operator in a seeded order
+        worst = sorted((f for f in graph_rows.get(fw, []) if f.best is not None and f.metrics is not None),
+                       key=lambda f: (-f.metrics.severity, f.op))
+        chosen, seen = [], set()
+        for f in worst:
+            if f.op not in seen:
+                seen.add(f.op)
+                chosen.append(f)
+            if len(chosen) >= export_graphs:
+                break
+        for f in chosen:
+            for p in usable:
+                if p.name == "torchscript-script":
+                    continue  # a graph has no Python function of its own to script
+                jobs.append((f"{f.op}[{EXPORT_DTYPE}/{device}/{p.name}/export]",
+                             (lambda f=f, p=p: _export_graph(f, by_name, p.name, seed, export_evals, device))))
+        names = sorted(n for n, s in by_name.items() if EXPORT_DTYPE in s.dtypes
+                       and (export_ops is None or n in export_ops))
+        order = [names[int(i)] for i in rng.permutation(len(names))]
+        for n in order:
+            for p in usable:
+                jobs.append((f"{n}[{EXPORT_DTYPE}/{device}/{p.name}/export]",
+                             (lambda s=by_name[n], p=p: _export_op(s, p.name, seed, export_evals, device))))
+    return jobs
+
+
+def _run_jobs(jobs: List[Tuple[str, Callable[[], Finding]]], deadline: float, run: NightlyRun) -> None:
+    """Run the export rows in order until ``deadline``; those it did not reach are not covered."""
+    for k, (label, job) in enumerate(jobs):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            run.not_covered.extend(lbl for lbl, _ in jobs[k:])
+            break
+        f = job()
+        if f is not None:
+            run.findings.append(f)
 
 
 def _export_op(spec: OpSpec, path: str, seed: int, evals: int, device: str) -> Finding:

@@ -146,27 +146,16 @@ class Inferred:
     calls: int = 0  # test calls it is built from
 
 
-def from_records(op: Operator, records: Sequence[CallRecord], framework: str, sources: List[str]) -> Inferred:
-    """A spec built from the test calls of ``op``: the most common tensor signature (names,
-    ranks, kinds), dims shared where sizes agree in every call (a size that never changes stays
-    a literal), observed ranges and value domains, observed parameter values as choices."""
-    bound = [b for b in (bind(op, r) for r in records) if b]
-    if not bound:
-        return Inferred(None, "no test call fits its signature")
-    sig_count: Dict[tuple, int] = collections.Counter()
-    for b in bound:
-        sig = tuple((k, len(v.shape), _tensor_kind(v)) for k, v in b.items() if isinstance(v, TensorArg))
-        if sig:
-            sig_count[sig] += 1
-    if not sig_count:
-        return Inferred(None, "its test calls pass no tensor")
-    best = max(sig_count.items(), key=lambda kv: (kv[1], -len(kv[0])))[0]
-    if any(kind == "complex" for _, _, kind in best):
-        return Inferred(None, "complex tensors (the gate compares real outputs)")
-    names = [k for k, _, _ in best]
-    calls = [b for b in bound if tuple((k, len(v.shape), _tensor_kind(v)) for k, v in b.items()
-                                       if isinstance(v, TensorArg)) == best]
-    # dims: axis positions whose sizes agree in every call share a name
+def _signature(b: Dict[str, Any]) -> tuple:
+    """The tensor signature of one bound call: (name, rank, kind) of each tensor argument."""
+    return tuple((k, len(v.shape), _tensor_kind(v)) for k, v in b.items() if isinstance(v, TensorArg))
+
+
+def _shared_dims(best: tuple, calls: List[Dict[str, Any]]) -> Tuple[Dict[tuple, Any], Dict[str, list],
+                                                                     Dict[str, List[int]]]:
+    """Axis positions whose sizes agree in every call share a name; a size that never changes
+    stays a literal. Returns the shape entry of each (input, axis), the dims' ranges and the
+    sizes each dim took, call by call."""
     positions = [(k, ax) for k, rank, _ in best for ax in range(rank)]
     sizes = {p: [int(c[p[0]].shape[p[1]]) for c in calls] for p in positions}
     groups: List[List[tuple]] = []
@@ -192,6 +181,13 @@ def from_records(op: Operator, records: Sequence[CallRecord], framework: str, so
         dim_values[name] = vals
         for p in g:
             shape_of[p] = name
+    return shape_of, dims, dim_values
+
+
+def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of: Dict[tuple, Any]) -> List[dict]:
+    """The spec's ``inputs``: one row per tensor of the signature, with its shape, kind, index
+    bound or value domain, and whether it is passed by keyword."""
+    names = [k for k, _, _ in best]
     inputs = []
     positional = _positional_names(op)
     order = [p["name"] for p in op.params]
@@ -211,6 +207,14 @@ def from_records(op: Operator, records: Sequence[CallRecord], framework: str, so
         if k not in positional or any(b not in names[:i] for b in before):
             row["keyword"] = True
         inputs.append(row)
+    return inputs
+
+
+def _param_rows(op: Operator, calls: List[Dict[str, Any]],
+                dim_values: Dict[str, List[int]]) -> Tuple[Dict[str, Any], List[str]]:
+    """The spec's ``params``: each non-tensor argument's observed values as a value or choices
+    (most common first, at most 6), or an ``expr`` where it equals a dim in every call; and the
+    names of those dropped because a value is an object the gate cannot replay."""
     params: Dict[str, Any] = {}
     dropped: List[str] = []
     for k in sorted({k for c in calls for k, v in c.items() if not isinstance(v, TensorArg)}):
@@ -242,6 +246,31 @@ def from_records(op: Operator, records: Sequence[CallRecord], framework: str, so
             params[k] = uniq[0] if not isinstance(uniq[0], list) else {"value": uniq[0]}
         else:
             params[k] = {"choices": uniq}
+    return params, dropped
+
+
+def from_records(op: Operator, records: Sequence[CallRecord], framework: str, sources: List[str]) -> Inferred:
+    """A spec built from the test calls of ``op``: the most common tensor signature (names,
+    ranks, kinds), dims shared where sizes agree in every call (a size that never changes stays
+    a literal), observed ranges and value domains, observed parameter values as choices."""
+    bound = [b for b in (bind(op, r) for r in records) if b]
+    if not bound:
+        return Inferred(None, "no test call fits its signature")
+    sig_count: Dict[tuple, int] = collections.Counter()
+    for b in bound:
+        sig = _signature(b)
+        if sig:
+            sig_count[sig] += 1
+    if not sig_count:
+        return Inferred(None, "its test calls pass no tensor")
+    best = max(sig_count.items(), key=lambda kv: (kv[1], -len(kv[0])))[0]
+    if any(kind == "complex" for _, _, kind in best):
+        return Inferred(None, "complex tensors (the gate compares real outputs)")
+    names = [k for k, _, _ in best]
+    calls = [b for b in bound if _signature(b) == best]
+    shape_of, dims, dim_values = _shared_dims(best, calls)
+    inputs = _input_rows(op, best, calls, shape_of)
+    params, dropped = _param_rows(op, calls, dim_values)
     required = [p["name"] for p in op.params if not p["has_default"] and p["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
     missing = [r for r in required if r not in names and r not in params]
     if missing:

@@ -478,48 +478,62 @@ def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: 
     thr_r = max(m - 1.0, 1.0)
     if head.low is None:
         return None, table
-    # ---- a crash: the call that raised, or the library line the exception left -------------
     if kind == "crash":
-        failing = [c for c in head.low.calls if c.error]
-        for c in head.low.calls:
-            table.append({"index": c.index, "call": _short(c.name), "site": c.site, "error": c.error})
-        if failing:
-            c = failing[-1]
-            return _pick(c, delta=f"raises {c.error.split(':')[0]}", error=c.error, how="the call that raised on head"), table
-        if head.low.error_site:
-            es = head.low.error_site
-            return {"call": "raise", "file": es["file"], "line": es["line"], "function": es["function"],
-                    "stack": es["stack"], "delta": f"raises {head.low.error.split(':')[0]}", "error": head.low.error,
-                    "how": "the library line the exception left"}, table
-        return None, table
-
-    # ---- behaviour: head's float64 intermediates against base's -----------------------------
+        return _crash_culprit(head, table), table
     if kind == "behaviour":
-        if base is None or base.f64 is None or head.f64 is None:
-            return None, table
-        hm = align([c.name for c in head.f64.calls], [c.name for c in base.f64.calls])
-        dl = [(_delta(c.outputs, base.f64.calls[hm[i]].outputs, head.dtype, ulp_floor) if i in hm else None)
-              for i, c in enumerate(head.f64.calls)]
-        d_in, rr = rates(head.f64, [0.0 if d is None else d for d in dl])
-        rr = [None if d is None else r for d, r in zip(dl, rr)]
-        found = None
-        for i, c in enumerate(head.f64.calls):
-            row = {"index": i, "call": _short(c.name), "site": c.site, "divergence": dl[i], "divergence_inputs": d_in[i],
-                   "rate": rr[i], "base": _short(base.f64.calls[hm[i]].name) if i in hm else None}
-            table.append(row)
-            if found is None and dl[i] is not None and dl[i] > behaviour_tol and (rr[i] is None or rr[i] > thr_r):
-                new = [p for p in c.inputs if 0 <= p < i and p not in hm]
-                src = head.f64.calls[max(new)] if new else c
-                found = _pick(src, delta=dl[i], rate=rr[i],
-                              how=("new code feeding the first call whose float64 output departs from base's"
-                                   if new else "first call whose float64 output departs from base's"))
-        if found is None:
-            new_calls = [c for i, c in enumerate(head.f64.calls) if i not in hm]
-            if new_calls:
-                found = _pick(new_calls[0], how="first call that base does not make (no intermediate diverged)")
-        return found, table
+        return _behaviour_culprit(head, base, ulp_floor, behaviour_tol, thr_r, table), table
+    return _precision_culprit(head, base, floor, m, thr_r, table), table
 
-    # ---- precision / NaN: change rate of head's error, base's as the control ----------------
+
+def _crash_culprit(head: OpTrace, table: List[dict]) -> Optional[dict]:
+    """A crash: the call that raised, or the library line the exception left."""
+    failing = [c for c in head.low.calls if c.error]
+    for c in head.low.calls:
+        table.append({"index": c.index, "call": _short(c.name), "site": c.site, "error": c.error})
+    if failing:
+        c = failing[-1]
+        return _pick(c, delta=f"raises {c.error.split(':')[0]}", error=c.error, how="the call that raised on head")
+    if head.low.error_site:
+        es = head.low.error_site
+        return {"call": "raise", "file": es["file"], "line": es["line"], "function": es["function"],
+                "stack": es["stack"], "delta": f"raises {head.low.error.split(':')[0]}", "error": head.low.error,
+                "how": "the library line the exception left"}
+    return None
+
+
+def _behaviour_culprit(head: OpTrace, base: Optional[OpTrace], ulp_floor: str, behaviour_tol: float, thr_r: float,
+                       table: List[dict]) -> Optional[dict]:
+    """Behaviour: head's float64 intermediates against base's; the first call whose output
+    departs from base's (or the new code feeding it), else the first call base does not make."""
+    if base is None or base.f64 is None or head.f64 is None:
+        return None
+    hm = align([c.name for c in head.f64.calls], [c.name for c in base.f64.calls])
+    dl = [(_delta(c.outputs, base.f64.calls[hm[i]].outputs, head.dtype, ulp_floor) if i in hm else None)
+          for i, c in enumerate(head.f64.calls)]
+    d_in, rr = rates(head.f64, [0.0 if d is None else d for d in dl])
+    rr = [None if d is None else r for d, r in zip(dl, rr)]
+    found = None
+    for i, c in enumerate(head.f64.calls):
+        row = {"index": i, "call": _short(c.name), "site": c.site, "divergence": dl[i], "divergence_inputs": d_in[i],
+               "rate": rr[i], "base": _short(base.f64.calls[hm[i]].name) if i in hm else None}
+        table.append(row)
+        if found is None and dl[i] is not None and dl[i] > behaviour_tol and (rr[i] is None or rr[i] > thr_r):
+            new = [p for p in c.inputs if 0 <= p < i and p not in hm]
+            src = head.f64.calls[max(new)] if new else c
+            found = _pick(src, delta=dl[i], rate=rr[i],
+                          how=("new code feeding the first call whose float64 output departs from base's"
+                               if new else "first call whose float64 output departs from base's"))
+    if found is None:
+        new_calls = [c for i, c in enumerate(head.f64.calls) if i not in hm]
+        if new_calls:
+            found = _pick(new_calls[0], how="first call that base does not make (no intermediate diverged)")
+    return found
+
+
+def _precision_culprit(head: OpTrace, base: Optional[OpTrace], floor: float, m: float, thr_r: float,
+                       table: List[dict]) -> Optional[dict]:
+    """Precision / NaN: the change rate of head's error, base's as the control; the first call
+    whose error jumps on head but not on base, else the first that jumps, else the largest."""
     dh = [c.delta for c in head.low.calls]
     din_h, r_h = rates(head.low, dh)
     db: List[Optional[float]] = []
@@ -576,7 +590,7 @@ def culprit(head: OpTrace, base: Optional[OpTrace], kind: str, floor: float, m: 
         found = _overflow_source(head.low, found) or found  # a NaN/Inf that an overflow upstream caused
     elif found is not None and base is not None and base.low is not None:
         found = _rounding_source(head.low, base.low, found, din_h, m) or found
-    return found, table
+    return found
 
 
 ROUNDED = 0.25  # ulps: an input carrying less error than this is as exact as the dtype holds it

@@ -4,7 +4,9 @@ A rule names an oracle and the operators it applies to (frameworks, kinds, expli
 documented exclusions, facts the row must declare) plus the runner's default arguments.
 :func:`applicable` answers, for one operator, "which oracles, with which arguments"; the plan
 stage turns that into variants, the fuzz stage hands the arguments to the oracle's runner.
-Nothing here imports a framework.
+A rule with ``schedule: nightly`` names an oracle whose rows come from the nightly campaign
+(:mod:`gate.graphs.nightly`) instead: it is kept apart (:attr:`Rules.nightly`), never planned
+per operator. Nothing here imports a framework.
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from ..errors import ConfigError
 from .spec import FLOAT_DTYPES, OpSpec
 
 REQUIREMENTS = ("grad", "batch_dim", "layouts", "xfw")
+#: when an oracle runs: ``pr`` (planned per operator, run by the fuzz stage through its runner)
+#: or ``nightly`` (its rows come from the nightly campaign; the rule carries a description only)
+SCHEDULES = ("pr", "nightly")
 
 
 @dataclass(frozen=True)
@@ -35,14 +40,21 @@ class OracleRule:
     per_layout: bool = False
     args: Mapping[str, Any] = field(default_factory=dict)
     runner: str = ""  # "module:Class" of the oracle's runner (gate.oracles.registry imports it)
+    schedule: str = "pr"  # one of SCHEDULES
 
     @classmethod
     def from_dict(cls, name: str, raw: Mapping) -> "OracleRule":
         raw = dict(raw or {})
         unknown = set(raw) - {"description", "frameworks", "kinds", "ops", "exclude", "requires", "dtypes",
-                              "dtype", "per_layout", "args", "runner"}
+                              "dtype", "per_layout", "args", "runner", "schedule"}
         if unknown:
             raise ConfigError(f"oracle rule {name}: unknown key(s) {', '.join(sorted(unknown))}")
+        schedule = str(raw.get("schedule") or "pr")
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"oracle rule {name}: unknown schedule {schedule!r} (use {', '.join(SCHEDULES)})")
+        if schedule == "nightly" and set(raw) - {"description", "schedule"}:
+            raise ConfigError(f"oracle rule {name}: a nightly oracle's rows come from the nightly campaign; its rule "
+                              f"takes a description only (not {', '.join(sorted(set(raw) - {'description', 'schedule'}))})")
         for req in raw.get("requires") or ():
             if req not in REQUIREMENTS and not str(req).startswith("args:"):
                 raise ConfigError(f"oracle rule {name}: unknown requirement {req!r}")
@@ -62,6 +74,7 @@ class OracleRule:
             per_layout=bool(raw.get("per_layout", False)),
             args=dict(raw.get("args") or {}),
             runner=str(raw.get("runner") or ""),
+            schedule=schedule,
         )
 
     def args_for(self, spec: OpSpec) -> Dict[str, Any]:
@@ -107,7 +120,8 @@ class OracleRule:
 
 @dataclass(frozen=True)
 class Rules:
-    rules: Mapping[str, OracleRule]
+    rules: Mapping[str, OracleRule]  # the oracles planned per operator (schedule: pr)
+    nightly: Mapping[str, OracleRule] = field(default_factory=dict)  # rows from the nightly campaign
 
     def names(self) -> List[str]:
         return list(self.rules)
@@ -137,7 +151,8 @@ class Rules:
 def parse_rules(text: str) -> Rules:
     doc = yaml.safe_load(text) or {}
     raw = doc.get("rules") or {}
-    return Rules({str(k): OracleRule.from_dict(str(k), v) for k, v in raw.items()})
+    rules = [OracleRule.from_dict(str(k), v) for k, v in raw.items()]
+    return Rules({r.name: r for r in rules if r.schedule == "pr"}, {r.name: r for r in rules if r.schedule == "nightly"})
 
 
 _RULES: Optional[Rules] = None

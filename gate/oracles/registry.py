@@ -1,7 +1,7 @@
 """Oracle name -> runner class: the extension point through which :func:`gate.fuzz.fuzz_task`
 dispatches on ``task.variant.oracle``.
 
-Every oracle is a rule in ``gate/ops/catalog/oracles.yaml`` whose ``runner`` names its class
+Every per-PR oracle is a rule in ``gate/ops/catalog/oracles.yaml`` whose ``runner`` names its class
 (``module:Class``); the registry imports the classes from there, so it names no oracle module
 itself. A runner class is built with ``cls.build(spec, variant, options)`` (options: the
 oracle's rule arguments merged with the row's ``oracle_args``; a class without ``build`` is

@@ -75,10 +75,18 @@ def _fuzz_oracles() -> tuple:
     return tuple(load_rules().names())
 
 
-#: Oracles the fuzz stage runs: every rule of ``gate/ops/catalog/oracles.yaml``, in its order.
+def _campaign_oracles() -> tuple:
+    from ..ops.rules import load_rules
+
+    return tuple(load_rules().nightly)
+
+
+#: Oracles the fuzz stage runs: every per-operator rule (``schedule: pr``, the default) of
+#: ``gate/ops/catalog/oracles.yaml``, in its order.
 FUZZ_ORACLES = _fuzz_oracles()
-#: Oracles whose findings come from their own campaigns (gate.oracles.export, gate.graphs).
-CAMPAIGN_ORACLES = ("export", "graph")
+#: Oracles whose findings come from the nightly campaign (gate.oracles.export, gate.graphs): the
+#: rules of ``oracles.yaml`` with ``schedule: nightly``, in its order.
+CAMPAIGN_ORACLES = _campaign_oracles()
 ORACLES = FUZZ_ORACLES + CAMPAIGN_ORACLES
 
 

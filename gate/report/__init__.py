@@ -6,6 +6,7 @@
 * :mod:`.junit`, :mod:`.markdown`, :mod:`.plot`: one renderer each.
 * :func:`gate.report.github.publish_to_github`: job summary, step outputs, annotations and the
   sticky PR comment (:mod:`.comment`, :mod:`.annotations`, :mod:`.outputs`).
+* :mod:`.sinks`: the registry of both kinds of sink, files and publishers.
 
 This stage never imports torch or TensorFlow: it runs on plain data, also in the fork-safe
 ``workflow_run`` job that only has the report artifact."""
@@ -19,7 +20,9 @@ from typing import Dict, Optional
 
 from ..judge.verdict import GateReport
 
-FILES = {"report": "report.json", "junit": "junit.xml", "markdown": "report.md", "plot": "errors.png"}
+from .sinks import FILE_SINKS
+
+FILES = {s.key: s.filename for s in FILE_SINKS}
 
 
 def make_output_dir(path: os.PathLike) -> Path:
@@ -46,15 +49,24 @@ def _write_text(path: Path, text: str) -> Path:
     return path
 
 
-def write_all(report: GateReport, out_dir: os.PathLike, root: Optional[os.PathLike] = None) -> Dict[str, Path]:
-    """Write report.json, junit.xml, report.md and the PNG plot into ``out_dir``; return
-    ``{"report", "junit", "markdown"[, "plot"]}`` -> path. ``root`` (the repository) makes
-    operator source paths relative in the JUnit file. The report's ``artifacts`` list the files
-    (names relative to ``out_dir``)."""
-    from .junit import write_junit
-    from .markdown import render_markdown
-    from .plot import write_plot
+def write_json(report: GateReport, path: os.PathLike, root: Optional[os.PathLike] = None) -> Path:
+    """``report.json``: the report itself, what ``dl-gate publish`` reads back."""
+    return _write_text(Path(path), json.dumps(report.to_dict(), indent=1) + "\n")
 
+
+def write_markdown(report: GateReport, path: os.PathLike, root: Optional[os.PathLike] = None) -> Path:
+    """``report.md``: the full Markdown report."""
+    from .markdown import render_markdown
+
+    return _write_text(Path(path), render_markdown(report))
+
+
+def write_all(report: GateReport, out_dir: os.PathLike, root: Optional[os.PathLike] = None) -> Dict[str, Path]:
+    """Write every file sink of :data:`gate.report.sinks.FILE_SINKS` into ``out_dir`` (junit.xml,
+    the PNG plot, report.md, report.json); return their key -> path, in the order written.
+    ``root`` (the repository) makes operator source paths relative in the JUnit file. The
+    report's ``artifacts`` list the files (names relative to ``out_dir``), so the sink that
+    writes it (report.json) comes after the others."""
     from ..serial import scrub_text
 
     # text from the diff or the operator's own messages may hold undecodable bytes (kept as lone
@@ -63,17 +75,25 @@ def write_all(report: GateReport, out_dir: os.PathLike, root: Optional[os.PathLi
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: Dict[str, Path] = {}
-    paths["junit"] = write_junit(report, out / FILES["junit"], root)
-    plot = write_plot(report, out / FILES["plot"])
-    if plot is not None:
-        paths["plot"] = plot
+    for sink in FILE_SINKS:
+        if not sink.lists_artifacts:
+            path = sink.write(report, out / sink.filename, root)
+            if path is not None:
+                paths[sink.key] = path
     artifacts = dict(report.artifacts or {})
-    artifacts.update({k: p.name for k, p in paths.items()})
-    artifacts.update({"report": FILES["report"], "markdown": FILES["markdown"]})
+    artifacts.update({s.key: s.filename for s in FILE_SINKS if s.key in paths or s.lists_artifacts})
     report = dataclasses.replace(report, artifacts=artifacts)
-    paths["markdown"] = _write_text(out / FILES["markdown"], render_markdown(report))
-    paths["report"] = _write_text(out / FILES["report"], json.dumps(report.to_dict(), indent=1) + "\n")
+    for sink in FILE_SINKS:
+        if sink.lists_artifacts:
+            paths[sink.key] = sink.write(report, out / sink.filename, root)
     return paths
 
 
-__all__ = ["write_all", "FILES"]
+def written(out_dir: os.PathLike) -> Dict[str, Path]:
+    """The files of :func:`write_all` that ``out_dir`` holds, by key, in the order it writes them."""
+    out = Path(out_dir)
+    order = [s for s in FILE_SINKS if not s.lists_artifacts] + [s for s in FILE_SINKS if s.lists_artifacts]
+    return {s.key: out / s.filename for s in order if (out / s.filename).exists()}
+
+
+__all__ = ["write_all", "written", "write_json", "write_markdown", "FILES"]

@@ -21,11 +21,12 @@ LAST_SKIP: Optional[str] = None
 _COLOURS = {"fail": "#cf222e", "pass": "#2da44e", "other": "#bf8700", "base": "#8c959f"}
 
 
-def write_plot(report: GateReport, path: os.PathLike) -> Optional[Path]:
+def write_plot(report: GateReport, path: os.PathLike, root: Optional[os.PathLike] = None) -> Optional[Path]:
     """Write a horizontal grouped bar chart (base grey, head coloured by outcome, threshold as a
     black tick; log scale when the errors span more than
     1.5 decades or one is infinite). Returns the path, or None
-    when there is nothing to plot or matplotlib is not installed."""
+    when there is nothing to plot or matplotlib is not installed. (``root``: unused, the chart
+    names no source file; a file sink's writer takes it.)"""
     global LAST_SKIP
     rows = [v for v in ordered(report) if v.head_error is not None or v.base_error is not None]
     rows = rows[:MAX_VARIANTS]
