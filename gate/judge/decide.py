@@ -202,7 +202,13 @@ def decide(
         return _true_value(spec, _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, inputs,
                                                    controls, ordinary))
 
-    # ---- no base replay: hold head against the stored baseline row ----------------------
+    return _decide_with_row(vv, head, base, row, row_status, head_max, head_nonfinite, head_crash, m, floor, dtype)
+
+
+def _decide_with_row(vv, head, base, row, row_status, head_max, head_nonfinite, head_crash, m, floor, dtype
+                     ) -> V.VariantVerdict:
+    """No base replay (a framework built-in, or base cannot import the operator): head is held
+    against the stored baseline row."""
     if base is not None:
         vv.details["base"] = base[0].error if base else "unavailable"
     if row_status == "missing" or row is None:
