@@ -120,3 +120,16 @@ def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_preci
     # and a new NaN still counts wherever base was
     g = judge(spec, [rr([float("nan")], [1e-30], ulp=0.0, nonfinite=1)], [rr([2e-7], [1e-30], ulp=9.01e15)])
     assert g.outcome == V.REGRESSION and "new NaN/Inf" in g.reason, (g.outcome, g.reason)
+
+
+def test_identical_outputs_neither_fail_nor_improve_whichever_reference_moved(spec):
+    # T5's layer norm with its variance upcast (transformers #4436): in float32 the upcast is a
+    # no-op and the outputs are bit-identical, but the upcasting side's float64 run casts to
+    # float32 too, so its error reads small and the other side's huge. Neither direction may
+    # show a 1e8-ulp head in a passing row, nor call the PR an improvement.
+    same = [[0.0, 1.0]]
+    small, large = rr(same, [0.0, 1.0], ulp=1.5), rr(same, [3e-30, 1.0], ulp=1.1e8)
+    revert = judge(spec, [large], [small])
+    fix = judge(spec, [small], [large])
+    for v in (revert, fix):
+        assert v.outcome == V.PASS and v.head_error <= 1.5 and v.base_error <= 1.5, (v.outcome, v.reason)

@@ -321,3 +321,22 @@ def test_a_domain_given_by_bounds_survives_the_trip_to_the_base_worker():
                           "inputs": [{"name": "x", "shape": [3], "domain": {"lo": 0, "hi": 4096}}]})
     again = OpSpec.from_dict(s.to_dict())
     assert again == s and (again.inputs[0].domain.lo, again.inputs[0].domain.hi) == (0.0, 4096.0)
+
+
+def test_the_worst_element_of_a_new_nan_is_the_element_that_became_nan():
+    # a dropped eps under a sqrt (pytorch3d's _sqrt_positive_part, issue #119): head's NaN has a
+    # NaN float64 run too, so its error reads 0 ulps; the element shown must still be that one,
+    # not the first finite element of the output
+    from gate.judge.replay import ReplayResult
+    from gate.localise.target import NONFINITE, Target, focus_element
+    from gate.ops.catalog import load_catalog
+    from gate.oracles.precision import Metrics
+
+    spec = load_catalog([], builtin=("torch",)).get("torch.exp")
+    ref = np.array([[0.5, 0.25], [np.nan, 2.0]])
+    head = ReplayResult("ok", Metrics(ulp=0.0), outputs=[np.array([[0.5, 0.25], [np.nan, 2.0]], np.float32)],
+                        reference=[ref])
+    base = ReplayResult("ok", Metrics(ulp=0.0), outputs=[np.array([[0.5, 0.25], [0.0, 2.0]], np.float32)],
+                        reference=[np.array([[0.5, 0.25], [0.0, 2.0]])])
+    target = Target(spec, GateSettings(), NONFINITE)
+    assert focus_element(target, head, base, "float32") == (0, (1, 0))

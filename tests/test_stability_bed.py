@@ -144,3 +144,88 @@ def test_on_targets_in_their_range_the_focal_loss_is_judged(tmp_path, monkeypatc
                                            [[0, 1, 0.5], [1, 0, 0.25]])
     assert base_ulp < 45 and "base_unreliable" not in v.details and v.details["pairs"] == 1, (base_ulp, v.details)
     assert v.outcome in ("pass", "improvement"), (v.outcome, v.reason)
+
+
+# transformers #4436 ("fp16 fixes for T5"): T5's layer norm computes the variance in float32.
+# Before it, a float16 row holding 300 squares to inf, the variance is inf and the row becomes
+# 0: base returns -0.0 where the true value is -524032, whose float16 rounding is -inf. Head's
+# -inf is the right answer, not a new NaN/Inf; the revert returns -0.0 where base returned it
+# and is failed on precision. torchvision #3383 (box_area in float16: 10 x 30000 overflows
+# unless upcast) is the counter-case: base's finite float32 area is right, so head's float16
+# inf stays a new NaN/Inf.
+OVERFLOW = '''
+import torch
+
+
+def t5_norm_fixed(x, weight, eps: float = 1e-6):
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    x = x / torch.sqrt(variance + eps)
+    if weight.dtype == torch.float16:
+        x = x.to(torch.float16)
+    return weight * x
+
+
+def t5_norm_buggy(x, weight, eps: float = 1e-6):
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x / torch.sqrt(variance + eps)
+    return weight * x
+
+
+def _upcast(t):
+    return t if t.is_floating_point() and t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def box_area_fixed(boxes):
+    boxes = _upcast(boxes)
+    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+
+
+def box_area_buggy(boxes):
+    return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+'''
+
+
+def _overflow_verdict(tmp_path, monkeypatch, head_fn, base_fn):
+    import numpy as np
+
+    from gate.config import parse_config
+    from gate.judge.decide import GateSettings, decide
+    from gate.judge.replay import replay
+    from gate.plan import Variant
+    from gate.search.inputs import Candidate
+
+    (tmp_path / "overflowbed.py").write_text(OVERFLOW)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if head_fn.startswith("t5"):
+        inputs = "[{name: x, shape: [N, 64]}, {name: weight, shape: [64]}]"
+        x = np.zeros((1, 64))
+        x[0, 0], x[0, 1] = 300.0, 1.0
+        w = np.ones(64)
+        w[0] = -65504.0
+        arrays = {"x": x, "weight": w}
+    else:
+        inputs = "[{name: boxes, shape: [N, 4]}]"
+        arrays = {"boxes": np.array([[0.0, 0.0, 10.0, 30000.0], [1.0, 2.0, 3.0, 5.0]])}
+    rows = "\n".join(f"  - {{name: {fn}, callable: 'overflowbed:{fn}', dims: {{N: [1, 2]}}, inputs: {inputs}}}"
+                     for fn in (head_fn, base_fn))
+    cfg = parse_config(f"version: 1\nframework: torch\nbuiltin: false\nops:\n{rows}\n", root=tmp_path)
+    spec = {o.name: o for o in cfg.ops}
+    cand = Candidate(dims={"N": len(next(iter(arrays.values())))}, params={}, arrays=arrays)
+    v = Variant("float16")
+    head, base = replay(spec[head_fn], v, [cand]), replay(spec[base_fn], v, [cand])
+    return decide(spec[head_fn], v, head, base, None, "ok", None, GateSettings(), inputs=["found"], controls=[False])
+
+
+def test_a_float16_fix_whose_right_answer_is_inf_passes_and_its_revert_fails_on_precision(tmp_path, monkeypatch):
+    fix = _overflow_verdict(tmp_path, monkeypatch, "t5_norm_fixed", "t5_norm_buggy")
+    assert fix.outcome in ("pass", "improvement") and not fix.reason.startswith("new NaN/Inf"), (fix.outcome, fix.reason)
+    revert = _overflow_verdict(tmp_path, monkeypatch, "t5_norm_buggy", "t5_norm_fixed")
+    assert revert.outcome == "regression" and revert.details["kind"] == "precision", (revert.outcome, revert.reason)
+    assert not revert.reason.startswith("head fixes"), revert.reason
+
+
+def test_inf_where_bases_upcast_area_was_right_is_still_new(tmp_path, monkeypatch):
+    revert = _overflow_verdict(tmp_path, monkeypatch, "box_area_buggy", "box_area_fixed")
+    assert revert.outcome == "regression" and revert.reason.startswith("new NaN/Inf"), (revert.outcome, revert.reason)
+    fix = _overflow_verdict(tmp_path, monkeypatch, "box_area_fixed", "box_area_buggy")
+    assert fix.outcome == "improvement", (fix.outcome, fix.reason)

@@ -94,7 +94,7 @@ class Localiser:
         found = self.w["cands"][i]
         h0 = self.w["head"][i]
         b0 = self.w["base"][i] if self.use_base else None
-        kind = classify(h0, b0, vv.outcome)
+        kind = classify(h0, b0, vv.outcome, variant.dtype)
         self.target = Target(spec, self.settings, kind, crash_signature=signature(h0) if kind == CRASH_KIND else None,
                              row_limit=self._row_limit(), oracle=variant.oracle)
         diag = Diagnosis(variant={k: v for k, v in variant.to_dict().items() if k != "oracle" or v != "precision"},
@@ -352,7 +352,8 @@ class Localiser:
                 c = cand.copy()
                 flat = c.arrays[t.name].reshape(-1).copy()
                 v = flat[j]
-                flat[j] = v + max(abs(v), 1.0) / 16.0
+                with np.errstate(invalid="ignore", over="ignore"):  # inf + inf/16 or NaN: nudged to itself
+                    flat[j] = v + max(abs(v), 1.0) / 16.0
                 c.arrays[t.name] = project(flat, t.domain).reshape(a.shape)
                 try:
                     r = at(c)

@@ -42,13 +42,13 @@ def _has_nonfinite(r: ReplayResult) -> bool:
     return any(np.asarray(o).dtype.kind == "f" and not np.isfinite(np.asarray(o)).all() for o in (r.outputs or ()))
 
 
-def classify(h: ReplayResult, b: Optional[ReplayResult], outcome: str) -> str:
+def classify(h: ReplayResult, b: Optional[ReplayResult], outcome: str, dtype: Optional[str] = None) -> str:
     """The kind of finding, by the judge's definitions (gate.judge.decide): a new NaN/Inf is
     head's output non-finite where base's output is finite."""
     if failed(h):
         return CRASH_KIND
     if b is not None and b.status == OK and b.outputs is not None and h.outputs is not None:
-        if new_nonfinite(h, b):
+        if new_nonfinite(h, b, dtype):
             return NONFINITE
     elif h.metrics is not None and h.metrics.nonfinite and not (b is not None and b.metrics and b.metrics.nonfinite):
         return NONFINITE
@@ -143,7 +143,7 @@ class Target:
             return False
         if self.kind == NONFINITE:
             if h.outputs is not None and b.outputs is not None:
-                return new_nonfinite(h, b) > 0
+                return new_nonfinite(h, b, dtype) > 0
             return not b.metrics.nonfinite
         if self.kind == INT_MISMATCH:
             return not b.metrics.int_mismatch
@@ -152,7 +152,7 @@ class Target:
             # beyond the variant's own threshold, as the judge holds it (a smaller move is
             # "reference moved"); integer outputs or shapes that differ give an infinite move
             return d is not None and d > max(BEHAVIOUR_TOLERANCE_ULP, self.threshold(b, dtype))
-        if (new_nonfinite(h, b) if h.outputs is not None and b.outputs is not None
+        if (new_nonfinite(h, b, dtype) if h.outputs is not None and b.outputs is not None
                 else h.metrics.nonfinite and not b.metrics.nonfinite):
             return False  # a new NaN/Inf: another kind of finding (the judge calls it that first)
         if h.outputs is not None and same_outputs(h, b):
@@ -205,6 +205,11 @@ def focus_element(target: Target, h: ReplayResult, b: Optional[ReplayResult], dt
             if br.shape != r.shape:
                 continue
             score = element_ulps(r, br, dtype, target.spec.ulp_floor)
+        elif (target.kind == NONFINITE and b is not None and b.outputs is not None and k < len(b.outputs)
+              and np.shape(b.outputs[k]) == o.shape):
+            # a new NaN/Inf: the element that became non-finite where base's is finite (its error
+            # in ulps is not measured: a NaN whose float64 run is NaN too reads 0)
+            score = (~np.isfinite(o) & np.isfinite(np.asarray(b.outputs[k]))).astype(np.float64)
         else:
             score = element_ulps(o, r, dtype, target.spec.ulp_floor)
             if b is not None and b.outputs is not None and b.reference is not None and k < len(b.outputs):
