@@ -53,3 +53,29 @@ def test_the_gpu_workflow_asks_for_the_cuda_math_modes():
     wf = yaml.safe_load((Path(__file__).resolve().parent.parent / ".github/workflows/dl-gate-gpu.yml").read_text())
     run = next(s["run"] for s in wf["jobs"]["gpu"]["steps"] if "dl-gate run" in str(s.get("run", "")))
     assert "--mode tf32" in run and "--mode reduced" in run and "--mode input" in run
+
+
+def test_the_modes_work_after_torch_testing_froze_the_cudnn_flags():
+    # importing torch.testing._internal (OpInfo's op_db, read for the seeds of built-in rows)
+    # calls torch.backends.disable_global_flags(): setting cudnn.allow_tf32 then raises, and the
+    # fresh-clone CI failed this file's test above whenever a seed test ran first. In a child
+    # process, so the freeze does not leak into this one.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "torch.backends.disable_global_flags()\n"
+        "from gate.backends.torch_backend import cuda_math\n"
+        "m, c = torch.backends.cuda.matmul, torch.backends.cudnn\n"
+        "before = (m.allow_tf32, c.allow_tf32, c.enabled, c.deterministic, c.benchmark)\n"
+        "with cuda_math('tf32'):\n"
+        "    assert (m.allow_tf32, c.allow_tf32) == (True, True), (m.allow_tf32, c.allow_tf32)\n"
+        "    assert (c.enabled, c.deterministic, c.benchmark) == before[2:]\n"
+        "with cuda_math('input'):\n"
+        "    assert (m.allow_tf32, c.allow_tf32) == (False, False)\n"
+        "assert (m.allow_tf32, c.allow_tf32, c.enabled, c.deterministic, c.benchmark) == before, before\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

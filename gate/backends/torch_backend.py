@@ -28,16 +28,40 @@ def cuda_math(mode: Optional[str]):
         yield
         return
     m, c = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = (m.allow_tf32, c.allow_tf32, m.allow_fp16_reduced_precision_reduction,
-             m.allow_bf16_reduced_precision_reduction)
+    saved = (m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
     tf32, reduced = mode == "tf32", mode == "reduced"
     try:
-        m.allow_tf32 = c.allow_tf32 = tf32
+        m.allow_tf32 = tf32
         m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = reduced
-        yield
+        with _cudnn_tf32(c, tf32):
+            yield
     finally:
-        (m.allow_tf32, c.allow_tf32, m.allow_fp16_reduced_precision_reduction,
-         m.allow_bf16_reduced_precision_reduction) = saved
+        m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
+
+
+@contextlib.contextmanager
+def _cudnn_tf32(c, value: bool):
+    """cuDNN's TF32 flag for the block. Importing ``torch.testing._internal`` (OpInfo's op_db,
+    which the seeds of built-in rows read) freezes cuDNN's flags process-wide
+    (``torch.backends.disable_global_flags``): then only ``cudnn.flags()`` may change them, and it
+    sets every flag, so each is passed at its current value."""
+    if not torch.backends.flags_frozen():
+        saved = c.allow_tf32
+        c.allow_tf32 = value
+        try:
+            yield
+        finally:
+            c.allow_tf32 = saved
+        return
+    import inspect
+
+    current = {"enabled": c.enabled, "benchmark": c.benchmark, "benchmark_limit": getattr(c, "benchmark_limit", None),
+               "deterministic": c.deterministic, "fp32_precision": getattr(c, "fp32_precision", None),
+               "depthwise_kernel": getattr(c, "depthwise_kernel", None)}
+    params = inspect.signature(c.flags).parameters
+    kw = {k: v for k, v in current.items() if k in params and v is not None}
+    with c.flags(allow_tf32=value, **kw):
+        yield
 
 
 class TorchBackend(Backend):
