@@ -340,3 +340,45 @@ def test_the_worst_element_of_a_new_nan_is_the_element_that_became_nan():
                         reference=[np.array([[0.5, 0.25], [0.0, 2.0]])])
     target = Target(spec, GateSettings(), NONFINITE)
     assert focus_element(target, head, base, "float32") == (0, (1, 0))
+
+
+def test_a_comment_edited_beside_the_change_is_not_named_as_the_changed_code(tmp_path):
+    # keras #23093 (normalize's rsqrt clamp): the fix's revert edits the comment above the code
+    # in a hunk of its own; the changed code named for the finding is the rsqrt line, not the comment
+    from gate.localise.code import changed_code
+
+    before = textwrap.dedent('''\
+        import torch
+
+
+        def normalize(x, epsilon=1e-7):
+            # L2 normalization with `x * rsqrt(...)`
+            # instead of `x / sqrt(...)`. Clamp the squared norm before the
+            # rsqrt so zero vectors get a finite gradient.
+            square_sum = torch.sum(torch.square(x), dim=-1, keepdim=True)
+            inv_norm = torch.rsqrt(torch.clamp_min(square_sum, epsilon * epsilon))
+            return x * inv_norm
+        ''')
+    after = textwrap.dedent('''\
+        import torch
+
+
+        def normalize(x, epsilon=1e-7):
+            # L2 normalization with `x * rsqrt(...)`
+            # instead of `x / sqrt(...)`
+            square_sum = torch.sum(torch.square(x), dim=-1, keepdim=True)
+            inv_norm = torch.rsqrt(square_sum)
+            inv_norm = torch.clamp_max(inv_norm, 1.0 / epsilon)
+            return x * inv_norm
+        ''')
+    repo = tmp_path / "r"
+    repo.mkdir()
+    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)  # noqa: E731
+    run("init", "-q", "-b", "main")
+    (repo / "m.py").write_text(before)
+    run("add", "-A")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fix")
+    (repo / "m.py").write_text(after)
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "revert")
+    [ch] = changed_code(repo, "HEAD~1", "HEAD")
+    assert ch.symbol == "normalize" and ch.lines == [8, 9], (ch.lines, ch.text)

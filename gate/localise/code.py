@@ -102,11 +102,15 @@ def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]
         defs = _definitions(src)
         docs = _docstring_lines(src)
         by_def: Dict[Tuple[Optional[str], int, int], Change] = {}
+
+        def is_code(n: int) -> bool:
+            return n not in docs and 0 < n <= len(src_lines) and bool(src_lines[n - 1].strip()) \
+                and not src_lines[n - 1].strip().startswith("#")
+
         for h in pf:
             lines = [ln.target_line_no for ln in h if ln.is_added and ln.target_line_no]
             # code lines first: a docstring, comment or blank line is named only when nothing else changed
-            code = [n for n in lines if n not in docs and 0 < n <= len(src_lines)
-                    and src_lines[n - 1].strip() and not src_lines[n - 1].strip().startswith("#")]
+            code = [n for n in lines if is_code(n)]
             lines = code or lines
             if not lines:  # a pure deletion: point at the line that now follows it
                 lines = [max(1, h.target_start + (1 if h.target_length == 0 else 0))]
@@ -121,6 +125,10 @@ def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]
                     ch.lines.append(ln)
                     if 0 < ln <= len(src_lines):
                         ch.text[ln] = src_lines[ln - 1].strip()
+        for ch in by_def.values():  # and across hunks: a comment edited beside the code is not named
+            code = [n for n in ch.lines if is_code(n)]
+            if code and len(code) < len(ch.lines):
+                ch.lines, ch.text = code, {n: t for n, t in ch.text.items() if n in code}
         out.extend(by_def.values())
     return out
 
