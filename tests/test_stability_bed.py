@@ -185,7 +185,7 @@ def box_area_buggy(boxes):
 '''
 
 
-def _overflow_verdict(tmp_path, monkeypatch, head_fn, base_fn):
+def _overflow_verdict(tmp_path, monkeypatch, head_fn, base_fn, dtype="float16", replays=False):
     import numpy as np
 
     from gate.config import parse_config
@@ -199,7 +199,8 @@ def _overflow_verdict(tmp_path, monkeypatch, head_fn, base_fn):
     if head_fn.startswith("t5"):
         inputs = "[{name: x, shape: [N, 64]}, {name: weight, shape: [64]}]"
         x = np.zeros((1, 64))
-        x[0, 0], x[0, 1] = 300.0, 1.0
+        # float16: 300^2 overflows 65504; float32: 1e20^2 overflows 3.4e38 (the upcast is a no-op)
+        x[0, 0], x[0, 1] = (300.0, 1.0) if dtype == "float16" else (1e20, 1e19)
         w = np.ones(64)
         w[0] = -65504.0
         arrays = {"x": x, "weight": w}
@@ -211,9 +212,10 @@ def _overflow_verdict(tmp_path, monkeypatch, head_fn, base_fn):
     cfg = parse_config(f"version: 1\nframework: torch\nbuiltin: false\nops:\n{rows}\n", root=tmp_path)
     spec = {o.name: o for o in cfg.ops}
     cand = Candidate(dims={"N": len(next(iter(arrays.values())))}, params={}, arrays=arrays)
-    v = Variant("float16")
+    v = Variant(dtype)
     head, base = replay(spec[head_fn], v, [cand]), replay(spec[base_fn], v, [cand])
-    return decide(spec[head_fn], v, head, base, None, "ok", None, GateSettings(), inputs=["found"], controls=[False])
+    verdict = decide(spec[head_fn], v, head, base, None, "ok", None, GateSettings(), inputs=["found"], controls=[False])
+    return (verdict, spec[head_fn], cand, head[0], base[0]) if replays else verdict
 
 
 def test_a_float16_fix_whose_right_answer_is_inf_passes_and_its_revert_fails_on_precision(tmp_path, monkeypatch):
@@ -229,3 +231,35 @@ def test_inf_where_bases_upcast_area_was_right_is_still_new(tmp_path, monkeypatc
     assert revert.outcome == "regression" and revert.reason.startswith("new NaN/Inf"), (revert.outcome, revert.reason)
     fix = _overflow_verdict(tmp_path, monkeypatch, "box_area_fixed", "box_area_buggy")
     assert fix.outcome == "improvement", (fix.outcome, fix.reason)
+
+
+def test_in_float32_the_t5_upcast_changes_nothing_and_neither_direction_claims_otherwise(tmp_path, monkeypatch):
+    # float32: both versions square 1e20 to inf and return 0, bit for bit; the fixed version's
+    # float64 run casts to float32 and returns 0 too, the buggy one's returns the true value. The
+    # outputs did not change: a pass both ways, with no 1e8-ulp head and no "improvement"
+    fix = _overflow_verdict(tmp_path, monkeypatch, "t5_norm_fixed", "t5_norm_buggy", dtype="float32")
+    revert = _overflow_verdict(tmp_path, monkeypatch, "t5_norm_buggy", "t5_norm_fixed", dtype="float32")
+    for v in (fix, revert):
+        assert v.outcome == "pass" and v.details["identical_outputs"] == 1, (v.outcome, v.reason)
+        assert v.head_error == v.base_error and v.head_error < 4, (v.head_error, v.base_error)
+
+
+@pytest.mark.parametrize("head_fn, base_fn, reproduces", [
+    ("t5_norm_fixed", "t5_norm_buggy", 0),  # head's -inf is the answer: not a new NaN/Inf
+    ("box_area_buggy", "box_area_fixed", 1),  # base's float32 area was right: it is one
+])
+def test_the_repro_script_counts_new_nan_as_the_judge_does(tmp_path, monkeypatch, head_fn, base_fn, reproduces):
+    import os
+    import subprocess
+    import sys
+
+    from gate.localise.repro import write_repro
+    from gate.plan import Variant
+
+    _, spec, cand, head, base = _overflow_verdict(tmp_path, monkeypatch, head_fn, base_fn, replays=True)
+    paths = write_repro(tmp_path / "repro", head_fn, spec, Variant("float16"), cand, kind="nonfinite", threshold=2.0,
+                        threshold_why="test", repo=tmp_path, python_path=["."], reason="bed",
+                        base_reference=base.reference, base_outputs=base.outputs, ftz=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == reproduces, res.stdout + res.stderr

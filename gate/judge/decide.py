@@ -110,10 +110,15 @@ def base_unreliable(err_ulp: Optional[float], dtype: str) -> bool:
     instead of together, and the float16 mean of terms that cancel moves from 159 to 1.1e4 ulps
     while the function did not change. Precision is judged on inputs where base was accurate;
     new NaN/Inf, crashes and lost gradients count everywhere."""
+    return err_ulp is not None and math.isfinite(err_ulp) and err_ulp >= half_digits_ulps(dtype)
+
+
+def half_digits_ulps(dtype: str) -> float:
+    """2^(p/2) ulps of ``dtype`` (p: its significand bits): an error this large has lost half the
+    digits (:func:`base_unreliable`, :func:`new_nonfinite`)."""
     from ..backends.base import FLOAT_FORMATS
 
-    p = FLOAT_FORMATS.get(dtype, (53,))[0]
-    return err_ulp is not None and math.isfinite(err_ulp) and err_ulp >= 2.0 ** (p / 2)
+    return 2.0 ** (FLOAT_FORMATS.get(dtype, (53,))[0] / 2)
 
 
 def _failed(r: ReplayResult) -> bool:
@@ -152,11 +157,12 @@ def new_nonfinite(h: ReplayResult, b: ReplayResult, dtype: Optional[str] = None)
     that is right (a float32 area of 300000 where head's float16 overflows) keeps it counted."""
     if h.outputs is None or b.outputs is None or len(h.outputs) != len(b.outputs):
         return 0
-    return sum(int(np.count_nonzero(new)) for _, new in _new_masks(h, b, dtype))
+    return sum(int(np.count_nonzero(new)) for _, new in new_nonfinite_masks(h, b, dtype))
 
 
-def _new_masks(h: ReplayResult, b: ReplayResult, dtype: Optional[str]):
-    """(output index, mask of its new NaN/Inf elements) for each float output pair."""
+def new_nonfinite_masks(h: ReplayResult, b: ReplayResult, dtype: Optional[str]):
+    """(output index, mask of its new NaN/Inf elements) for each float output pair, by
+    :func:`new_nonfinite`'s definition (localise focuses on these elements)."""
     for k, (x, y) in enumerate(zip(h.outputs or (), b.outputs or ())):
         x, y = np.asarray(x), np.asarray(y)
         if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
@@ -171,15 +177,15 @@ def _where_float64(h: ReplayResult, b: ReplayResult, dtype: str) -> str:
     nonfinite = beyond = inside = 0
     from ..oracles.precision import overflow_bound
 
-    for k, new in _new_masks(h, b, dtype):
+    for k, new in new_nonfinite_masks(h, b, dtype):
         r = _ref(h, k, new.shape)
         if r is None:
             continue
         rv = r[new]
-        fin = np.isfinite(rv)
-        nonfinite += int(np.count_nonzero(~fin))
-        beyond += int(np.count_nonzero(fin & (np.abs(np.where(fin, rv, 0.0)) >= overflow_bound(dtype))))
-        inside += int(np.count_nonzero(fin & (np.abs(np.where(fin, rv, 0.0)) < overflow_bound(dtype))))
+        fin = rv[np.isfinite(rv)]
+        nonfinite += rv.size - fin.size
+        big = int(np.count_nonzero(np.abs(fin) >= overflow_bound(dtype)))
+        beyond, inside = beyond + big, inside + fin.size - big
     parts = []
     if nonfinite:
         parts.append(f"head's float64 run is NaN/Inf on {nonfinite} of them too: the function now yields it")
@@ -203,7 +209,6 @@ def _rounded_overflow(x: np.ndarray, y: np.ndarray, rx: Optional[np.ndarray], ry
     2^(p/2) ulps of ``dtype`` or more."""
     if rx is None:
         return np.zeros(x.shape, dtype=bool)
-    from ..backends.base import FLOAT_FORMATS
     from ..oracles.precision import overflow_bound, ulp
 
     ry = rx if ry is None else ry
@@ -213,8 +218,7 @@ def _rounded_overflow(x: np.ndarray, y: np.ndarray, rx: Optional[np.ndarray], ry
             return right
         ok = np.isfinite(ry) & np.isfinite(y)
         off = np.abs(y.astype(np.float64) - np.where(ok, ry, 0.0)) / ulp(np.where(ok, ry, 0.0), dtype)
-        p = FLOAT_FORMATS.get(dtype, (53,))[0]
-        return right & ok & (off >= 2.0 ** (p / 2))
+        return right & ok & (off >= half_digits_ulps(dtype))
 
 
 def decide(

@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED
-from ..judge.decide import (BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite, base_unreliable,
-                            ref_divergence, same_outputs)
+from ..judge.decide import (BEHAVIOUR_TOLERANCE_ULP, NOT_DIFFERENTIABLE, GateSettings, new_nonfinite,
+                            new_nonfinite_masks, base_unreliable, ref_divergence, same_outputs)
 from ..judge.replay import UNAVAILABLE, ReplayResult
 from ..ops.spec import OpSpec
 from ..oracles.precision import floor_value, ulp
@@ -196,6 +196,7 @@ def focus_element(target: Target, h: ReplayResult, b: Optional[ReplayResult], dt
     if h.outputs is None or h.reference is None:
         return None
     best = None
+    new_masks = dict(new_nonfinite_masks(h, b, dtype)) if target.kind == NONFINITE and b is not None else {}
     for k, (o, r) in enumerate(zip(h.outputs, h.reference)):
         o, r = np.asarray(o), np.asarray(r)
         if o.shape != r.shape or o.size == 0 or o.dtype.kind != "f":
@@ -205,11 +206,10 @@ def focus_element(target: Target, h: ReplayResult, b: Optional[ReplayResult], dt
             if br.shape != r.shape:
                 continue
             score = element_ulps(r, br, dtype, target.spec.ulp_floor)
-        elif (target.kind == NONFINITE and b is not None and b.outputs is not None and k < len(b.outputs)
-              and np.shape(b.outputs[k]) == o.shape):
+        elif target.kind == NONFINITE and k in new_masks:
             # a new NaN/Inf: the element that became non-finite where base's is finite (its error
             # in ulps is not measured: a NaN whose float64 run is NaN too reads 0)
-            score = (~np.isfinite(o) & np.isfinite(np.asarray(b.outputs[k]))).astype(np.float64)
+            score = new_masks[k].astype(np.float64)
         else:
             score = element_ulps(o, r, dtype, target.spec.ulp_floor)
             if b is not None and b.outputs is not None and b.reference is not None and k < len(b.outputs):
