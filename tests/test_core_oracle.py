@@ -150,3 +150,46 @@ def test_results_below_the_smallest_normal_are_not_judged_unless_asked():
     ref2 = [Output(np.stack([ref[0].array, normal[0].array]), "float64")]
     seg = compare_segments(out, ref2, [1, 1], "float32")
     assert seg[0].ulp == 0 and seg[1].ulp == compare(flushed, normal, "float32").ulp
+
+
+def test_search_figures_are_the_full_figures_a_search_is_guided_by():
+    # figures="search" skips the relative error and the spread (six passes over a large output);
+    # every other figure must be the one compare gives with all figures, on every path: finite,
+    # NaN/Inf outputs, overflowing references, results below the smallest normal, both floors
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        dtype = ("float16", "bfloat16", "float32")[trial % 3]
+        n = int(rng.integers(1, 60))
+        ref = rng.standard_normal(n) * 10.0 ** rng.uniform(-45, 40, n)
+        out = numpy_quantize(ref * (1 + rng.standard_normal(n) * 10.0 ** rng.uniform(-9, -1)), dtype)
+        for _ in range(int(rng.integers(0, 3))):
+            out[int(rng.integers(n))] = rng.choice([np.nan, np.inf, -np.inf, 0.0, 1e-42])
+        if rng.random() < 0.2:
+            ref[int(rng.integers(n))] = rng.choice([np.inf, np.nan, 1e300])
+        for floor in ("output", "dtype"):
+            outs, refs = [Output(out, dtype)], [Output(ref, "float64")]
+            full = compare(outs, refs, dtype, floor).to_dict()
+            fast = compare(outs, refs, dtype, floor, figures="search").to_dict()
+            assert fast.pop("rel") == "nan" and fast.pop("spread") == "nan"
+            full.pop("rel"), full.pop("spread")
+            assert fast == full, (trial, floor)
+    with pytest.raises(ValueError, match="unknown figures"):
+        compare([Output(np.zeros(1), "float32")], [Output(np.zeros(1), "float64")], "float32", figures="fast")
+
+
+def test_a_search_measures_its_finding_with_every_figure():
+    # the loop runs with figures="search"; the finding it reports is measured again alone
+    from gate.fuzz import fuzz_task
+    from gate.ops.catalog import load_catalog
+    from gate.oracles.runner import VariantRunner
+    from gate.plan import Budget, Task, Variant
+
+    spec = load_catalog(builtin=("torch",)).get("torch.softmax")
+    v = Variant("float16", "cpu")
+    runner = VariantRunner(spec, v)
+    seen = []
+    f = fuzz_task(Task(op=spec, variant=v, budget=Budget(evals=40), seed=3), runner=runner, batch=1,
+                  on_best=lambda q, ev, fit: seen.append(ev.metrics))
+    assert seen and all(math.isnan(m.rel) for m in seen)  # what the loop measured
+    assert f.metrics is not None and math.isfinite(f.metrics.rel) and math.isfinite(f.metrics.spread)
+    assert runner.figures == "all"  # the runner is handed back as it came

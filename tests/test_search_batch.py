@@ -154,3 +154,21 @@ def test_fuzz_task_batches_and_reports_the_best_input_run_alone(catalog):
     same_metrics(f.metrics, alone.metrics)
     off = fuzz_task(task, batch=1)
     assert off.coverage["batch"]["calls"] == 0 and off.evals == 200
+
+
+def test_large_candidates_are_evaluated_alone_and_small_ones_batch(catalog, monkeypatch):
+    # a call over more than MAX_BATCHED_ELEMENTS input elements has no per-call overhead worth
+    # sharing (bench/batched_eval.py: batching is slower there); smaller ones still batch
+    import gate.oracles.batch as B
+
+    spec = catalog.get("torch.softmax")
+    runner = VariantRunner(spec, Variant("float32"))
+    kids = family(spec, np.random.default_rng(3), 6, fixed_params={"dim": -1})
+    size = max(sum(a.size for a in k.arrays.values()) for k in kids)
+    for limit, calls in ((size, 1), (size - 1, 6)):
+        monkeypatch.setattr(B, "MAX_BATCHED_ELEMENTS", limit)
+        batch = BatchEvaluator(runner)
+        many = batch.evaluate_many(kids)
+        assert batch.calls == calls, (limit, batch.calls)
+        for kid, (_, ev) in zip(kids, many):
+            same_metrics(ev.metrics, runner.evaluate(kid)[1].metrics)

@@ -451,6 +451,7 @@ class IsolatedRunner:
         self._warmed = False  # whether a worker of this runner has had its warm-up evaluation
         self._seed: Optional[int] = None
         self._active: Optional[_Worker] = None
+        self.figures = "all"  # what the worker's runner measures (gate.oracles.runner.VariantRunner.figures)
         self._ensure_active()  # fails here, in the caller, if the runner cannot be built
 
     @property
@@ -526,7 +527,7 @@ class IsolatedRunner:
         log_pos = worker.log_size()
         t0 = time.perf_counter()
         try:
-            worker.tx.send(("eval", cand, keep_outputs, quantized))
+            worker.tx.send(("eval", cand, keep_outputs, quantized, self.figures))
             kind, reply = worker.receive(timeout)
         except OSError:  # the pipe broke under us: the worker is gone
             kind, reply = _DEAD, None
@@ -682,7 +683,9 @@ def worker_main(rfd: int, wfd: int) -> int:
         elif kind == "quantize":
             tx.send(("result", runner.quantize(msg[1])))
         elif kind == "eval":
-            _, cand, keep_outputs, quantized = msg
+            _, cand, keep_outputs, quantized, figures = msg
+            if hasattr(runner, "figures"):  # a runner that measures every figure has none to choose
+                runner.figures = figures
             try:
                 q, ev = runner.evaluate(cand, keep_outputs=keep_outputs, quantized=quantized)
             except Exception:

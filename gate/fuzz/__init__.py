@@ -2,6 +2,8 @@
 (:mod:`gate.search.engine`), the glue to a backend is :mod:`gate.oracles.runner`."""
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -78,7 +80,7 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
     seed_list, seed_info = _seeds(spec, dtype, seeds, seed_store, max_seeds)
     evaluator, width = _batching(runner, batch)
     ex, seconds = _exhaustive(task, runner, exhaustive)
-    with np.errstate(all="ignore"):  # float64 references overflow on edge inputs: that is data, not noise
+    with np.errstate(all="ignore"), _search_figures(runner, guidance):  # float64 references overflow on edge inputs: that is data, not noise
         res = search(
             runner.evaluate,
             fresh,
@@ -96,17 +98,44 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             on_best=on_best,
             stop_on_inf=stop_on_inf,
         )
-        best_eval = res.best_eval
-        if best_eval is not None and width > 1 and evaluator is not None and evaluator.enabled:
-            # report the figures of the best input run alone, as the judge will replay it
-            _, alone = runner.evaluate(res.best, quantized=True)
-            if alone.status == OK:
-                best_eval = alone
-    best, best_eval, best_fin, best_fin_eval = _with_exhaustive(ex, res, best_eval)
+    with np.errstate(all="ignore"):
+        batched = width > 1 and evaluator is not None and evaluator.enabled
+        # report the figures of the best inputs run alone, as the judge will replay them, and with
+        # every figure (the search measured only those it is guided by)
+        res.best_eval = _alone(runner, res.best, res.best_eval, batched)
+        res.best_finite_eval = res.best_eval if res.best_finite is res.best else \
+            _alone(runner, res.best_finite, res.best_finite_eval, False)
+    best, best_eval, best_fin, best_fin_eval = _with_exhaustive(ex, res, res.best_eval)
     finding = _finding(task, runner, guidance, res, best, best_eval, best_fin, best_fin_eval)
     _add_exhaustive(finding, ex)
     _add_coverage(finding, res, cov, scheduler, seed_info, evaluator, width)
     return finding
+
+
+@contextlib.contextmanager
+def _search_figures(runner, guidance: str):
+    """While the search runs, the runner measures only the figures the search is guided by
+    (``figures="search"``: no relative error, no spread); the NaN search needs the spread."""
+    if guidance == "spread" or not hasattr(runner, "figures"):
+        yield
+        return
+    before = runner.figures
+    runner.figures = "search"
+    try:
+        yield
+    finally:
+        runner.figures = before
+
+
+def _alone(runner, cand, ev, batched: bool):
+    """``ev`` measured again on ``cand`` alone with every figure, where the search's was batched or
+    partial (``rel`` not measured); the search's own when that run does not come back OK."""
+    if cand is None or ev is None or ev.status != OK or ev.metrics is None:
+        return ev
+    if not batched and not math.isnan(ev.metrics.rel):
+        return ev
+    _, alone = runner.evaluate(cand, quantized=True)
+    return alone if alone.status == OK else ev
 
 
 def _mutators(runner, spec, dtype: str, guidance: str, mutators, scheduler):

@@ -57,6 +57,16 @@ class ContrastRunner:
                 setattr(self, attr, getattr(head, attr))
         self.stats = {"base_evaluations": 0, "new_nonfinite": 0, "shared_nonfinite": 0}
 
+    @property
+    def figures(self) -> str:
+        """Head's (the search is guided by head's figures; base's outputs only settle NaN/Inf)."""
+        return getattr(self.head, "figures", "all")
+
+    @figures.setter
+    def figures(self, value: str) -> None:
+        if hasattr(self.head, "figures"):
+            self.head.figures = value
+
     def quantize(self, cand: Candidate) -> Candidate:
         return self.head.quantize(cand)
 

@@ -27,6 +27,11 @@ from ..search.inputs import Candidate
 from ..search.evaluation import OK, Evaluation
 
 SEPARABLE_RTOL = 1e-9
+#: a candidate with more input elements than this is evaluated alone: its call has no per-call
+#: overhead worth sharing, and scoring a batch (:func:`compare_segments`) costs more per element
+#: than scoring one output (measured with bench/batched_eval.py's groups on CPU: batched 0.46x the
+#: time of one at a time at 512 elements, 0.83x at 4,096, 1.2-3x from 32,768)
+MAX_BATCHED_ELEMENTS = 8192
 
 
 class BatchEvaluator:
@@ -81,7 +86,8 @@ class BatchEvaluator:
         results: List[Optional[Tuple[Candidate, Evaluation]]] = [None] * len(cands)
         groups: Dict[tuple, List[int]] = {}
         for i, c in enumerate(cands):
-            key = self._group_key(c) if self.enabled else None
+            small = sum(int(a.size) for a in c.arrays.values() if a is not None) <= MAX_BATCHED_ELEMENTS
+            key = self._group_key(c) if self.enabled and small else None
             if key is None:
                 results[i] = self._single(c, quantized=False)
             else:

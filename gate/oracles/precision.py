@@ -71,13 +71,19 @@ def _flush_changes_errors(a: np.ndarray, b: np.ndarray, bmin: float, bmax: float
 
 
 def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, ulp_floor: str = "output",
-            ftz: bool = True) -> Metrics:
+            ftz: bool = True, figures: str = "all") -> Metrics:
     """Error figures of ``outputs`` against the float64 ``reference`` in units of ``dtype``.
     With ``ftz`` (the default: what the gate judges), an element whose output and reference are
     both below the smallest normal number of ``dtype`` counts as exact (:func:`below_normal`);
     ``ftz=False`` measures them in subnormal ulps (exhaustive sweeps of a dtype's every value).
+    ``figures="search"``: only what a search is guided by (ULP, abs, l1, mean ULP, NaN/Inf, the
+    worst element); ``rel`` and ``spread`` are NaN (not measured), which saves six of the twelve
+    passes over a large finite output (:data:`SEARCH_FIGURES`).
     Long on purpose: the batched twin (:func:`gate.oracles.batch.compare_segments`) follows it
     statement by statement."""
+    if figures not in ("all", "search"):
+        raise ValueError(f"unknown figures {figures!r} (all or search)")
+    search = figures == "search"
     if len(outputs) != len(reference):
         return Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")
     worst = (-1.0, 0, (), 0.0, 0.0)
@@ -100,34 +106,42 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             a = a.astype(np.float64)
         b = b.astype(np.float64, copy=False).reshape(-1)
         ovf = overflow_bound(dtype)
-        # max/min propagate NaN: four reductions tell whether every value is finite
-        amax, amin, bmax, bmin = float(a.max()), float(a.min()), float(b.max()), float(b.min())
+        # max/min propagate NaN: four reductions tell whether every value is finite (a search
+        # skips the output's two: a NaN/Inf output makes its error NaN/Inf, checked below)
+        bmax, bmin = float(b.max()), float(b.min())
         mag = max(abs(bmax), abs(bmin))
-        fast = math.isfinite(amax) and math.isfinite(amin) and mag < ovf
+        fast = mag < ovf
+        if not search:
+            amax, amin = float(a.max()), float(a.min())
+            fast = fast and math.isfinite(amax) and math.isfinite(amin)
         if fast and ftz and _flush_changes_errors(a, b, bmin, bmax, dtype):
             fast = False
         if fast:  # the common case: every value finite and in range (fewer passes, no masks)
-            spread = max(spread, amax - amin)
             err = np.subtract(a, b)
             np.abs(err, out=err)
+            idx = int(np.argmax(err))  # a NaN/Inf error is found first (argmax stops at a NaN)
+            e_max = float(err[idx])
+            fast = math.isfinite(e_max)
+        if fast:
             floor = floor_value(mag, dtype, ulp_floor)
-            rel_den = np.abs(b)
-            np.maximum(rel_den, max(floor, np.finfo(np.float64).tiny), out=rel_den)
-            rel_max = float(np.divide(err, rel_den, out=rel_den).max())
+            if not search:
+                spread = max(spread, amax - amin)
+                rel_den = np.abs(b)
+                np.maximum(rel_den, max(floor, np.finfo(np.float64).tiny), out=rel_den)
+                tot_rel = max(tot_rel, float(np.divide(err, rel_den, out=rel_den).max()))
             if ulp_floor == "output":
                 # ulp(|ref|) <= ulp(max |ref|) = floor everywhere: the error in ulps is err/floor
                 # (a power of two, so scaling the max and the sum afterwards is exact)
-                idx = int(np.argmax(err))
-                e_max, e_sum = float(err[idx]), float(err.sum())
+                e_sum = float(err.sum())
                 u = e_max / floor
                 if u > worst[0]:
                     worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
                 max_ulp = max(max_ulp, u)
                 tot_abs = max(tot_abs, e_max)
-                tot_rel = max(tot_rel, rel_max)
                 tot_l1 += e_sum
                 tot_ulp_sum += e_sum / floor
                 continue
+            tot_abs = max(tot_abs, e_max)
             denom = ulp(b, dtype)  # already >= the dtype floor (the smallest subnormal)
             ulp_err = np.divide(err, denom, out=denom)
         else:
@@ -137,19 +151,19 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             spread = max(spread, sp)
             if ulp_err is None:
                 continue
+            tot_abs = max(tot_abs, float(err.max()))
+            tot_rel = max(tot_rel, rel_max)
         idx = int(np.argmax(ulp_err))
         u = float(ulp_err.flat[idx])
         if u > worst[0]:
             worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
         max_ulp = max(max_ulp, u)
-        tot_abs = max(tot_abs, float(err.max()))
-        tot_rel = max(tot_rel, rel_max)
         tot_l1 += float(err.sum())
         tot_ulp_sum += float(ulp_err.sum())
     return Metrics(
         ulp=max_ulp,
         abs=tot_abs,
-        rel=tot_rel,
+        rel=math.nan if search else tot_rel,
         l1=tot_l1,
         mean_ulp=tot_ulp_sum / max(numel, 1),
         nonfinite=nonfinite,
@@ -159,8 +173,13 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         worst_index=worst[2],
         worst_out=worst[3],
         worst_ref=worst[4],
-        spread=spread,
+        spread=math.nan if search else spread,
     )
+
+
+#: the figures a search needs from :func:`compare` (``figures="search"``); a finding's are
+#: measured again with every figure (:func:`gate.fuzz.fuzz_task` re-runs its inputs alone)
+SEARCH_FIGURES = ("ulp", "abs", "l1", "mean_ulp", "nonfinite", "int_mismatch", "worst")
 
 
 def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf):

@@ -48,7 +48,12 @@ STRIDED_ORIGIN = "exhaustive-strided"
 
 
 class VariantRunner:
-    """Runs candidates of ``spec`` under ``variant`` against the float64 reference."""
+    """Runs candidates of ``spec`` under ``variant`` against the float64 reference.
+
+    ``figures``: which error figures :meth:`evaluate` measures (:func:`gate.oracles.precision.
+    compare`); a search sets ``"search"`` while it runs and measures its findings again with all."""
+
+    figures = "all"
 
     @classmethod
     def build(cls, spec: OpSpec, variant: Variant, options: Dict[str, Any]) -> "VariantRunner":
@@ -164,7 +169,8 @@ class VariantRunner:
         # them by design: the sweep measures the function's accuracy, not a PR's change)
         every_value = q.origin.startswith(("exhaustive", "sweep"))
         floor = "dtype" if every_value else self.spec.ulp_floor
-        metrics = compare(out, ref, self.variant.dtype, floor, ftz=self.backend.flush_subnormals or not every_value)
+        metrics = compare(out, ref, self.variant.dtype, floor, ftz=self.backend.flush_subnormals or not every_value,
+                          figures="all" if every_value else self.figures)
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
         if keep_outputs:
             ev.outputs, ev.reference = out, ref

@@ -139,38 +139,46 @@ _BINS = ("zero", "subnormal", "tiny", "bulk", "large", "near_max", None)
 
 def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
     """The value classes present in one float tensor (already rounded to ``dtype``). A few
-    passes over the data: the bands of the smallest and largest magnitudes are present by
-    definition, only bands strictly between them are searched."""
+    passes over the data: min and max tell whether every value is finite and give the bands of
+    the smallest and largest magnitudes (present by definition); only bands strictly between
+    them, and near one, are searched, on magnitudes taken once and only when needed."""
     a = np.asarray(arr, dtype=np.float64).reshape(-1)
     if a.size == 0:
         return {"empty"}
-    finite = np.isfinite(a)
-    all_finite = bool(finite.all())
-    fin = a if all_finite else a[finite]
-    out: Set[str] = set() if all_finite else {"nonfinite"}
-    if fin.size == 0:
-        return out
-    lo, hi = float(fin.min()), float(fin.max())
-    m = np.abs(fin)
+    lo, hi = float(a.min()), float(a.max())  # NaN propagates: both finite iff every value is
+    all_finite = math.isfinite(lo) and math.isfinite(hi)
+    out: Set[str] = set()
+    fin = a
+    if not all_finite:
+        out.add("nonfinite")
+        fin = a[np.isfinite(a)]
+        if fin.size == 0:
+            return out
+        lo, hi = float(fin.min()), float(fin.max())
     m_hi = max(abs(lo), abs(hi))
-    m_lo = float(m.min()) if lo < 0.0 < hi else min(abs(lo), abs(hi))
+    mags: List[np.ndarray] = []
+
+    def magnitudes() -> np.ndarray:
+        if not mags:
+            mags.append(np.abs(fin) if lo < 0.0 else fin)  # no negative value: the values are their magnitudes
+        return mags[0]
+
+    m_lo = float(magnitudes().min()) if lo < 0.0 < hi else min(abs(lo), abs(hi))
     edges, nlo, nhi = _band_edges(dtype)
     b_lo = int(np.searchsorted(edges, m_lo, side="right"))
     b_hi = int(np.searchsorted(edges, m_hi, side="right"))
     present = {b_lo, b_hi}
     for b in range(b_lo + 1, b_hi):
-        lo_e = edges[b - 1]
-        hi_e = edges[b] if b < len(edges) else math.inf
-        if np.any((m >= lo_e) & (m < hi_e)):
+        if _any_between(magnitudes(), edges[b - 1], edges[b] if b < len(edges) else math.inf):
             present.add(b)
     for b in present:
         if _BINS[b]:
             out.add(_BINS[b])
-    if m_lo < nhi and m_hi >= nlo:
-        near = (m >= nlo) & (m < nhi)
-        if np.any(near):
-            out.add("near_one")
-            if 3 in present and not np.any((m >= edges[2]) & (m < edges[3]) & ~near):
+    if m_lo < nhi and m_hi >= nlo and _any_between(magnitudes(), nlo, nhi):
+        out.add("near_one")
+        if 3 in present:  # bulk holds near-one values: it counts only with a value outside that band
+            m = magnitudes()
+            if not (_any_between(m, edges[2], nlo) or _any_between(m, nhi, edges[3])):
                 out.discard("bulk")
     if all_finite and m_hi < edges[2]:
         out.add("all_tiny")
@@ -178,12 +186,27 @@ def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
         if lo == hi:
             out.add("constant")
         elif lo > 0 or hi < 0:  # large mean, small spread: one sign, |mean| >= 30 std
-            mean, std = float(fin.mean()), float(fin.std())
-            if std > 0 and abs(mean) >= 30 * std:
+            mean = float(fin.mean())
+            # every value lies within (hi - lo) / 2 of the midpoint, so std <= (hi - lo) / 2
+            if abs(mean) >= 15 * (hi - lo) or _shifted(fin, mean):
                 out.add("shifted")
     if all_finite and hi < 0:
         out.add("negative")
     return out
+
+
+def _any_between(m: np.ndarray, lo: float, hi: float) -> bool:
+    """Is any of the magnitudes ``m`` in [lo, hi)?"""
+    inside = np.greater_equal(m, lo)
+    inside &= np.less(m, hi)
+    return bool(inside.any())
+
+
+def _shifted(fin: np.ndarray, mean: float) -> bool:
+    """|mean| >= 30 std of one-signed values with a positive spread (the variance from one centred copy)."""
+    d = np.subtract(fin, mean)
+    var = float(np.dot(d, d)) / d.size
+    return var > 0 and mean * mean >= 900.0 * var
 
 
 def feasible_values(domain: Domain, dtype: str, numel: Tuple[float, float]) -> List[str]:
