@@ -146,7 +146,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             ulp_err = np.divide(err, denom, out=denom)
         else:
             a = a.astype(np.float64, copy=False)
-            ulp_err, err, rel_max, nf, sp = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf)
+            ulp_err, err, rel_max, nf, sp = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search)
             nonfinite += nf
             spread = max(spread, sp)
             if ulp_err is None:
@@ -182,10 +182,11 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
 SEARCH_FIGURES = ("ulp", "abs", "l1", "mean_ulp", "nonfinite", "int_mismatch", "worst")
 
 
-def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf):
+def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False):
     """Element errors when some values are non-finite or out of the dtype's range: (ulp errors,
     abs errors, max rel error, count of NaN/Inf outputs where the reference is representable,
-    spread of the finite outputs); ``None`` errors when no element can be judged.
+    spread of the finite outputs); ``None`` errors when no element can be judged. ``search``:
+    the relative error and the spread are not measured (NaN).
 
     An element is judged when both sides are finite (an infinity matching an overflowing
     reference, or the reference's own infinity, is exact; any other non-finite output is
@@ -194,22 +195,38 @@ def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf):
     with np.errstate(invalid="ignore", over="ignore"):
         absb = np.abs(b)
         out_finite = np.isfinite(a)
-        nonfinite = int(np.count_nonzero((absb < ovf) & ~out_finite))  # NaN compares False
-        fin = a[out_finite]
-        spread = float(fin.max() - fin.min()) if fin.size else 0.0
+        representable = absb < ovf  # NaN compares False
+        nonfinite = int(np.count_nonzero(representable & ~out_finite))
+        spread = math.nan
+        if not search:
+            fin = a[out_finite]
+            spread = float(fin.max() - fin.min()) if fin.size else 0.0
         judged = np.isfinite(b)
         judged &= out_finite
-        if ftz:
-            judged &= ~below_normal(a, absb, dtype)
+        if ftz:  # below_normal, looked for only where the reference is below the smallest normal
+            small = absb < min_normal(dtype)
+            if small.any():
+                small &= np.abs(a) < min_normal(dtype)
+                judged &= ~small
         if not judged.any():
-            return None, None, 0.0, nonfinite, spread
+            return None, None, math.nan if search else 0.0, nonfinite, spread
         err = np.subtract(a, b, where=judged, out=np.zeros_like(b))
         np.abs(err, out=err)
-        mag = float(np.where(absb < ovf, absb, 0.0).max())
+        mag = float(np.max(absb, where=representable, initial=0.0))
         floor = floor_value(mag, dtype, ulp_floor)
-        denom = ulp(b, dtype)  # only judged (finite) elements matter: err is 0 elsewhere
-        np.maximum(denom, floor, out=denom)
-        ulp_err = np.divide(err, denom, out=denom)
+        if ulp_floor == "output":
+            # ulp(|ref|) <= floor wherever the reference is representable: err/floor there; a
+            # judged reference beyond the range (a finite output where it overflows) takes its own
+            ulp_err = np.divide(err, floor)
+            beyond = judged & ~representable
+            if beyond.any():
+                ulp_err[beyond] = err[beyond] / np.maximum(ulp(b[beyond], dtype), floor)
+        else:
+            denom = ulp(b, dtype)  # only judged (finite) elements matter: err is 0 elsewhere
+            np.maximum(denom, floor, out=denom)
+            ulp_err = np.divide(err, denom, out=denom)
+        if search:
+            return ulp_err, err, math.nan, nonfinite, spread
         rel_den = np.fmax(absb, max(floor, np.finfo(np.float64).tiny))  # fmax: NaN references give the floor
         rel_max = float(np.divide(err, rel_den, out=rel_den).max())
     return ulp_err, err, rel_max, nonfinite, spread
