@@ -4,6 +4,10 @@ what replacing a dead worker costs (paid once per crash or hang): a fork of the 
 fresh interpreter that imports the framework.
 
     python bench/isolation_cost.py [--ops torch.relu,torch.conv2d] [--evals 300] [--dtype float32]
+    python bench/isolation_cost.py --large   # the shapes of bench/throughput.py (a million elements)
+
+With ``--large`` a third column runs the isolated worker with ``DL_GATE_SHARED_MEMORY=0``: every
+message through the pipe (how it was before gate/backends/ipc.py), the control arm.
 """
 from __future__ import annotations
 
@@ -41,13 +45,16 @@ def rates(a, b, cands, block: int = 25):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="torch.relu,torch.softmax,torch.conv2d")
+    ap.add_argument("--ops", default=ap_default())
     ap.add_argument("--evals", type=int, default=300)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--oracle", default="precision")
     ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--large", action="store_true", help="pin the shapes of bench/throughput.py (about 1M elements)")
     args = ap.parse_args()
     catalog = load_catalog()
+    if args.large:
+        return large(args, catalog)
     print(f"{'operator':24} {'in-process/s':>13} {'isolated/s':>11} {'ratio':>7}   (oracle {args.oracle}, {args.dtype}, "
           f"{args.evals} evaluations each, same candidates, interleaved)")
     for name in args.ops.split(","):
@@ -83,6 +90,40 @@ def main() -> int:
         how = "forked by the zygote" if zygote else "fresh interpreter"
         print(f"  {how:22}: {sorted(times)[len(times) // 2]:.3f}s")
     return 0
+
+
+def large(args, catalog) -> int:
+    """In-process vs isolated through shared memory vs isolated through the pipe, on large inputs."""
+    from bench.throughput import CASES, pinned
+
+    ops = [o for o in args.ops.split(",") if o in CASES] if args.ops != ap_default() else list(CASES)
+    evals = min(args.evals, 40)
+    print(f"{'operator':36} {'in-process/s':>13} {'shared mem/s':>13} {'pipe/s':>8} {'shared/in':>10} {'pipe/in':>8}"
+          f"   ({args.dtype}, {evals} evaluations each, same candidates, interleaved)")
+    for name in ops:
+        spec = pinned(catalog.get(name), CASES[name])
+        variant = Variant(args.dtype, "cpu", "input", "default", args.oracle)
+        rng = np.random.default_rng(0)
+        cands = [draw(spec, rng) for _ in range(evals)]
+        local = build_runner(spec, variant)
+        shared = build_runner(spec, variant, isolate=IsolateOptions(timeout=120, zygote=False))
+        os.environ["DL_GATE_SHARED_MEMORY"] = "0"  # read by this worker's interpreter and by our sender below
+        try:
+            piped = build_runner(spec, variant, isolate=IsolateOptions(timeout=120, zygote=False))
+        finally:
+            del os.environ["DL_GATE_SHARED_MEMORY"]
+        try:
+            r_in, r_sh = rates(local, shared, cands, block=5)
+            _, r_pi = rates(local, piped, cands, block=5)
+        finally:
+            shared.close()
+            piped.close()
+        print(f"{name:36} {r_in:13.1f} {r_sh:13.1f} {r_pi:8.1f} {r_sh / r_in:10.2f} {r_pi / r_in:8.2f}")
+    return 0
+
+
+def ap_default() -> str:
+    return "torch.relu,torch.softmax,torch.conv2d"
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import errors
 from ..errors import GateError
+from .ipc import Receiver, Sender
 
 _TIMEOUT = "timeout"
 _DEAD = "dead"
@@ -322,8 +323,8 @@ class _Worker:
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
-        self.tx = Connection(p2c_w, readable=False)
-        self.rx = Connection(c2p_r, writable=False)
+        self.tx = Sender(Connection(p2c_w, readable=False))  # large arrays through shared memory (ipc)
+        self.rx = Receiver(Connection(c2p_r, writable=False))
         self.fresh = True
         self.env: Optional[dict] = None
         self.devices: list = []
@@ -651,8 +652,8 @@ def worker_main(rfd: int, wfd: int) -> int:
     faulthandler.enable(file=sys.stderr, all_threads=False)  # fatal signals: where it crashed
     if hasattr(signal, "SIGUSR1"):  # the parent's "where are you?" before it kills a hang
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=False)
-    rx = Connection(rfd, writable=False)
-    tx = Connection(wfd, readable=False)
+    rx = Receiver(Connection(rfd, writable=False))
+    tx = Sender(Connection(wfd, readable=False))
     runner = None
     while True:
         try:
