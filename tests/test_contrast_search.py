@@ -146,3 +146,32 @@ def test_contrast_guidance_promotes_a_new_nan_and_demotes_a_shared_one(tmp_path)
         assert (np.isnan(h_out) & np.isfinite(b_out)).any(), finding.best.summary()  # a new NaN is the best
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_head_sends_its_outputs_back_only_where_they_hold_a_nan(tmp_path):
+    """keep_outputs="nonfinite": what the contrast runner asks of head, so an isolated worker ships
+    its two large arrays only for the inputs the contrast looks at."""
+    import sys
+
+    import numpy as np
+
+    from gate.oracles.registry import build_runner
+    from gate.search.inputs import Candidate
+    from tests.oracle_support import task, user_ops
+
+    (tmp_path / "contrast_ops.py").write_text(CONTRAST_OPS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        row = "  dims: {N: [1, 4], D: [2, 8]}\n  inputs: [{name: x, shape: [N, D], domain: {name: real, scale: 1}}]\n"
+        specs = user_ops(tmp_path, f"- name: t.head\n  callable: contrast_ops:head_norm\n{row}")
+        head = build_runner(specs["t.head"], task(specs["t.head"], "precision", seconds=None, evals=1).variant)
+        flat = Candidate(dims={"N": 1, "D": 3}, params={}, arrays={"x": np.array([[0.5, 0.25, 1.0]])})
+        peaked = Candidate(dims={"N": 1, "D": 3}, params={}, arrays={"x": np.array([[9.0, 0.25, 1.0]])})
+        _, ev = head.evaluate(flat, keep_outputs="nonfinite")
+        assert ev.outputs is None and ev.reference is None
+        _, ev = head.evaluate(peaked, keep_outputs="nonfinite")
+        assert ev.outputs is not None and np.isnan(ev.outputs[0].array).all()
+        _, ev = head.evaluate(flat, keep_outputs=True)
+        assert ev.outputs is not None  # asked for: always
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -71,7 +71,8 @@ class ContrastRunner:
         return self.head.quantize(cand)
 
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
-        q, ev = self.head.evaluate(cand, keep_outputs=True, quantized=quantized)
+        # head's outputs come back only where they hold a NaN/Inf, unless the caller wants them
+        q, ev = self.head.evaluate(cand, keep_outputs=True if keep_outputs else "nonfinite", quantized=quantized)
         if ev.status == OK and ev.metrics is not None and _nonfinite(ev.outputs):
             self.stats["base_evaluations"] += 1
             try:

@@ -141,7 +141,10 @@ class VariantRunner:
         return self._outputs(result, low=True)
 
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
-        """Score ``cand``; returns the quantised candidate that was actually run."""
+        """Score ``cand``; returns the quantised candidate that was actually run. ``keep_outputs``:
+        the outputs and the reference come back with the evaluation; ``"nonfinite"``: only where
+        an output holds a NaN/Inf (what :class:`gate.judge.contrast.ContrastRunner` looks at:
+        an isolated worker then ships two large arrays only when they matter)."""
         t0 = time.perf_counter()
         q = cand if quantized else self.quantize(cand)
         try:
@@ -172,6 +175,8 @@ class VariantRunner:
         metrics = compare(out, ref, self.variant.dtype, floor, ftz=self.backend.flush_subnormals or not every_value,
                           figures="all" if every_value else self.figures)
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
+        if keep_outputs == "nonfinite":
+            keep_outputs = any(o.is_float and not np.isfinite(o.array).all() for o in out)
         if keep_outputs:
             ev.outputs, ev.reference = out, ref
         return q, ev
