@@ -10,7 +10,10 @@ CPU kernels run far slower than on a normal draw):
   fuzz/s       evaluations/s of the whole search loop (mutation, quantisation, both runs, scoring)
   normal op/s  calls/s of the op on one fixed normal input (for reference)
 
-and the ratios fuzz/op and fuzz/(op+ref); ``batched/(op+ref)``: the same search with the default
+and the ratios fuzz/op and fuzz/(op+ref); ``oracle/(op+ref)``: one evaluation of a fixed normal
+input by the precision runner as a search runs it (rounding to the dtype, both calls, conversions,
+the search's figures; no mutation, no coverage) over op+ref on that input - how far the search
+loop could go if mutation and coverage cost nothing; ``batched/(op+ref)``: the same search with the default
 batching (8 children of one parent in one call for ``batch_dim`` rows), evaluations/s over the
 single-candidate op+ref rate (``-`` for rows that cannot batch). Target: fuzz >= 50% of the raw rate for ops that take
 > 1 ms. Usage: python bench/throughput.py [--seconds 3] [--dtype float32] [--device cuda]
@@ -59,6 +62,27 @@ def rate(fn, seconds):
     return n / (time.perf_counter() - t0)
 
 
+def ratio(f, g, seconds, blocks=6):
+    """Calls per second of ``f`` over those of ``g``, timed in alternating blocks (drifting load
+    hits both alike)."""
+    f(), g()
+    tf = tg = 0.0
+    nf = ng = 0
+    for _ in range(blocks):
+        for fn, is_f in ((f, True), (g, False)):
+            t0 = time.perf_counter()
+            n = 0
+            while time.perf_counter() - t0 < seconds / (2 * blocks):
+                fn()
+                n += 1
+            dt = time.perf_counter() - t0
+            if is_f:
+                tf, nf = tf + dt, nf + n
+            else:
+                tg, ng = tg + dt, ng + n
+    return (nf / tf) / (ng / tg)
+
+
 class ClockedBackend:
     """Proxy for a backend that clocks the time spent inside operator calls."""
 
@@ -91,12 +115,13 @@ def main() -> int:
     args = ap.parse_args()
     cat = load_catalog(builtin=("torch",))
     print(f"{'operator':36} {'ms/call':>8} {'op/s':>8} {'op+ref/s':>9} {'fuzz/s':>8} {'fuzz/op':>8} "
-          f"{'fuzz/(op+ref)':>13} {'batched/(op+ref)':>16} {'normal op/s':>11}")
+          f"{'fuzz/(op+ref)':>13} {'oracle/(op+ref)':>15} {'batched/(op+ref)':>16} {'normal op/s':>11}")
     for name in args.ops:
         spec = pinned(cat.get(name), CASES[name])
         v = Variant(args.dtype, args.device)
         runner = VariantRunner(spec, v)
-        cand = runner.quantize(draw(spec, np.random.default_rng(0)))
+        raw = draw(spec, np.random.default_rng(0))
+        cand = runner.quantize(raw)
         low_args, low_kw = runner.build_call(cand, v.dtype, low=True)
         ref_args, ref_kw = runner.build_call(cand, "float64", low=False)
         b = runner.backend
@@ -109,6 +134,10 @@ def main() -> int:
             b.call(runner.ref_fn, ref_args, ref_kw, mode="input", dtype="float64", device=args.device)
 
         normal = rate(op, args.seconds / 2)
+        runner.figures = "search"
+        with np.errstate(all="ignore"):
+            oracle = ratio(lambda: runner.evaluate(raw), op_ref, args.seconds)
+        runner.figures = "all"
         clocked = ClockedBackend(b)
         runner.backend = clocked
         # batch=1: one operator call per evaluation, so fuzz/op compares like with like
@@ -122,7 +151,7 @@ def main() -> int:
         width = (fb.coverage.get("batch") or {}).get("width", 1)
         batched = f"{fb.evals / fb.seconds / op_ref_rate:.2f} (x{width})" if width > 1 else "-"
         print(f"{name:36} {1000 / op_rate:8.2f} {op_rate:8.1f} {op_ref_rate:9.1f} {fz:8.1f} {fz / op_rate:8.2f} "
-              f"{fz / op_ref_rate:13.2f} {batched:>16} {normal:11.1f}")
+              f"{fz / op_ref_rate:13.2f} {oracle:15.2f} {batched:>16} {normal:11.1f}")
     return 0
 
 

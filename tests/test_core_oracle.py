@@ -193,3 +193,54 @@ def test_a_search_measures_its_finding_with_every_figure():
     assert seen and all(math.isnan(m.rel) for m in seen)  # what the loop measured
     assert f.metrics is not None and math.isfinite(f.metrics.rel) and math.isfinite(f.metrics.spread)
     assert runner.figures == "all"  # the runner is handed back as it came
+
+
+def test_metrics_read_back_what_they_write():
+    # a figure that was not measured (NaN) or is infinite survives a JSON round trip as a float
+    from gate.search.score import Metrics
+
+    m = Metrics(ulp=math.inf, rel=math.nan, abs=-math.inf, spread=2.0)
+    back = Metrics.from_dict(m.to_dict())
+    assert back.ulp == math.inf and math.isnan(back.rel) and back.abs == -math.inf and back.spread == 2.0
+
+
+def test_a_shifted_tensor_is_told_near_float64s_largest_values():
+    from gate.search.coverage import value_features
+
+    assert "shifted" not in value_features(np.array([1e300, 1.5e300]), "float64")  # |mean| = 5 std
+    assert "shifted" in value_features(np.array([1e300, 1e300 * (1 + 1e-6)]), "float64")
+    assert "shifted" in value_features(100 + np.array([0.0, 0.5, 1.0]), "float32")
+
+
+def test_a_finding_keeps_the_searchs_figures_and_takes_only_what_it_did_not_measure():
+    # the rerun alone gives rel and spread; ulp, abs and the worst element stay the search's (a
+    # non-deterministic operator's second run must not rewrite what the search found); a rerun
+    # that crashes leaves rel unmeasured (NaN) and is booked as a crash
+    from gate.fuzz import _alone
+    from gate.search.engine import SearchResult
+    from gate.search.evaluation import CRASH, OK, Evaluation
+    from gate.search.inputs import Candidate
+    from gate.search.score import Metrics
+
+    class Rerun:
+        def __init__(self, ev):
+            self.ev, self.calls = ev, 0
+
+        def evaluate(self, cand, quantized=False):
+            self.calls += 1
+            return cand, self.ev
+
+    cand = Candidate(dims={}, params={}, arrays={"x": np.zeros(2)})
+    search = Evaluation(OK, metrics=Metrics(ulp=7.0, abs=1.0, rel=math.nan, spread=math.nan, worst_index=(1,)))
+    res = SearchResult()
+    alone = Evaluation(OK, metrics=Metrics(ulp=3.0, abs=0.5, rel=0.25, spread=4.0, worst_index=(0,)))
+    got = _alone(Rerun(alone), cand, search, False, res).metrics
+    assert (got.ulp, got.abs, got.worst_index, got.rel, got.spread) == (7.0, 1.0, (1,), 0.25, 4.0)
+    full = Evaluation(OK, metrics=Metrics(ulp=7.0, rel=0.5))
+    runner = Rerun(alone)
+    assert _alone(runner, cand, full, False, res) is full and runner.calls == 0  # nothing to measure
+    assert _alone(Rerun(alone), cand, full, True, res) is alone  # batched: the input run alone
+    search = Evaluation(OK, metrics=Metrics(ulp=7.0, rel=math.nan, spread=math.nan))
+    crash = Evaluation(CRASH, error="SIGSEGV", signature="SIGSEGV in op.py:3")
+    assert math.isnan(_alone(Rerun(crash), cand, search, False, res).metrics.rel)
+    assert res.crashes["SIGSEGV in op.py:3"].count == 1 and res.crashes["SIGSEGV in op.py:3"].candidate is cand

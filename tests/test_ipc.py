@@ -98,3 +98,22 @@ def test_an_isolated_evaluation_of_a_large_candidate_uses_shared_memory():
         assert isolated._active.tx.shared >= 1  # the candidate went out through the arena
     finally:
         isolated.close()
+
+
+def test_a_message_whose_sender_is_gone_is_a_shared_memory_error_not_an_end_of_file():
+    # the worker answered in full and exited: its arena went with it; the receiver must not take
+    # that for a closed pipe (a worker treating it so would exit 0 and pass for a crash)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        Sender(Connection(w, readable=False)).send(("result", np.ones(1 << 16)))
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    rx = Receiver(Connection(r, writable=False))
+    try:
+        with pytest.raises(ipc.SharedMemoryError, match="shared memory"):
+            rx.recv()
+    finally:
+        rx.close()

@@ -4,7 +4,7 @@ A candidate of a million float64 values is 8 MB; pickled into a pipe and back (t
 candidate returns with every evaluation) that cost 41 ms a round trip on the 2-core CI machine,
 more than the operator and its float64 reference together. Here each side writes the array buffers of its message (pickle protocol 5's
 out-of-band buffers) into an *arena* of its own and sends only the pickle and where the buffers
-lie; the other side maps that arena once and copies the buffers out: 8.5 ms for the same round
+lie; the other side maps the span it needs and copies the buffers out: 8.5 ms for the same round
 trip (``bench/isolation_cost.py --large``: evaluations per second in-process, isolated through
 shared memory and isolated through the pipe, side by side).
 
@@ -31,14 +31,20 @@ MIN_SHARED_BYTES = 1 << 18
 _TAG = "\0dl-gate-arena"
 
 
+class SharedMemoryError(Exception):
+    """A message's buffers could not be read from the sender's arena (the sender is gone, or
+    mapping them failed under the worker's memory limit): not an end of file, not the
+    operator's doing."""
+
+
 class _Arena:
-    """The sender's shared memory, grown to the largest message it has sent."""
+    """The sender's shared memory, as large as the largest message it has sent (grown, never
+    doubled: its pages stay committed while the worker lives)."""
 
     def __init__(self) -> None:
         self.fd: Optional[int] = None
         self.map: Optional[mmap.mmap] = None
         self.size = 0
-        self.generation = 0
         self.disabled = (os.environ.get("DL_GATE_SHARED_MEMORY", "1") == "0" or not hasattr(os, "memfd_create")
                          or not os.path.isdir(f"/proc/{os.getpid()}/fd"))
 
@@ -48,8 +54,7 @@ class _Arena:
             return False
         if n <= self.size:
             return True
-        size = max(n, 2 * self.size, 1 << 22)
-        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        size = -(-max(n, 1 << 20) // mmap.PAGESIZE) * mmap.PAGESIZE
         fd = None
         try:
             fd = os.memfd_create("dl-gate-arena", getattr(os, "MFD_CLOEXEC", 0))
@@ -61,7 +66,6 @@ class _Arena:
             return False
         self.close()
         self.fd, self.map, self.size = fd, mapped, size
-        self.generation += 1
         return True
 
     def close(self) -> None:
@@ -72,26 +76,17 @@ class _Arena:
         self.fd, self.map, self.size = None, None, 0
 
 
-class _PeerArena:
-    """The receiver's mapping of the other side's arena, re-opened when it grows."""
-
-    def __init__(self) -> None:
-        self.key: Optional[Tuple[int, int, int]] = None
-        self.map: Optional[mmap.mmap] = None
-
-    def view(self, pid: int, fd: int, generation: int, size: int) -> memoryview:
-        key = (pid, fd, generation)
-        if key != self.key or self.map is None or len(self.map) < size:
-            self.close()
-            with open(f"/proc/{pid}/fd/{fd}", "rb") as fh:
-                self.map = mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ)
-            self.key = key
-        return memoryview(self.map)
-
-    def close(self) -> None:
-        if self.map is not None:
-            self.map.close()
-        self.map, self.key = None, None
+def _read_peer(pid: int, fd: int, spans: List[Tuple[int, int]]) -> List[bytearray]:
+    """Copies of the buffers at ``spans`` of process ``pid``'s arena ``fd``: mapped for this message
+    only (no address space held between messages, none of a replaced arena kept alive)."""
+    end = max((o + n for o, n in spans), default=0)
+    try:
+        with open(f"/proc/{pid}/fd/{fd}", "rb") as fh:
+            with mmap.mmap(fh.fileno(), end, prot=mmap.PROT_READ) as view:
+                return [bytearray(view[o:o + n]) for o, n in spans]
+    except (OSError, ValueError) as exc:
+        raise SharedMemoryError(f"could not read a message's {end} bytes from shared memory "
+                                f"({type(exc).__name__}: {exc})") from None
 
 
 class Sender:
@@ -108,14 +103,14 @@ class Sender:
         raws = [b.raw() for b in buffers]
         total = sum(r.nbytes for r in raws)
         if not raws or total < MIN_SHARED_BYTES or not self.arena.ensure(total):
-            self.conn.send_bytes(pickle.dumps(obj, protocol=5))  # every buffer in band
+            self.conn.send(obj)  # every buffer in band, pickled as multiprocessing does
             return
         spans, offset, view = [], 0, memoryview(self.arena.map)
         for r in raws:
             view[offset:offset + r.nbytes] = r
             spans.append((offset, r.nbytes))
             offset += r.nbytes
-        head = (_TAG, os.getpid(), self.arena.fd, self.arena.generation, self.arena.size, spans, data)
+        head = (_TAG, os.getpid(), self.arena.fd, spans, data)
         self.conn.send_bytes(pickle.dumps(head, protocol=5))
         self.shared += 1
 
@@ -127,29 +122,24 @@ class Sender:
 
 
 class Receiver:
-    """The reading end of a pipe: ``recv()`` copies large array buffers out of the sender's arena."""
+    """The reading end of a pipe: ``recv()`` copies large array buffers out of the sender's arena;
+    raises :class:`SharedMemoryError` where it cannot (EOFError/OSError still mean the pipe)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
-        self.peer = _PeerArena()
 
     def poll(self, timeout: Optional[float] = 0.0) -> bool:
         return self.conn.poll(timeout)
 
     def recv(self) -> Any:
         obj = pickle.loads(self.conn.recv_bytes())
-        if not (isinstance(obj, tuple) and len(obj) == 7 and obj[0] == _TAG):
+        if not (isinstance(obj, tuple) and len(obj) == 5 and obj[0] == _TAG):
             return obj
-        _, pid, fd, generation, size, spans, data = obj
-        view = self.peer.view(pid, fd, generation, size)
-        # copied out: the sender writes its next message over the arena
-        return pickle.loads(data, buffers=[bytearray(view[o:o + n]) for o, n in spans])
+        _, pid, fd, spans, data = obj
+        return pickle.loads(data, buffers=_read_peer(pid, fd, spans))
 
     def close(self) -> None:
-        try:
-            self.conn.close()
-        finally:
-            self.peer.close()
+        self.conn.close()
 
 
-__all__ = ["MIN_SHARED_BYTES", "Receiver", "Sender"]
+__all__ = ["MIN_SHARED_BYTES", "Receiver", "Sender", "SharedMemoryError"]

@@ -49,10 +49,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import errors
 from ..errors import GateError
-from .ipc import Receiver, Sender
+from .ipc import Receiver, Sender, SharedMemoryError
 
 _TIMEOUT = "timeout"
 _DEAD = "dead"
+_UNREADABLE = "unreadable"
 PRELOAD = {"torch": ("torch",), "tensorflow": ()}  # TensorFlow's import starts threads: not forked
 #: what a worker calls to build its runner, ``module:function(spec, variant)``: a name, not an
 #: import, so that this module knows no oracle (the zygote imports the module once)
@@ -338,6 +339,8 @@ class _Worker:
             if not self.rx.poll(timeout):
                 return _TIMEOUT, None
             return "reply", self.rx.recv()
+        except SharedMemoryError as exc:  # the reply arrived, its arrays could not be read
+            return _UNREADABLE, str(exc)
         except (EOFError, OSError):
             return _DEAD, None
 
@@ -538,6 +541,17 @@ class IsolatedRunner:
             return reply[1], reply[2]
         if kind == "reply" and reply[0] == "raise":
             raise RuntimeError(f"oracle runner failed in the isolated worker:\n{reply[1]}")
+        if kind == _UNREADABLE or (kind == "reply" and reply[0] == "lost"):
+            # the input or the result could not pass through shared memory (a memory limit): as
+            # an unpicklable-for-memory message through the pipe was, a crash of this evaluation,
+            # said as what it is
+            where = "the worker's result" if kind == _UNREADABLE else "the input"
+            signature = f"{where} could not pass between the gate and the worker"
+            self.stats["crashes"] += 1
+            self._discard_active(kill=True)
+            return cand, self.crash(error=f"{signature}: {reply if kind == _UNREADABLE else reply[1]}",
+                                    signature=signature, seconds=time.perf_counter() - t0,
+                                    extra={"isolated": True})
         if kind == _TIMEOUT:
             worker.dump_stack()
             where = _innermost_frame(worker.log_tail(log_pos))
@@ -658,6 +672,9 @@ def worker_main(rfd: int, wfd: int) -> int:
     while True:
         try:
             msg = rx.recv()
+        except SharedMemoryError as exc:  # the request arrived, its arrays could not be read
+            tx.send(("lost", str(exc)))
+            continue
         except (EOFError, OSError):
             return 0
         kind = msg[0]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from ..plan import Task
-from ..search.engine import GUIDANCES, search
+from ..search.engine import GUIDANCES, CrashRecord, search
 from ..search.finding import Crash, Finding
 from ..search.inputs import Candidate, draw
 from ..search.mutate import MUTATORS, PREDOO_MUTATORS, bind
@@ -102,9 +103,9 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
         batched = width > 1 and evaluator is not None and evaluator.enabled
         # report the figures of the best inputs run alone, as the judge will replay them, and with
         # every figure (the search measured only those it is guided by)
-        res.best_eval = _alone(runner, res.best, res.best_eval, batched)
+        res.best_eval = _alone(runner, res.best, res.best_eval, batched, res)
         res.best_finite_eval = res.best_eval if res.best_finite is res.best else \
-            _alone(runner, res.best_finite, res.best_finite_eval, False)
+            _alone(runner, res.best_finite, res.best_finite_eval, False, res)
     best, best_eval, best_fin, best_fin_eval = _with_exhaustive(ex, res, res.best_eval)
     finding = _finding(task, runner, guidance, res, best, best_eval, best_fin, best_fin_eval)
     _add_exhaustive(finding, ex)
@@ -127,15 +128,27 @@ def _search_figures(runner, guidance: str):
         runner.figures = before
 
 
-def _alone(runner, cand, ev, batched: bool):
-    """``ev`` measured again on ``cand`` alone with every figure, where the search's was batched or
-    partial (``rel`` not measured); the search's own when that run does not come back OK."""
+def _alone(runner, cand, ev, batched: bool, res):
+    """The figures of ``cand`` as the judge will replay them: a batched evaluation is replaced by
+    the input run alone; a search's partial one (``figures="search"``: no ``rel``, no ``spread``)
+    keeps its own figures and takes those two from the run alone. Where that run does not come
+    back OK the search's evaluation stands (``rel``/``spread`` NaN: not measured) and a crash is
+    booked as the search books one."""
     if cand is None or ev is None or ev.status != OK or ev.metrics is None:
         return ev
     if not batched and not math.isnan(ev.metrics.rel):
         return ev
     _, alone = runner.evaluate(cand, quantized=True)
-    return alone if alone.status == OK else ev
+    if alone.status == CRASH:
+        rec = res.crashes.setdefault(alone.signature or "", CrashRecord(
+            signature=alone.signature or "", message=alone.error or "", first_eval=res.evals, candidate=cand))
+        rec.count += 1
+    if alone.status != OK or alone.metrics is None:
+        return ev
+    if batched:
+        return alone
+    ev.metrics = dataclasses.replace(ev.metrics, rel=alone.metrics.rel, spread=alone.metrics.spread)
+    return ev
 
 
 def _mutators(runner, spec, dtype: str, guidance: str, mutators, scheduler):

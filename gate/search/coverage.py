@@ -188,7 +188,7 @@ def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
         elif lo > 0 or hi < 0:  # large mean, small spread: one sign, |mean| >= 30 std
             mean = float(fin.mean())
             # every value lies within (hi - lo) / 2 of the midpoint, so std <= (hi - lo) / 2
-            if abs(mean) >= 15 * (hi - lo) or _shifted(fin, mean):
+            if abs(mean) >= 15 * (hi - lo) or _shifted(fin, mean, hi - lo):
                 out.add("shifted")
     if all_finite and hi < 0:
         out.add("negative")
@@ -202,13 +202,16 @@ def _any_between(m: np.ndarray, lo: float, hi: float) -> bool:
     return bool(inside.any())
 
 
-def _shifted(fin: np.ndarray, mean: float) -> bool:
-    """|mean| >= 30 std of one-signed values with a positive spread (the variance from one centred copy)."""
+def _shifted(fin: np.ndarray, mean: float, width: float) -> bool:
+    """|mean| >= 30 std of one-signed values spread over ``width`` > 0 (the variance from one
+    centred copy, in units of the width: no overflow near float64's largest values)."""
     d = np.subtract(fin, mean)
+    d /= width
     # not np.dot: a BLAS call wakes OpenBLAS's thread pool, whose spinning threads then slowed the
     # framework's next operator calls 3x on a 2-core machine (torch.matmul, bench/throughput.py)
     var = float(np.square(d, out=d).sum()) / d.size
-    return var > 0 and mean * mean >= 900.0 * var
+    m = mean / width
+    return var > 0 and m * m >= 900.0 * var
 
 
 def feasible_values(domain: Domain, dtype: str, numel: Tuple[float, float]) -> List[str]:

@@ -65,12 +65,14 @@ class Metrics:
     def from_dict(cls, raw: dict) -> "Metrics":
         raw = dict(raw)
         raw["worst_index"] = tuple(raw.get("worst_index") or ())
-        return cls(**{k: (math.inf if v == "inf" else v) for k, v in raw.items() if k in cls.__dataclass_fields__})
+        special = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # as _jsonable writes them
+        return cls(**{k: (special[v] if isinstance(v, str) and v in special else v) for k, v in raw.items()
+                      if k in cls.__dataclass_fields__})
 
 
 def _jsonable(v):
     if isinstance(v, float) and math.isinf(v):
-        return "inf"
+        return "inf" if v > 0 else "-inf"
     if isinstance(v, float) and math.isnan(v):
         return "nan"
     return v
