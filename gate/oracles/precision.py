@@ -62,8 +62,15 @@ def _flush_changes_errors(a: np.ndarray, b: np.ndarray, bmin: float, bmax: float
     if bmin >= mn or bmax <= -mn:  # no reference below the smallest normal: nothing to flush
         return False
     # the (usually few) elements whose reference is below the smallest normal, then only those:
-    # three passes over the output instead of eight (outputs that cross zero always get here)
-    small = np.flatnonzero(np.abs(b) < mn)
+    # two comparisons (one where the reference has one sign) and no |b| array: half the time
+    # of np.abs(b) < mn on a million elements (outputs that cross zero always get here)
+    if bmin >= 0.0:
+        tiny = np.less(b, mn)
+    else:
+        tiny = np.greater(b, -mn)
+        if bmax >= mn:
+            tiny &= np.less(b, mn)
+    small = np.flatnonzero(tiny)
     if small.size == 0:
         return False
     sa, sb = a[small], b[small]
