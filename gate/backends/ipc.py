@@ -1,10 +1,10 @@
 """Messages between the gate and its isolated workers, large arrays through shared memory.
 
 A candidate of a million float64 values is 8 MB; pickled into a pipe and back (the quantised
-candidate returns with every evaluation) that cost 41 ms a round trip on the 2-core CI machine,
+candidate returns with every evaluation) that cost 41-46 ms a round trip on the 2-core CI machine,
 more than the operator and its float64 reference together. Here each side writes the array buffers of its message (pickle protocol 5's
 out-of-band buffers) into an *arena* of its own and sends only the pickle and where the buffers
-lie; the other side maps the span it needs and copies the buffers out: 8.5 ms for the same round
+lie; the other side maps the span it needs and copies the buffers out: 8.5-12 ms for the same round
 trip (``bench/isolation_cost.py --large``: evaluations per second in-process, isolated through
 shared memory and isolated through the pipe, side by side).
 
@@ -82,8 +82,12 @@ def _read_peer(pid: int, fd: int, spans: List[Tuple[int, int]]) -> List[bytearra
     end = max((o + n for o, n in spans), default=0)
     try:
         with open(f"/proc/{pid}/fd/{fd}", "rb") as fh:
-            with mmap.mmap(fh.fileno(), end, prot=mmap.PROT_READ) as view:
-                return [bytearray(view[o:o + n]) for o, n in spans]
+            with mmap.mmap(fh.fileno(), end, prot=mmap.PROT_READ) as mapped:
+                view = memoryview(mapped)  # slicing the mmap itself would copy each buffer twice
+                try:
+                    return [bytearray(view[o:o + n]) for o, n in spans]
+                finally:
+                    view.release()
     except (OSError, ValueError) as exc:
         raise SharedMemoryError(f"could not read a message's {end} bytes from shared memory "
                                 f"({type(exc).__name__}: {exc})") from None
@@ -132,7 +136,7 @@ class Receiver:
         return self.conn.poll(timeout)
 
     def recv(self) -> Any:
-        obj = pickle.loads(self.conn.recv_bytes())
+        obj = self.conn.recv()  # unpickled as multiprocessing does (the arena's head is a small tuple)
         if not (isinstance(obj, tuple) and len(obj) == 5 and obj[0] == _TAG):
             return obj
         _, pid, fd, spans, data = obj
