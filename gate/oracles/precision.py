@@ -85,7 +85,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     ``ftz=False`` measures them in subnormal ulps (exhaustive sweeps of a dtype's every value).
     ``figures="search"``: only what a search is guided by (ULP, abs, l1, mean ULP, NaN/Inf, the
     worst element); ``rel`` and ``spread`` are NaN (not measured), which saves six of the twelve
-    passes over a large finite output (:data:`SEARCH_FIGURES`).
+    passes over a large finite output; :func:`gate.fuzz.fuzz_task` measures a finding's again.
     Long on purpose: the batched twin (:func:`gate.oracles.batch.compare_segments`) follows it
     statement by statement."""
     if figures not in ("all", "search"):
@@ -182,11 +182,6 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         worst_ref=worst[4],
         spread=math.nan if search else spread,
     )
-
-
-#: the figures a search needs from :func:`compare` (``figures="search"``); a finding's are
-#: measured again with every figure (:func:`gate.fuzz.fuzz_task` re-runs its inputs alone)
-SEARCH_FIGURES = ("ulp", "abs", "l1", "mean_ulp", "nonfinite", "int_mismatch", "worst")
 
 
 def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False):

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..backends.base import FLOAT_FORMATS
+from ..serial import from_json_safe, json_safe
 
 
 _EXP_MASK = np.uint64(0x7FF0000000000000)
@@ -57,25 +58,13 @@ class Metrics:
         return self.ulp
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["worst_index"] = list(self.worst_index)
-        return {k: _jsonable(v) for k, v in d.items()}
+        return json_safe(asdict(self))  # non-finite figures as "inf"/"-inf"/"nan", the index a list
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Metrics":
-        raw = dict(raw)
+        raw = from_json_safe({k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
         raw["worst_index"] = tuple(raw.get("worst_index") or ())
-        special = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # as _jsonable writes them
-        return cls(**{k: (special[v] if isinstance(v, str) and v in special else v) for k, v in raw.items()
-                      if k in cls.__dataclass_fields__})
-
-
-def _jsonable(v):
-    if isinstance(v, float) and math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if isinstance(v, float) and math.isnan(v):
-        return "nan"
-    return v
+        return cls(**raw)
 
 
 def fitness(m: Metrics, guidance: str) -> float:
