@@ -7,6 +7,7 @@ unary minus, ``min()``, ``max()``, tuples and lists.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from typing import Any, Mapping
 
@@ -30,8 +31,16 @@ def evaluate(expr: Any, env: Mapping[str, Any]) -> Any:
         return type(expr)(evaluate(e, env) for e in expr)
     if not isinstance(expr, str):
         raise ValueError(f"cannot evaluate {expr!r}")
-    tree = ast.parse(expr, mode="eval")
-    return _eval(tree.body, env, expr)
+    if expr in env:  # a bare name (most shapes are ``[N, D]``), as _eval would find it
+        return env[expr]
+    return _eval(_parse(expr), env, expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(expr: str) -> ast.AST:
+    """The expression's tree, parsed once (a search evaluates the same few shapes thousands of
+    times; the trees are only read)."""
+    return ast.parse(expr, mode="eval").body
 
 
 def _eval(node: ast.AST, env: Mapping[str, Any], src: str) -> Any:
