@@ -56,6 +56,12 @@ class Config:
         return int(self.raw.get("seed", 0))
 
     @property
+    def threads(self) -> Optional[int]:
+        """CPU threads per operator call (``threads:``; None: not set, 1 by default)."""
+        t = self.raw.get("threads")
+        return None if t is None else int(t)
+
+    @property
     def baselines_dir(self) -> Path:
         return self.root / self.raw.get("baselines", "baselines")
 
@@ -78,7 +84,10 @@ class Config:
                         tops.add(child.stem)
                     elif (child / "__init__.py").exists():
                         tops.add(child.name)
+        from .backends import configure_threads
         from .backends.triton_support import prepare_tree
+
+        configure_threads(self.threads)  # before any backend or worker starts
 
         # Triton reads TRITON_INTERPRET when a kernel is decorated: decide before any import
         prepare_tree([(self.root / p).resolve() for p in (self.raw.get("python_path") or ["."])])

@@ -5,10 +5,11 @@ Backends are imported lazily: asking for ``torch`` never imports TensorFlow and 
 from __future__ import annotations
 
 import importlib
-from typing import Dict
+import os
+from typing import Dict, Optional
 
 from ..errors import FrameworkMissing
-from .base import Backend
+from .base import THREADS_ENV, Backend, intra_op_threads
 
 _MODULES = {
     "torch": ("gate.backends.torch_backend", "TorchBackend", "torch", "torch"),
@@ -38,9 +39,21 @@ def get_backend(name: str) -> Backend:
         raise FrameworkMissing(
             f"{name} is not installed: pip install 'dl-gate[{extra}]' (or 'dl-gate[all]')"
         )
+    threads = intra_op_threads()  # a bad $DL_GATE_THREADS is a one-line error before the import
     backend = getattr(importlib.import_module(module), cls)()
+    backend.set_threads(threads)
     _CACHE[name] = backend
     return backend
 
 
-__all__ = ["Backend", "get_backend", "framework_installed"]
+def configure_threads(n: Optional[int]) -> None:
+    """Make ``n`` (the config's ``threads``) the CPU threads of every operator call of this
+    process and of the workers it starts, unless ``$DL_GATE_THREADS`` already says otherwise."""
+    if n is None or os.environ.get(THREADS_ENV, "").strip():
+        return
+    os.environ[THREADS_ENV] = str(int(n))
+    for backend in _CACHE.values():
+        backend.set_threads(int(n))
+
+
+__all__ = ["Backend", "get_backend", "framework_installed", "configure_threads"]

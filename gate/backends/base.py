@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
 import traceback
 from abc import ABC, abstractmethod
@@ -13,6 +14,32 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+
+#: the environment variable that sets how many CPU threads a framework computes one operator call
+#: on (its intra-op parallelism); set from the config's ``threads`` by the commands, inherited
+#: by the isolated workers
+THREADS_ENV = "DL_GATE_THREADS"
+
+
+def intra_op_threads() -> int:
+    """CPU threads per operator call: ``$DL_GATE_THREADS``, else 1; 0 leaves the framework's own
+    default (every core). One thread by default, as ``torch.utils.benchmark`` times: a kernel's
+    parallel reductions split their sums by thread, so the rounding of an output depends on the
+    thread count (a baseline refreshed on a 4-core runner and a PR run on 2 cores would differ in
+    the last bits), and a 2-thread parallel region on a 2-core runner with anything else busy
+    waits for its descheduled thread: the search ran 8-10x fewer evaluations a second
+    (``bench/threads.py``)."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return 1
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"{THREADS_ENV}={text!r}: not a whole number of threads (1 by default; 0 leaves the "
+                          "framework's own default)")
+    return n
 
 
 def before_tensorflow() -> None:
@@ -70,8 +97,20 @@ class Backend(ABC):
     def devices(self) -> List[str]: ...
 
     def environment(self, device: str) -> dict:
-        """Facts a baseline is keyed by: framework version and device description."""
-        return {"framework": self.name, "version": self.version(), "device": device}
+        """Facts a baseline is keyed by (framework version and device description) and the CPU
+        threads an operator call ran on (reported, not part of the key)."""
+        env = {"framework": self.name, "version": self.version(), "device": device}
+        threads = self.threads()
+        if threads:
+            env["threads"] = threads
+        return env
+
+    def set_threads(self, n: int) -> None:
+        """Compute each operator call on ``n`` CPU threads (0: leave the framework's default)."""
+
+    def threads(self) -> int:
+        """The CPU threads an operator call runs on (0: not known)."""
+        return 0
 
     # -- values -------------------------------------------------------------------------
     @abstractmethod

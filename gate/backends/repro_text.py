@@ -8,6 +8,8 @@ if DEVICE == "cpu":  # a Triton kernel runs on CPU tensors only in the interpret
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch
 
+if THREADS:
+    torch.set_num_threads(THREADS)
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -100,6 +102,8 @@ TENSORFLOW = r'''
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf
 
+if THREADS:
+    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
 DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
 DEV = "/GPU:0" if DEVICE == "cuda" else "/CPU:0"
 

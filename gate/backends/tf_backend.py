@@ -53,6 +53,17 @@ class TFBackend(Backend):
     def seed(self, seed: int) -> None:
         tf.random.set_seed(seed)
 
+    def set_threads(self, n: int) -> None:
+        if n <= 0 or tf.config.threading.get_intra_op_parallelism_threads() == n:
+            return
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(n)
+        except RuntimeError:  # the runtime already started (it reads the setting once): keep its pool
+            pass
+
+    def threads(self) -> int:
+        return tf.config.threading.get_intra_op_parallelism_threads()  # 0: TensorFlow's default
+
     # TensorFlow runs its CPU kernels with flush-to-zero / denormals-are-zero: a subnormal float32
     # (and bfloat16, computed in float32) input is read as 0, and subnormal results become 0.
     flush_subnormals = True

@@ -93,6 +93,13 @@ class TorchBackend(Backend):
             env["capability"] = torch.backends.cpu.get_cpu_capability()
         return env
 
+    def set_threads(self, n: int) -> None:
+        if n > 0 and torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 

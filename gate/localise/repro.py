@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..backends.base import FLOAT_FORMATS
+from ..backends.base import FLOAT_FORMATS, intra_op_threads
 from ..search.inputs import Candidate
 from ..oracles.base import float_input_names
 from ..ops.spec import ImportRef, OpSpec
@@ -293,6 +293,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
         "DTYPE": variant.dtype,
         "INPUT_DTYPE": "float32" if variant.mode == "operator" else variant.dtype,
         "MODE": variant.mode, "DEVICE": variant.device, "ORACLE": variant.oracle,
+        "THREADS": intra_op_threads(),  # the gate's CPU threads per call: the same sums, the same rounding
         "MEMORY_FORMAT": lay.memory_format if lay else None,
         "PERMUTE": {k: tuple(v) for k, v in (lay.permute.items() if lay else [])},
         "OUT_PERMUTE": tuple(lay.out_permute) if lay and lay.out_permute else None,
