@@ -319,6 +319,37 @@ def test_no_package_and_an_unknown_package_are_one_line_errors(tmp_path):
         run_init(repo, package="nolib")
 
 
+def test_a_private_operator_is_taken_when_named(tmp_path):
+    # torchmetrics' LPIPS: the operator a PR changes is `_normalize_tensor` in a public module
+    repo = tmp_path / "repo"
+    (repo / "imgmetrics").mkdir(parents=True)
+    (repo / "imgmetrics" / "__init__.py").write_text('"""Image metrics."""\n')
+    (repo / "imgmetrics" / "lpips.py").write_text(
+        "import torch\n\n\ndef _normalize_tensor(in_feat, eps: float = 1e-8):\n"
+        "    norm_factor = torch.sqrt(eps + torch.sum(in_feat**2, dim=1, keepdim=True))\n"
+        "    return in_feat / norm_factor\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_lpips.py").write_text(
+        "import torch\nfrom imgmetrics.lpips import _normalize_tensor\n\n\ndef test_unit_norm():\n"
+        "    x = torch.randn(2, 4, 3, 3)\n"
+        "    assert torch.allclose(_normalize_tensor(x).pow(2).sum(1), torch.ones(2, 3, 3), atol=1e-5)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "imgmetrics")
+    with pytest.raises(SetupError) as exc:  # not asked for: nothing public, and how to ask
+        run_init(repo, no_tests=True, workflows=False)
+    assert "\n" not in str(exc.value) and "--ops imgmetrics.module._name" in str(exc.value)
+    for name in ("imgmetrics.lpips._normalize_tensor", "_normalize_tensor"):
+        (repo / ".dl-gate.yml").unlink(missing_ok=True)
+        rep = run_init(repo, only=[name], workflows=False, probe_timeout=20)
+        cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+        (op,) = cfg.ops
+        assert op.callable == "imgmetrics.lpips:_normalize_tensor", name
+        assert [list(t.shape) for t in op.inputs] == [[2, 4, 3, 3]]  # from the test's call
+    with pytest.raises(SetupError, match="defines none of imgmetrics.lpips._nope"):
+        run_init(repo, only=["imgmetrics.lpips._nope"], workflows=False)
+
+
 # -- inference from records (no process, no framework) ---------------------------------------
 def _op(params, kind="function"):
     return Operator(name="lib.f", module="lib.m", qualname="f", kind=kind, file="lib/m.py", line=1,
@@ -346,6 +377,30 @@ def test_records_give_shared_dims_tied_params_and_index_inputs():
     op2 = _op([("x", None), ("fn", None)])
     bad = [CallRecord(op="lib.f", args=[TensorArg((2,), "float32", np.ones(2)), Opaque("function")], kwargs={})]
     assert from_records(op2, bad, "torch", []).spec is None
+
+
+def test_parameter_values_come_from_every_test_call_not_only_the_replayed_signature():
+    # MONAI's focal-loss tests: one call on a 4-D batch with gamma=0, one on a hand-written row
+    # with gamma=2 and alpha=0.25; the row's tensors are not replayed, its settings are
+    import numpy as np
+
+    op = _op([("input", None), ("target", None), ("gamma", 2.0), ("alpha", None)])
+    op.params[-1]["has_default"] = True  # alpha: Optional[float] = None
+    big = CallRecord(op="lib.f", args=[TensorArg((2, 3, 8, 8), "float32", np.random.randn(2, 3, 8, 8) * 4),
+                                       TensorArg((2, 3, 8, 8), "float32", (np.random.rand(2, 3, 8, 8) > 0.5) * 1.0)],
+                     kwargs={"gamma": 0.0})
+    row = CallRecord(op="lib.f", args=[TensorArg((1, 3), "float32", np.array([[10.0, -10.0, 0.5]])),
+                                       TensorArg((1, 3), "float32", np.array([[1.0, 0.0, 1.0]]))],
+                     kwargs={"gamma": 2.0, "alpha": 0.25})
+    spec = from_records(op, [big, row], "torch", ["lib/m.py"]).spec
+    assert spec["inputs"][0]["shape"] == [2, 3, 8, 8]  # the replayed signature: the batch
+    assert sorted(spec["params"]["gamma"]["choices"]) == [0.0, 2.0]
+    assert set(spec["params"]["alpha"]["choices"]) == {0.25, None}  # absent in one call: its default
+    # a size is a setting only of the calls it was measured with: tied to their dim, not widened
+    op2 = _op([("x", None), ("n", None)])
+    recs = [CallRecord(op="lib.f", args=[TensorArg((k, 4), "float32", np.ones((k, 4)))], kwargs={"n": k}) for k in (2, 5)]
+    recs.append(CallRecord(op="lib.f", args=[TensorArg((9,), "float32", np.ones(9))], kwargs={"n": 9}))
+    assert from_records(op2, recs, "torch", []).spec["params"]["n"] == {"expr": "N"}
 
 
 def test_module_records_drop_self_and_tests_range_is_widened():

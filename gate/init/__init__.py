@@ -191,11 +191,15 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     pkg = find_package(repo, package)
     framework = uses_framework(pkg)
     report = InitReport(package=pkg.name, config=config)
-    syms, bad = scan(pkg, repo)
+    syms, bad = scan(pkg, repo, named=only or ())
     for f in bad:
         report.left_out.append((f, "does not parse (SyntaxError)"))
     if not syms:
-        raise SetupError(f"package {pkg.name} defines no public function or class")
+        if only:
+            raise SetupError(f"package {pkg.name} defines none of {', '.join(only)} (a name as `_f`, "
+                             f"`{pkg.name}.module._f` or `module._f` with its full module path)")
+        raise SetupError(f"package {pkg.name} defines no public function or class (a private one is taken "
+                         f"when named: dl-gate init --ops {pkg.name}.module._name)")
     sys_path = [str(pkg.root)]
     log(f"package {pkg.name} ({'src/' if pkg.python_path == 'src' else 'repository root'}), "
         f"{sum(len(v) for v in syms.values())} public definitions in {len(syms)} modules")
@@ -250,7 +254,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
         for s in ss:
             r = rows.get((m, s.name))
             name = _op_name(s, pkg.name, counts)
-            if only and name not in only and s.name not in only:
+            if only and name not in only and s.name not in only and f"{m}.{s.name}" not in only:
                 continue
             if r is None:
                 if m not in import_errors:
@@ -381,7 +385,8 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
                "budget": {"total": 300, "per_op": 10, "localise": 60},
                "gate": {"dtypes": list(LOW), "behaviour_change": "fail"}}
         comments = {"python_path": "where the package imports from (relative to this file)",
-                    "budget": "seconds: a PR's fuzzing, each operator's baseline, localisation",
+                    "budget": "seconds: a PR's fuzzing in all, at most per_op for each operator (and each "
+                              "operator's baseline), localisation",
                     "gate": "only a real regression fails the check"}
         tail = ""
         if report.left_out:

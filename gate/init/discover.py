@@ -121,8 +121,11 @@ class Symbol:
     ast_kind: str  # function | class | custom_op
 
 
-def scan(pkg: Package, repo: Path) -> Tuple[Dict[str, List[Symbol]], List[str]]:
-    """Public top-level definitions per module of ``pkg`` (AST only), and files that do not parse."""
+def scan(pkg: Package, repo: Path, named: Sequence[str] = ()) -> Tuple[Dict[str, List[Symbol]], List[str]]:
+    """Public top-level definitions per module of ``pkg`` (AST only), and files that do not parse.
+    ``named`` (``dl-gate init --ops``): definitions asked for by name are taken even when private
+    (``_normalize_tensor``, ``pkg.mod._f``, or anything in a private module named in full)."""
+    named = set(named)
     base = pkg.root / Path(*pkg.name.split("."))
     out: Dict[str, List[Symbol]] = {}
     bad: List[str] = []
@@ -133,9 +136,10 @@ def scan(pkg: Package, repo: Path) -> Tuple[Dict[str, List[Symbol]], List[str]]:
             continue
         if rel_parts[-1].startswith("test_") or rel_parts[-1].endswith("_test") or rel_parts[-1] == "conftest":
             continue  # the library's tests: they call the operators, they are not operators
-        if any(p.startswith("_") and p != "__init__" for p in rel_parts[len(pkg.name.split(".")):]):
-            continue  # private modules: their public names are reached through a public module
         mod = ".".join(rel_parts[:-1] if rel_parts[-1] == "__init__" else rel_parts)
+        if any(p.startswith("_") and p != "__init__" for p in rel_parts[len(pkg.name.split(".")):]) \
+                and not any(n.startswith(mod + ".") for n in named):
+            continue  # private modules: their public names are reached through a public module
         try:
             tree = ast.parse(f.read_text(encoding="utf-8", errors="replace"), filename=str(f))
         except SyntaxError:
@@ -151,7 +155,8 @@ def scan(pkg: Package, repo: Path) -> Tuple[Dict[str, List[Symbol]], List[str]]:
         syms = []
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                if node.name.startswith("_") or (exported is not None and node.name not in exported):
+                asked = node.name in named or f"{mod}.{node.name}" in named
+                if not asked and (node.name.startswith("_") or (exported is not None and node.name not in exported)):
                     continue
                 kind = "class" if isinstance(node, ast.ClassDef) else "function"
                 if kind == "function" and any(_decorator_name(d).endswith(("custom_op", "triton_op"))

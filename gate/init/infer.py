@@ -210,26 +210,32 @@ def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of
     return inputs
 
 
-def _param_rows(op: Operator, calls: List[Dict[str, Any]],
-                dim_values: Dict[str, List[int]]) -> Tuple[Dict[str, Any], List[str]]:
+def _param_rows(op: Operator, calls: List[Dict[str, Any]], dim_values: Dict[str, List[int]],
+                others: Sequence[Dict[str, Any]] = ()) -> Tuple[Dict[str, Any], List[str]]:
     """The spec's ``params``: each non-tensor argument's observed values as a value or choices
     (most common first, at most 6), or an ``expr`` where it equals a dim in every call; and the
-    names of those dropped because a value is an object the gate cannot replay."""
+    names of those dropped because a value is an object the gate cannot replay. ``others``: the
+    calls whose tensors have another signature (ranks, names): their tensors are not replayed,
+    their parameter values are (a test of ``gamma=2.0`` on a small hand-written tensor is still a
+    setting the operator is meant for)."""
     params: Dict[str, Any] = {}
     dropped: List[str] = []
-    for k in sorted({k for c in calls for k, v in c.items() if not isinstance(v, TensorArg)}):
+    every = list(calls) + list(others)
+    for k in sorted({k for c in every for k, v in c.items() if not isinstance(v, TensorArg)}):
         values = [c.get(k, "__absent__") for c in calls]
+        seen = values + [c.get(k, "__absent__") for c in others]
         if any(isinstance(v, Opaque) or (isinstance(v, (list, tuple)) and any(isinstance(x, (Opaque, TensorArg)) for x in v))
-               for v in values):
+               for v in seen):
             dropped.append(k)
             continue
-        present = [_plain(v) for v in values if v != "__absent__"]
+        present = [_plain(v) for v in seen if v != "__absent__"]
         if not present:
             continue
         default = next((p for p in op.params if p["name"] == k), {})
-        if "__absent__" in values and default.get("has_default"):
+        if "__absent__" in seen and default.get("has_default"):
             present.append(_plain(default.get("default")))
         if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+            # a size: tied to a dim of the replayed calls (another signature's sizes are not a setting)
             tied = [d for d, dv in dim_values.items()
                     if len(dv) == len(values) and all(v == x for v, x in zip(values, dv))]
             if tied:
@@ -270,7 +276,7 @@ def from_records(op: Operator, records: Sequence[CallRecord], framework: str, so
     calls = [b for b in bound if _signature(b) == best]
     shape_of, dims, dim_values = _shared_dims(best, calls)
     inputs = _input_rows(op, best, calls, shape_of)
-    params, dropped = _param_rows(op, calls, dim_values)
+    params, dropped = _param_rows(op, calls, dim_values, others=[b for b in bound if _signature(b) != best])
     required = [p["name"] for p in op.params if not p["has_default"] and p["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
     missing = [r for r in required if r not in names and r not in params]
     if missing:
