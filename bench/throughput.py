@@ -114,6 +114,10 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the backend synchronises after each CUDA call)")
     args = ap.parse_args()
     cat = load_catalog(builtin=("torch",))
+    from gate.backends import get_backend
+
+    print(f"CPU threads per operator call: {get_backend('torch').threads()} (the gate's default 1; "
+          "DL_GATE_THREADS=0 for the framework's own)")
     print(f"{'operator':36} {'ms/call':>8} {'op/s':>8} {'op+ref/s':>9} {'fuzz/s':>8} {'fuzz/op':>8} "
           f"{'fuzz/(op+ref)':>13} {'oracle/(op+ref)':>15} {'batched/(op+ref)':>16} {'normal op/s':>11}")
     for name in args.ops:
