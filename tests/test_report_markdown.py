@@ -43,6 +43,16 @@ def test_verdict_line_table_details_and_chart():
                    "| x=-1e-4 | 1.5 | 48 |", "```sh\npython dl-gate-out/repro/mylib.softplus_float16.py\n```",
                    "dl-gate-out/repro/mylib.softplus_float16.py"):
         assert needle in det, needle
+    # every figure says which input it is on: the judged error on the input as found, the worst
+    # element and the base-vs-head rows on the localiser's minimal input (a focal-loss report
+    # showed "head 30.9 ulp" beside "head error 173 ulp" with nothing telling the two inputs apart)
+    assert "(ratio ×32, threshold 4.5 ulp) on the input as found, `x: float16[3, 4] in [-1e-4, 1e-4]`" in det
+    assert "**Minimal input** (each tensor as name[shape][min, max]):" in det
+    assert "**Worst element of the minimal input:** index 0" in det
+    assert "**Base vs head on the minimal input:**" in det
+    plain = render_markdown(pass_report(outcome="regression", reason="r", verdicts=[regression(diagnosis=False)]))
+    assert "on the input as found" not in plain and "inimal input" not in plain
+    assert "**Input** (each tensor as name[shape][min, max]): `x: float16[3, 4] in [-1e-4, 1e-4]`" in plain
     chart = re.search(r"```mermaid\n(.*?)```", md, re.S).group(1)
     assert chart.startswith("xychart-beta")
     n_labels = len(re.search(r"x-axis \[(.*)\]", chart).group(1).split('", "'))

@@ -230,11 +230,11 @@ def facts(v: VariantVerdict) -> List[tuple]:
                                   f"{ex.get('reference')}: exact max {fmt_num(ex.get('max_ulp'))} ulp at "
                                   f"x = {ex.get('worst_input')!r}"))
     mi = minimal_input(v)
-    if mi:
-        out.append(("minimal input", one_line(mi, 1000)))
     d = diag(v)
+    if mi:
+        out.append(("minimal input" if d.get("minimal_input") else "input", one_line(mi, 1000) + " (name[shape][min, max])"))
     if d.get("worst_element"):
-        out.append(("worst element", one_line(d["worst_element"])))
+        out.append(("worst element of it" if d.get("minimal_input") else "worst element", one_line(d["worst_element"])))
     if d.get("parameter"):
         out.append(("responsible parameter", one_line(d["parameter"])))
     sub = d.get("suboperation")

@@ -191,9 +191,12 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
     lines = [f"<details><summary>{icon(report, v)} <b>{md_text(v.op, 80)}</b> [{md_text(v.key, 80)}]: "
              f"{md_text(v.reason, 200)}</summary>", ""]
     figs = []
+    mi = minimal_input(v)
+    shrunk = bool(d.get("minimal_input"))  # localised: the figures below are on the localiser's input
     if v.head_error is not None or v.base_error is not None:
+        on = f" on the input as found, {md_code(v.input_summary, 200)}" if shrunk and v.input_summary else ""
         figs.append(f"- **Error:** head {err(v.head_error)}, base {err(v.base_error)} "
-                    f"(ratio {verdict_ratio(v)}, threshold {err(v.threshold)})")
+                    f"(ratio {verdict_ratio(v)}, threshold {err(v.threshold)}){on}")
     if v.head_nonfinite or v.base_nonfinite:
         figs.append(f"- **Non-finite outputs:** head {v.head_nonfinite}, base {v.base_nonfinite}")
     if v.head_crash:
@@ -204,11 +207,12 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
         figs.append(f"- **Seed:** {md_code(v.seed)}" + (f" ({v.evals} evaluations)" if v.evals else ""))
     if d.get("parameter"):
         figs.append(f"- **Responsible parameter:** {md_code(d['parameter'])}")
-    mi = minimal_input(v)
     if mi:
-        figs.append(f"- **Minimal input:** {md_code(mi, 400)}")
+        # the localiser's input: the figures below (worst element, base vs head) are measured on it
+        figs.append(f"- **{'Minimal input' if shrunk else 'Input'}** (each tensor as name[shape][min, max]): "
+                    f"{md_code(mi, 400)}")
     if d.get("worst_element"):
-        figs.append(f"- **Worst element:** {md_text(d['worst_element'], 300)}")
+        figs.append(f"- **Worst element{' of the minimal input' if shrunk else ''}:** {md_text(d['worst_element'], 300)}")
     sub = d.get("suboperation")
     if isinstance(sub, dict) and sub:
         figs.append(f"- **Sub-operation:** {md_code(suboperation_text(sub), 300)}")
@@ -227,7 +231,7 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
             lines.append(f"{i}. " + (f"[{md_text(ref)}]({url})" if url else md_code(ref)) + sym)
     bvh = d.get("base_vs_head")
     if isinstance(bvh, list) and bvh:
-        lines += ["", "**Base vs head on the same inputs:**", "", _table_rows(bvh)]
+        lines += ["", f"**Base vs head on the {'minimal' if shrunk else 'same'} input:**", "", _table_rows(bvh)]
     rc = repro_command(v)
     if d.get("repro_script"):
         lines += ["", f"**Repro script:** {md_code(d['repro_script'])} (in the run's artifacts)"]
