@@ -111,6 +111,8 @@ def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_preci
     # float32 one is off by 9e15 ulps of it, head's by 4e31: both are rounding garbage
     g = judge(spec, [rr([1e-7], [1e-30], ulp=4.06e31)], [rr([2e-7], [1e-30], ulp=9.01e15)])
     assert g.outcome == V.PASS and g.details.get("base_unreliable") == 1, (g.outcome, g.reason)
+    # the passing row's huge figure is explained where users read it
+    assert "1 of them not judged for precision: base's own error there is 4.1e+03 ulp or more" in g.reason, g.reason
     # base at 2^12 float32 ulps (12 of 24 bits): amplified rounding, not judged either
     g = judge(spec, [rr([1e-7], [1e-30], ulp=1e6)], [rr([2e-7], [1e-30], ulp=2.0 ** 12)])
     assert g.outcome == V.PASS and g.details.get("base_unreliable") == 1, (g.outcome, g.reason)

@@ -538,6 +538,9 @@ def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status,
         vv.details["baseline_env"] = row.env if row else None
     vv.outcome = V.PASS
     vv.reason = f"head {_f(head_max_same)} ulp vs base {_f(base_max)} ulp on {pairs} identical inputs (threshold {_f(vv.threshold)})"
+    if t.garbage:  # a passing row with a huge error says why it passes
+        vv.reason += (f"; {t.garbage} of them not judged for precision: base's own error there is "
+                      f"{_f(half_digits_ulps(dtype))} ulp or more (fewer than half its digits right)")
     if t.ref_moved:
         vv.reason += (f"; the float64 run moved by up to {_f(t.ref_moved)} {dtype} ulp, within the threshold "
                       "(reference moved, not a behaviour change)")
