@@ -105,6 +105,20 @@ def test_a_failing_new_nan_row_reads_nan_in_the_report_even_when_base_had_nan_el
     assert v.head_nonfinite == 1 and "on 1 elements" in v.reason  # one count, in the table and the reason
 
 
+def test_a_regression_that_also_fixes_other_inputs_says_so(spec):
+    # torchmetrics #1030's KL divergence: head no longer returns NaN where p has a zero (base did),
+    # and returns inf where q is subnormal (p / q overflows; base clamped q): still a regression,
+    # but the reason shows the trade instead of a plain "new NaN/Inf"
+    head = [rr([np.inf], [11.29], ulp=0.0, nonfinite=1), rr([0.69], [0.69])]
+    base = [rr([1.35], [1.35]), rr([np.nan], [0.69], ulp=0.0, nonfinite=1)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.REGRESSION and v.reason.startswith("new NaN/Inf"), (v.outcome, v.reason)
+    assert "head also fixes NaN/Inf or a crash on 1 other input(s) where base failed" in v.reason
+    assert v.details["fixed_inputs_total"] == 1
+    plain = judge(spec, head[:1], base[:1])
+    assert plain.outcome == V.REGRESSION and "also fixes" not in plain.reason
+
+
 def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_precision(spec):
     # the benign layer_norm refactor's gradient on a near-constant row (bench/false_alarms.py: 11
     # of 20 seeds failed before): the float64 gradient is ~1e-30 of the inputs' scale, base's

@@ -483,6 +483,10 @@ def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, f
     i = t.worst[1]
     h, b = head[i], base[i]
     vv.outcome, vv.reason = V.REGRESSION, t.worst[2]
+    if t.fixed:  # a trade, not a plain regression: the report says both (torchmetrics #1030: NaN at p=0
+        # fixed, inf at a subnormal q introduced)
+        vv.reason += f"; head also fixes NaN/Inf or a crash on {t.fixed} other input(s) where base failed"
+        vv.details["fixed_inputs_total"] = t.fixed
     vv.head_error = h.metrics.ulp if h.metrics else None
     vv.base_error = b.metrics.ulp if b.metrics else None
     kind = ("crash" if _failed(h) else "nonfinite" if t.worst[2].startswith("new NaN/Inf")
