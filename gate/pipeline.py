@@ -258,6 +258,8 @@ def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
     if cfg_outside:  # a config kept outside the repository: its paths are the repository's
         cfg = load_config(opts.config, root=top)
     cfg.activate()  # also forgets stale imports of the user's library
+    if opts.evals is None and cfg.budget.get("evals"):  # budget.evals: the deterministic budget, as --evals
+        opts.evals = int(cfg.budget["evals"])
     base_sha, head_sha = _refs(opts, repo, report)
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
@@ -311,6 +313,8 @@ def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateR
     run_tasks, skipped = _allocate(opts, ctx, planned, total, report)
     by_id = {p["task"].id: p for p in planned}
     report.not_covered = sorted(skipped)
+    # a time budget: the seed fixes the search's choices, not how many evaluations fit
+    report.env["budget"] = {"evals": opts.evals} if opts.evals else {"seconds": total, "per_op": per_op}
     say(f"selected {len(names)} operator(s), {len(planned)} variant(s); fuzzing {len(run_tasks)} within "
         + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
         + f", seed {ctx.seed}")

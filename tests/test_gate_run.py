@@ -223,3 +223,42 @@ def test_benign_changes_pass_in_20_reruns_with_different_seeds(base_repo, tmp_pa
         assert all(code == 0 for code, _, _ in runs), (name, runs)
     assert all(o == [] for _, _, o in outcomes["docs"])  # nothing selected
     assert all("improvement" in o for _, _, o in outcomes["improve"]), outcomes["improve"]
+
+
+def test_the_configs_evaluation_budget_is_the_runs_budget(base_repo, tmp_path):
+    # budget.evals is documented as the deterministic budget: `dl-gate run` without --evals used
+    # to ignore it (only the supervisor's deadline read it) and searched 10 s per operator
+    repo = clone(base_repo, tmp_path)
+    open_pr(repo, "refactor")
+    cfg = repo / ".dl-gate.yml"
+    cfg.write_text(cfg.read_text() + "budget: {evals: 17}\n")
+    git(repo, "commit", "-q", "-am", "deterministic budget")
+    out = tmp_path / "out"
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        code = main(["run", "--base", "main", "--out", str(out), "--seed", "0"])
+    finally:
+        os.chdir(old)
+    report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
+    assert code == 0 and report.env["budget"] == {"evals": 17}
+    fuzzed = [v for v in report.verdicts if v.evals]
+    assert fuzzed and all(v.evals == 17 for v in fuzzed), [(v.id, v.evals) for v in report.verdicts]
+    md = (out / "report.md").read_text()
+    assert "seed `0`" in md and "a time budget" not in md
+
+
+def test_a_baseline_refresh_takes_the_configs_evaluation_budget_unless_seconds_are_asked_for(tmp_path):
+    repo = make_repo(tmp_path, baselines=False, config=CONFIG + "budget: {evals: 13}\n")
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        assert main(["baseline", "refresh", "--ops", "mylib.log1p", "--dtype", "float32", "--seed", "0"]) == 0
+        rows = json.loads((repo / "baselines" / "mylib.log1p.json").read_text())["rows"]
+        assert rows and all(r["evals"] == 13 for r in rows), [r["evals"] for r in rows]
+        assert main(["baseline", "refresh", "--ops", "mylib.log1p", "--dtype", "float32", "--seed", "0",
+                     "--per-op", "1"]) == 0
+        rows = json.loads((repo / "baselines" / "mylib.log1p.json").read_text())["rows"]
+        assert all(r["evals"] != 13 for r in rows), [r["evals"] for r in rows]
+    finally:
+        os.chdir(old)

@@ -50,6 +50,11 @@ def test_verdict_line_table_details_and_chart():
     assert "**Minimal input** (each tensor as name[shape][min, max]):" in det
     assert "**Worst element of the minimal input:** index 0" in det
     assert "**Base vs head on the minimal input:**" in det
+    # a time-bounded search says that its seed does not fix what it finds
+    timed = rich_report()
+    timed.env["budget"] = {"seconds": 120.0, "per_op": 10.0}
+    assert "seed `1234` (a time budget: a rerun can reach other inputs; `budget.evals` repeats them)" in \
+        render_markdown(timed).splitlines()[2]
     plain = render_markdown(pass_report(outcome="regression", reason="r", verdicts=[regression(diagnosis=False)]))
     assert "on the input as found" not in plain and "inimal input" not in plain
     assert "**Input** (each tensor as name[shape][min, max]): `x: float16[3, 4] in [-1e-4, 1e-4]`" in plain

@@ -146,8 +146,10 @@ def run_refresh(args) -> int:
 
 def _refresh(args, cfg, out, seed, shard, say) -> list:
     changes = []
+    # the config's deterministic budget (budget.evals) unless seconds are asked for here
+    evals = args.evals or (cfg.budget.get("evals") if args.per_op is None and args.budget is None else None)
     if cfg.ops or args.ops or not args.nightly:
-        changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.per_op, total=args.budget, evals=args.evals, seed=seed,
+        changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.per_op, total=args.budget, evals=evals, seed=seed,
                                     out=out, say=say, shard=shard, dtypes=split_list(args.dtype),
                                     devices=split_list(args.device), modes=split_list(args.mode))
     if args.nightly:

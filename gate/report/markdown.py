@@ -63,7 +63,9 @@ def _meta_line(report: GateReport) -> str:
             base = f"{base} @ {short_sha(report.base_sha)}" if base else short_sha(report.base_sha)
         parts.append(f"base {md_code(base)}")
     if report.seed is not None:
-        parts.append(f"seed {md_code(report.seed)}")
+        timed = "seconds" in ((report.env or {}).get("budget") or {})
+        parts.append(f"seed {md_code(report.seed)}" + (" (a time budget: a rerun can reach other inputs; "
+                                                        "`budget.evals` repeats them)" if timed else ""))
     if report.seconds:
         parts.append(f"{report.seconds:.0f}s")
     return " · ".join(parts)
