@@ -247,6 +247,42 @@ def test_new_overflow_is_traced_to_the_call_that_overflows(tmp_path, monkeypatch
     assert "overflows" in d["suboperation"]["how"] and "float16" in d["parameter"]
 
 
+KL = '''
+import torch
+
+
+def kl(p, q):
+    if p.shape[-1] != 16:  # rows of 16 (a histogram's bins): the shrinker keeps the whole row
+        raise ValueError("expected 16 bins")
+    return (p * torch.log(p / q)).sum(-1)
+'''
+
+
+def test_the_elements_an_error_hangs_on_are_named_first(tmp_path, monkeypatch):
+    # torchmetrics #1030's KL without its clamp: one subnormal q among a row of p = q = 0.5 makes
+    # p / q overflow float32; the "fed by" list named eight p = 0.5 first and cut the q off
+    mod = _module(tmp_path, monkeypatch, KL)
+    spec = OpSpec.from_dict({"name": "t.kl", "framework": "torch", "callable": f"{mod}:kl", "kind": "reduction",
+                             "inputs": [{"name": "p", "shape": ["N", "D"], "domain": "prob"},
+                                        {"name": "q", "shape": ["N", "D"], "domain": "prob"}],
+                             "dims": {"N": [1, 2], "D": [1, 16]}, "dtypes": ["float32"]}, origin="user")
+    variant = Variant("float32")
+    p, q = np.full((1, 16), 0.5), np.full((1, 16), 0.5)
+    q[0, 13] = 1e-40
+    cands = [Candidate(dims={"N": 1, "D": 16}, params={}, arrays={"p": p, "q": q})]
+    head = replay(spec, variant, cands)
+    row = BaselineRow(op=spec.name, variant=variant.key, env={}, ulp=0.5)
+    vv = decide(spec, variant, head, None, row, "ok", None, GateSettings())
+    assert vv.outcome == "regression" and "NaN/Inf" in vv.reason, vv.reason
+    task = Task(op=spec, variant=variant, budget=Budget(evals=10), seed=0)
+    w = {"spec": spec, "task": task, "finding": None, "row": row, "status": "ok", "cands": cands, "head": head,
+         "base": None, "src": (f"{mod}.py", 5), "verdict": vv}
+    localise_all(GateReport(outcome="regression", reason="", verdicts=[vv]), [w], _ctx(tmp_path, 30))
+    fed = vv.diagnosis["worst_element"].split("fed by ", 1)[1]
+    assert fed.startswith("q[13] = 9.99995e-41, "), vv.diagnosis["worst_element"]  # 1e-40 in float32
+    assert fed.count("p[") + fed.count("q[") == 12 and "(+20 more)" in fed, fed  # the row's others follow
+
+
 def test_budget_bounds_the_stage_and_failures_stay_inside(tmp_path, monkeypatch):
     _, w = _work(tmp_path, monkeypatch)
     vv = w["verdict"]
