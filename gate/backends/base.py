@@ -27,8 +27,8 @@ def intra_op_threads() -> int:
     parallel reductions split their sums by thread, so the rounding of an output depends on the
     thread count (a baseline refreshed on a 4-core runner and a PR run on 2 cores would differ in
     the last bits), and a 2-thread parallel region on a 2-core runner with anything else busy
-    waits for its descheduled thread: the search ran 8-10x fewer evaluations a second
-    (``bench/threads.py``)."""
+    waits for its descheduled thread: beside one busy process the search ran 1.7-4.8x fewer
+    evaluations a second at the catalogue's shapes (``bench/threads.py``)."""
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
         return 1
