@@ -401,6 +401,22 @@ def test_parameter_values_come_from_every_test_call_not_only_the_replayed_signat
     recs = [CallRecord(op="lib.f", args=[TensorArg((k, 4), "float32", np.ones((k, 4)))], kwargs={"n": k}) for k in (2, 5)]
     recs.append(CallRecord(op="lib.f", args=[TensorArg((9,), "float32", np.ones(9))], kwargs={"n": 9}))
     assert from_records(op2, recs, "torch", []).spec["params"]["n"] == {"expr": "N"}
+    # an argument that is a replayed tensor never becomes a parameter, nor a tensor of another
+    # signature a parameter value
+    op3 = _op([("x", None), ("w", None)])
+    op3.params[-1]["has_default"] = True
+    recs = [CallRecord(op="lib.f", args=[TensorArg((2, 3), "float32", np.ones((2, 3))), TensorArg((3,), "float32", np.ones(3))],
+                       kwargs={}),
+            CallRecord(op="lib.f", args=[TensorArg((2, 3), "float32", np.ones((2, 3))), TensorArg((3,), "float32", np.ones(3))],
+                       kwargs={}),
+            CallRecord(op="lib.f", args=[TensorArg((4,), "float32", np.ones(4))], kwargs={"w": 0.5})]
+    spec = from_records(op3, recs, "torch", []).spec
+    assert [t["name"] for t in spec["inputs"]] == ["x", "w"] and "w" not in spec.get("params", {}), spec
+    recs = [CallRecord(op="lib.f", args=[TensorArg((2, 3), "float32", np.ones((2, 3)))], kwargs={"w": 0.5}),
+            CallRecord(op="lib.f", args=[TensorArg((2, 3), "float32", np.ones((2, 3)))], kwargs={"w": 0.25}),
+            CallRecord(op="lib.f", args=[TensorArg((4,), "float32", np.ones(4)), TensorArg((4,), "float32", np.ones(4))],
+                       kwargs={})]
+    assert sorted(from_records(op3, recs, "torch", []).spec["params"]["w"]["choices"], key=str) == [0.25, 0.5]
 
 
 def test_module_records_drop_self_and_tests_range_is_widened():

@@ -220,10 +220,12 @@ def _param_rows(op: Operator, calls: List[Dict[str, Any]], dim_values: Dict[str,
     setting the operator is meant for)."""
     params: Dict[str, Any] = {}
     dropped: List[str] = []
+    tensors = {k for c in calls for k, v in c.items() if isinstance(v, TensorArg)}  # the replayed inputs
     every = list(calls) + list(others)
-    for k in sorted({k for c in every for k, v in c.items() if not isinstance(v, TensorArg)}):
+    for k in sorted({k for c in every for k, v in c.items() if not isinstance(v, TensorArg)} - tensors):
         values = [c.get(k, "__absent__") for c in calls]
-        seen = values + [c.get(k, "__absent__") for c in others]
+        # another signature's tensor argument is not a setting (nor an absence: no default)
+        seen = values + [c.get(k, "__absent__") for c in others if not isinstance(c.get(k), TensorArg)]
         if any(isinstance(v, Opaque) or (isinstance(v, (list, tuple)) and any(isinstance(x, (Opaque, TensorArg)) for x in v))
                for v in seen):
             dropped.append(k)
