@@ -119,6 +119,28 @@ def test_a_regression_that_also_fixes_other_inputs_says_so(spec):
     assert plain.outcome == V.REGRESSION and "also fixes" not in plain.reason
 
 
+def test_an_improvements_elsewhere_leaves_out_the_inputs_it_fixed(spec):
+    # vector-quantize-pytorch's cdist clamp: on the input it fixes, head returns 0 where base
+    # returned NaN (the true value is tiny, so head's error there is large in ulps); "elsewhere"
+    # read "15.3 -> 1.02e+04 ulp", head's error on the fixed element itself
+    head = [rr([0.0, 1.0], [1e-3, 1.0], ulp=1.02e4), rr([2.0], [2.0], ulp=1.0)]
+    base = [rr([np.nan, 1.0], [np.nan, 1.0], ulp=0.5), rr([2.0000002], [2.0], ulp=1.2)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.IMPROVEMENT and "(elsewhere 1.2 -> 1 ulp)" in v.reason, v.reason
+    assert v.head_error == 1.0 and v.base_error == 1.2
+
+
+def test_nan_in_both_outputs_reads_in_both_columns_when_bases_reference_is_not_float64(spec):
+    # AMPLIFY's RMSNorm: base computes `x.float()`, so its "float64" run is float32 and NaN
+    # where head's is finite; the outputs are NaN on both sides at the same elements. The row
+    # showed head "nan/inf x1", base 0 and a reason without a word about NaN
+    head = [rr([np.nan, 1.0], [3.0, 1.0], ulp=0.0, nonfinite=1)]
+    base = [rr([np.nan, 1.0], [np.nan, 1.0], ulp=0.0, nonfinite=0)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.PASS, (v.outcome, v.reason)
+    assert (v.head_nonfinite, v.base_nonfinite) == (1, 1) and "NaN/Inf in both (head 1, base 1 elements)" in v.reason
+
+
 def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_precision(spec):
     # the benign layer_norm refactor's gradient on a near-constant row (bench/false_alarms.py: 11
     # of 20 seeds failed before): the float64 gradient is ~1e-30 of the inputs' scale, base's

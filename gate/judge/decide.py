@@ -160,6 +160,16 @@ def new_nonfinite(h: ReplayResult, b: ReplayResult, dtype: Optional[str] = None)
     return sum(int(np.count_nonzero(new)) for _, new in new_nonfinite_masks(h, b, dtype))
 
 
+def _nonfinite_in_both(h: ReplayResult, b: ReplayResult) -> int:
+    """Elements where head's and base's outputs are both NaN/Inf (same input)."""
+    n = 0
+    for x, y in zip(h.outputs or (), b.outputs or ()):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
+            n += int(np.count_nonzero(~np.isfinite(x) & ~np.isfinite(y)))
+    return n
+
+
 def new_nonfinite_masks(h: ReplayResult, b: ReplayResult, dtype: Optional[str]):
     """(output index, mask of its new NaN/Inf elements) for each float output pair, by
     :func:`new_nonfinite`'s definition (localise focuses on these elements)."""
@@ -360,7 +370,7 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         return _nothing_compared(vv, head, base)
     if t.behaviour[1] >= 0:
         return _behaviour_change(vv, t, variant.dtype, settings, inputs)
-    return _no_regression(vv, t, variant.dtype, row, row_status, base, m, floor)
+    return _no_regression(vv, t, variant.dtype, row, row_status, base, m, floor, head=head)
 
 
 def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: float, by_output: bool,
@@ -394,8 +404,6 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         t.head_max_same = max(t.head_max_same, min(hm.ulp, bm.ulp))
         t.base_max = max(t.base_max, min(hm.ulp, bm.ulp))
         return
-    t.base_max = max(t.base_max, bm.ulp)
-    t.head_max_same = max(t.head_max_same, hm.ulp)
     if not by_output and hm.nonfinite and not bm.nonfinite:
         # another oracle's outputs (a gradient, a compiled twin): its own NaN/Inf count decides
         t.regress(math.inf, i, f"new NaN/Inf: {hm.nonfinite} non-finite outputs where float64 is finite and base had none")
@@ -407,10 +415,14 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         return
     if by_output and new_nonfinite(b, h, dtype):
         # head returns numbers where base returned NaN/Inf: a fix, whatever head's error there
-        # (base's NaN "matched" its own NaN reference, which is no accuracy to hold head to)
+        # (base's NaN "matched" its own NaN reference, which is no accuracy to hold head to);
+        # nor do its figures enter the "elsewhere" of the report (head's error on the fixed
+        # elements read as "elsewhere 15.3 -> 1.02e+04 ulp")
         t.fixed += 1
         t.fixed_ordinary += is_ordinary
         return
+    t.base_max = max(t.base_max, bm.ulp)
+    t.head_max_same = max(t.head_max_same, hm.ulp)
     if hm.int_mismatch and not bm.int_mismatch:
         t.regress(math.inf, i, f"integer outputs differ from the reference on {hm.int_mismatch} elements (base: none)")
         return
@@ -523,7 +535,7 @@ def _behaviour_change(vv: V.VariantVerdict, t: _Tally, dtype: str, settings, inp
 
 
 def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status, base, m: float,
-                   floor: float) -> V.VariantVerdict:
+                   floor: float, head=()) -> V.VariantVerdict:
     """Needs a baseline, an improvement, or a pass."""
     base_max, head_max_same, fixed, pairs = t.base_max, t.head_max_same, t.fixed, t.pairs
     if row_status == "missing":
@@ -549,6 +561,11 @@ def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status,
         vv.reason += (f"; the float64 run moved by up to {_f(t.ref_moved)} {dtype} ulp, within the threshold "
                       "(reference moved, not a behaviour change)")
     base_nf = sum(b.metrics.nonfinite for b in base if b.status == OK and b.metrics is not None)
+    if vv.head_nonfinite and not base_nf:
+        # base's outputs hold the same NaN/Inf, but its own float64 run does too there (a
+        # reference that is not float64: `x.float()`), so its figure counted none: the table
+        # shows what the outputs hold, on both sides
+        base_nf = sum(_nonfinite_in_both(h, b) for h, b in zip(head, base) if h.status == OK and b.status == OK)
     vv.base_nonfinite = base_nf
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
