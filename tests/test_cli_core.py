@@ -334,3 +334,21 @@ def test_refresh_budget_is_total_seconds_shared_by_the_operators_and_per_op_is_p
     assert abs(sum(total.values()) - 3.0) < 0.02, total  # the total, shared (messages round to 3 digits)
     for op, sec in total.items():
         assert abs(sec - 3.0 / len(total)) < 0.01 and abs(per_op[op] - 1.0) < 0.01, (op, sec, per_op)
+
+
+def test_the_terminal_table_shows_nan_on_both_sides_and_the_reports_warnings(capsys):
+    # AMPLIFY's RMSNorm run: head "nan/inf x19", base 0 for the same NaN outputs, and the warning
+    # that one side's reference is not float64 only in report.md
+    from gate.commands.run import print_report
+    from tests.report_samples import pass_report
+    from gate.judge.verdict import PASS, VariantVerdict
+    from tests.report_samples import variant
+
+    v = VariantVerdict(op="amplify.rmsnorm", framework="torch", variant=variant("float32"), outcome=PASS,
+                       reason="NaN/Inf in both", base_error=0.0, head_error=0.0, threshold=4.0,
+                       head_nonfinite=19, base_nonfinite=19)
+    print_report(pass_report(verdicts=[v], warnings=["amplify.rmsnorm[float32/cpu/input]: base's reference does not run in float64"]))
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "amplify.rmsnorm[" in line and "NaN/Inf in both" in line)
+    assert row.count("nan/inf x19") == 2, row
+    assert "  warning: amplify.rmsnorm[float32/cpu/input]: base's reference does not run in float64" in out

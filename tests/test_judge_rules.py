@@ -171,3 +171,11 @@ def test_identical_outputs_neither_fail_nor_improve_whichever_reference_moved(sp
     fix = judge(spec, [small], [large])
     for v in (revert, fix):
         assert v.outcome == V.PASS and v.head_error <= 1.5 and v.base_error <= 1.5, (v.outcome, v.reason)
+    # the side whose float64 run equals its own output to the last bit is named (AMPLIFY's
+    # RMSNorm `x.float()`: "one side's reference" left the user to guess which)
+    exact = rr(same, [0.0, 1.0], ulp=0.0)
+    for head, base, side in (([exact], [large], "head"), ([large], [exact], "base")):
+        v = judge(spec, head, base)
+        assert v.details.get("low_reference") == side, v.details
+        assert f"{side}'s reference does not run in float64 (on 1 of them" in v.details["warning"], v.details["warning"]
+    assert "low_reference" not in revert.details and "one side's reference" in revert.details["warning"]
