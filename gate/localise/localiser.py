@@ -257,7 +257,7 @@ class Localiser:
             hm, bm = h.metrics, (b.metrics if b is not None else None)
             rows.append({"name": f"max error ({dtype} ulp)", "base": fmt(bm.ulp) if bm else "-", "head": fmt(hm.ulp) if hm else "-"})
             rows.append({"name": "max abs error", "base": fmt(bm.abs) if bm else "-", "head": fmt(hm.abs) if hm else "-"})
-            rows.append({"name": "NaN/Inf outputs", "base": str(bm.nonfinite) if bm else "-", "head": str(hm.nonfinite) if hm else "-"})
+            rows.append({"name": "NaN/Inf outputs where float64 is finite", "base": str(bm.nonfinite) if bm else "-", "head": str(hm.nonfinite) if hm else "-"})
         if self.target.kind == BEHAVIOUR and b is not None:
             from .target import divergence
 
