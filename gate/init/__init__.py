@@ -269,7 +269,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
                           init=r.get("init") or [])
             if op.kind in ("module", "layer") and op.required_init():
                 report.left_out.append((name, f"its constructor needs {', '.join(op.required_init())} "
-                                              "(declare an instance or a factory function)"))
+                                              "(a row whose callable builds it: docs/config.md, 'A module whose constructor needs arguments')"))
                 continue
             ops.append(op)
             by_sym[name] = s
