@@ -311,6 +311,17 @@ def test_a_missing_declared_dependency_is_named_in_one_line(tmp_path):
     assert "\n" not in msg and "einops_not_installed_anywhere is a declared dependency" in msg
 
 
+def test_a_package_whose_only_module_does_not_parse_says_which_file(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "vqlib").mkdir(parents=True)
+    (repo / "vqlib" / "__init__.py").write_text("from .vq import *\n")
+    (repo / "vqlib" / "vq.py").write_text("import torch\n\ndef cdist(x, y):\n  a = x\n    return a\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    with pytest.raises(SetupError) as exc:
+        run_init(repo, no_tests=True, workflows=False)
+    assert "\n" not in str(exc.value) and "vqlib/vq.py does not parse" in str(exc.value), str(exc.value)
+
+
 def test_no_package_and_an_unknown_package_are_one_line_errors(tmp_path):
     with pytest.raises(SetupError, match="no Python package"):
         run_init(tmp_path)

@@ -195,6 +195,10 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     for f in bad:
         report.left_out.append((f, "does not parse (SyntaxError)"))
     if not syms:
+        if bad:  # an IndentationError in the one module that defines the operators, not "nothing public"
+            raise SetupError(f"package {pkg.name}: {bad[0]} does not parse (SyntaxError)"
+                             + (f", nor {len(bad) - 1} more file(s)" if len(bad) > 1 else "")
+                             + ": fix it, then re-run dl-gate init")
         if only:
             raise SetupError(f"package {pkg.name} defines none of {', '.join(only)} (a name as `_f`, "
                              f"`{pkg.name}.module._f` or `module._f` with its full module path)")
