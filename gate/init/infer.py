@@ -357,7 +357,7 @@ def tensor_params(op: Operator) -> Tuple[Optional[List[str]], str]:
         if p["name"].lower() in PATH_NAMES:
             return None, f"takes a {p['name']} (never probed: it could write files)"
         if ann in SCALAR_ANNOTATIONS or ann.startswith(("int", "float", "str", "bool", "Callable")):
-            return None, f"required argument {p['name']}: {ann} has no default and no test call shows a value"
+            return None, f"required argument {p['name']}: {ann} has no default, and probing passes tensors only"
         out.append(p["name"])
     if not out:
         return None, "takes no required argument to feed a tensor to"
