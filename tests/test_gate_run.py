@@ -122,7 +122,8 @@ def gate(repo: Path, tmp_path: Path, *extra, seed=0, evals=40):
     old = os.getcwd()
     os.chdir(repo)
     try:
-        code = main(["run", "--base", "main", "--out", str(out), "--evals", str(evals), "--seed", str(seed), *extra])
+        code = main(["run", "--base", "main", "--out", str(out), *(["--evals", str(evals)] if evals else []),
+                     "--seed", str(seed), *extra])
     finally:
         os.chdir(old)
     report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
@@ -233,18 +234,11 @@ def test_the_configs_evaluation_budget_is_the_runs_budget(base_repo, tmp_path):
     cfg = repo / ".dl-gate.yml"
     cfg.write_text(cfg.read_text() + "budget: {evals: 17}\n")
     git(repo, "commit", "-q", "-am", "deterministic budget")
-    out = tmp_path / "out"
-    old = os.getcwd()
-    os.chdir(repo)
-    try:
-        code = main(["run", "--base", "main", "--out", str(out), "--seed", "0"])
-    finally:
-        os.chdir(old)
-    report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
+    code, report = gate(repo, tmp_path, evals=None)  # no --evals: the config's
     assert code == 0 and report.env["budget"] == {"evals": 17}
     fuzzed = [v for v in report.verdicts if v.evals]
     assert fuzzed and all(v.evals == 17 for v in fuzzed), [(v.id, v.evals) for v in report.verdicts]
-    md = (out / "report.md").read_text()
+    md = (tmp_path / "out-0" / "report.md").read_text()
     assert "seed `0`" in md and "a time budget" not in md
 
 
