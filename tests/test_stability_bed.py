@@ -14,6 +14,7 @@ as a precision loss on the flat input where base's output was exactly 0):
 The fix passes (its behaviour changes are reported alongside the fix, not failed), its revert
 fails on the new NaN/Inf, and a PR that changes the function where nothing was broken still
 fails as a behaviour change (tests/test_verdict_bed.py, the NewGELU constant)."""
+import numpy as np
 import pytest
 
 from tests.test_gate_run import by_op, make_repo
@@ -263,3 +264,63 @@ def test_the_repro_script_counts_new_nan_as_the_judge_does(tmp_path, monkeypatch
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == reproduces, res.stdout + res.stderr
+
+
+# vector-quantize-pytorch 6102e37: ``cdist`` clamps the squared distance at 0 before the sqrt
+# (``x2 + y2 - 2xy`` rounds below 0 for a point and itself: NaN). On the fixed input head's
+# error is large in ulps of the cluster's tiny distances; an improvement's "elsewhere" figure read
+# that error ("15.3 -> 1.02e+04 ulp") instead of the other inputs'.
+CDIST = '''
+import torch
+
+
+def _sq(x, y):
+    x2, y2 = (x ** 2).sum(-1), (y ** 2).sum(-1)
+    return x2[..., :, None] + y2[..., None, :] + torch.einsum("b i d, b j d -> b i j", x, y) * -2
+
+
+def cdist_fixed(x, y):
+    return _sq(x, y).clamp(min=0).sqrt()
+
+
+def cdist_buggy(x, y):
+    return _sq(x, y).sqrt()
+'''
+
+
+def _cdist_verdict(tmp_path, monkeypatch, head_fn, base_fn):
+    import numpy as np
+
+    from gate.config import parse_config
+    from gate.judge.decide import GateSettings, decide
+    from gate.judge.replay import replay
+    from gate.plan import Variant
+    from gate.search.inputs import Candidate
+
+    (tmp_path / "cdistbed.py").write_text(CDIST)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = "\n".join(f"  - {{name: {fn}, callable: 'cdistbed:{fn}', dims: {{N: [4, 4]}}, "
+                     f"inputs: [{{name: x, shape: [1, N, 8]}}, {{name: y, shape: [1, N, 8]}}]}}"
+                     for fn in (head_fn, base_fn))
+    cfg = parse_config(f"version: 1\nframework: torch\nbuiltin: false\nops:\n{rows}\n", root=tmp_path)
+    spec = {o.name: o for o in cfg.ops}
+    rng = np.random.default_rng(0)
+    cluster = (rng.standard_normal((1, 1, 8)) * 10 + rng.standard_normal((1, 4, 8)) * 1e-3).astype(np.float32)
+    apart = rng.standard_normal((2, 1, 4, 8)).astype(np.float32)
+    cands = [Candidate(dims={"N": 4}, params={}, arrays={"x": cluster.astype(np.float64), "y": cluster.astype(np.float64)}),
+             Candidate(dims={"N": 4}, params={}, arrays={"x": apart[0].astype(np.float64), "y": apart[1].astype(np.float64)})]
+    v = Variant("float32")
+    head, base = replay(spec[head_fn], v, cands), replay(spec[base_fn], v, cands)
+    verdict = decide(spec[head_fn], v, head, base, None, "ok", None, GateSettings(), inputs=["cluster", "apart"],
+                     controls=[False, True])
+    return verdict, head, base
+
+
+def test_a_clamp_that_fixes_nan_is_an_improvement_measured_elsewhere_and_its_revert_fails(tmp_path, monkeypatch):
+    fix, head, base = _cdist_verdict(tmp_path, monkeypatch, "cdist_fixed", "cdist_buggy")
+    assert base[0].metrics.nonfinite or any(np.isnan(np.asarray(o)).any() for o in base[0].outputs)  # the NaN fixed
+    assert head[0].metrics.ulp > head[1].metrics.ulp  # the premise: head's error is larger on the fixed input
+    assert fix.outcome == "improvement" and fix.reason.startswith("head fixes NaN/Inf"), (fix.outcome, fix.reason)
+    assert fix.head_error == head[1].metrics.ulp, (fix.reason, head[0].metrics.ulp, head[1].metrics.ulp)
+    revert, _, _ = _cdist_verdict(tmp_path, monkeypatch, "cdist_buggy", "cdist_fixed")
+    assert revert.outcome == "regression" and revert.reason.startswith("new NaN/Inf"), (revert.outcome, revert.reason)
