@@ -547,7 +547,7 @@ def _behaviour_change(vv: V.VariantVerdict, t: _Tally, dtype: str, settings, inp
 
 
 def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status, base, m: float,
-                   floor: float, head=()) -> V.VariantVerdict:
+                   floor: float, head) -> V.VariantVerdict:
     """Needs a baseline, an improvement, or a pass."""
     base_max, head_max_same, fixed, pairs = t.base_max, t.head_max_same, t.fixed, t.pairs
     if row_status == "missing":
