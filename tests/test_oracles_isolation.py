@@ -34,6 +34,18 @@ OPS = """
   inputs: [{name: x, shape: [N, D]}]
   dtypes: [float32]
   modes: [input]
+- name: planted.slow_once
+  callable: planted_ops:slow_third_call
+  dims: {N: [1, 8]}
+  inputs: [{name: x, shape: [N]}]
+  dtypes: [float32]
+  modes: [input]
+- name: planted.steady_slow
+  callable: planted_ops:steady_slow
+  dims: {N: [1, 8]}
+  inputs: [{name: x, shape: [N]}]
+  dtypes: [float32]
+  modes: [input]
 - name: planted.missing
   callable: planted_ops:no_such_function
   inputs: [{name: x, shape: [4]}]
@@ -50,6 +62,29 @@ def test_hang_is_a_timeout_finding_with_the_place_it_hung(tmp_path):
     assert "planted_ops.py" in sig and "hang_on_half" in sig, sig
     assert (f.crashes[0].candidate.arrays["x"] == 0.5).any()
     assert f.evals > sum(c.count for c in f.crashes)
+
+
+def test_a_slow_call_is_waited_for_before_it_is_called_a_hang(tmp_path):
+    """The evaluation limit is where a hang is suspected, not where it is decided: a call that
+    takes 2.5 s past a 1 s limit (a loaded runner) is given longer and answers: no crash."""
+    specs = user_ops(tmp_path, OPS)
+    runner = build_runner(specs["planted.slow_once"], Variant("float32", "cpu", "input"),
+                          isolate=IsolateOptions(timeout=1.0, warmup_factor=1.0))
+    f = fuzz_task(task(specs["planted.slow_once"], "precision", seconds=None, evals=8), runner=runner)
+    assert not f.crashes, [c.message for c in f.crashes]
+    assert f.evals == 8 and runner.stats["slow"] == 1 and runner.stats["timeouts"] == 0, runner.stats
+    runner.close()
+
+
+def test_the_hang_limit_grows_with_the_operators_own_cost(tmp_path):
+    """0.3 s calls under a 0.2 s floor: the limit is 10x the operator's median call, not the floor."""
+    specs = user_ops(tmp_path, OPS)
+    runner = build_runner(specs["planted.steady_slow"], Variant("float32", "cpu", "input"),
+                          isolate=IsolateOptions(timeout=0.2))
+    f = fuzz_task(task(specs["planted.steady_slow"], "precision", seconds=None, evals=5), runner=runner)
+    assert runner.hang_limit() >= 10 * 0.3, runner.hang_limit()
+    assert not f.crashes and runner.stats["timeouts"] == 0, runner.stats
+    runner.close()
 
 
 def test_worker_start_failure_is_a_one_line_gate_error(tmp_path):

@@ -62,7 +62,15 @@ RUNNER_FACTORY = "gate.oracles.registry:build_runner"
 
 @dataclass(frozen=True)
 class IsolateOptions:
-    timeout: float = 10.0  # seconds one evaluation may take before it counts as a hang
+    #: seconds one evaluation may take before it is *suspected* of hanging: the floor of the
+    #: limit, which grows with the operator's own measured cost (``hang_factor`` x the median of
+    #: its evaluations so far), so that a slow call on a loaded machine is not called a hang
+    timeout: float = 10.0
+    hang_factor: float = 10.0
+    #: a suspected hang is confirmed before it is a crash: the worker is given ``confirm_factor``
+    #: x the limit in all (the first time in a runner; once a hang is confirmed, 2x); a call
+    #: that answers within that is a slow evaluation, not a hang
+    confirm_factor: float = 6.0
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
     zygote: bool = True  # fork workers from a warm zygote (False: a fresh interpreter each)
@@ -75,7 +83,8 @@ class IsolateOptions:
     cwd: Optional[str] = None
 
     def to_dict(self) -> dict:
-        return {"timeout": self.timeout, "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
+        return {"timeout": self.timeout, "hang_factor": self.hang_factor, "confirm_factor": self.confirm_factor,
+                "start_timeout": self.start_timeout, "warmup_factor": self.warmup_factor,
                 "zygote": self.zygote, "memory_mb": self.memory_mb,
                 "sys_path": list(self.sys_path) if self.sys_path is not None else None, "cwd": self.cwd}
 
@@ -110,10 +119,11 @@ def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
 
 
 def _child_env() -> Dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the directory that holds ``gate``
-    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
+    """The zygote's and the workers' environment: the allow-list of :mod:`gate.backends.sandbox`
+    (no credentials), the gate's root first on the import path."""
+    from .sandbox import worker_env
+
+    return worker_env()
 
 
 def _new_log() -> str:
@@ -451,7 +461,9 @@ class IsolatedRunner:
         self.backend = _RemoteBackend(self)
         self.env: Dict[str, Any] = {}
         self.devices: list = [variant.device]
-        self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0, "lost": 0}
+        self.stats = {"evaluations": 0, "starts": 0, "crashes": 0, "timeouts": 0, "lost": 0, "slow": 0}
+        self._costs: list = []  # seconds of this runner's answered evaluations (the last 64)
+        self._hang_confirmed = False  # a suspected hang of this operator has been confirmed once
         self._warmed = False  # whether a worker of this runner has had its warm-up evaluation
         self._seed: Optional[int] = None
         self._active: Optional[_Worker] = None
@@ -501,6 +513,19 @@ class IsolatedRunner:
         except Exception:
             pass
 
+    def typical_cost(self) -> Optional[float]:
+        """Median seconds of this runner's answered evaluations (None before the first)."""
+        if not self._costs:
+            return None
+        c = sorted(self._costs)
+        return c[len(c) // 2]
+
+    def hang_limit(self) -> float:
+        """Seconds after which an evaluation is suspected of hanging: the configured floor, or
+        ``hang_factor`` x the operator's own median call when that is longer."""
+        typical = self.typical_cost()
+        return max(self.options.timeout, self.options.hang_factor * typical) if typical else self.options.timeout
+
     # -- the runner interface ------------------------------------------------------------
     def seed(self, seed: int) -> None:
         self._seed = seed
@@ -526,15 +551,28 @@ class IsolatedRunner:
         # only the runner's first worker gets the warm-up allowance: a replacement (after a crash
         # or a hang) is forked from the warm zygote, and a hanging input must not cost 3x again
         warm = worker.fresh and not self._warmed
-        timeout = self.options.timeout * (self.options.warmup_factor if warm else 1.0)
+        limit = self.hang_limit()
+        timeout = limit * (self.options.warmup_factor if warm else 1.0)
         self._warmed = True
         log_pos = worker.log_size()
         t0 = time.perf_counter()
         try:
             worker.tx.send(("eval", cand, keep_outputs, quantized, self.figures))
             kind, reply = worker.receive(timeout)
+            if kind == _TIMEOUT and self.options.confirm_factor > 1:
+                # suspected: the same call is given longer before it is called a hang (a loaded
+                # machine slows every call; a hang does not answer at any limit)
+                more = timeout * ((2.0 if self._hang_confirmed else self.options.confirm_factor) - 1.0)
+                kind, reply = worker.receive(more)
+                if kind == _TIMEOUT:
+                    self._hang_confirmed = True
+                elif kind == "reply":
+                    self.stats["slow"] += 1
         except OSError:  # the pipe broke under us: the worker is gone
             kind, reply = _DEAD, None
+        if kind == "reply":  # a warm-up's cost too: an upper estimate, never a reason to suspect sooner
+            self._costs.append(time.perf_counter() - t0)
+            del self._costs[:-64]
         worker.fresh = False
         self.stats["evaluations"] += 1
         if kind == "reply" and reply[0] == "result":
@@ -556,10 +594,16 @@ class IsolatedRunner:
             worker.dump_stack()
             where = _innermost_frame(worker.log_tail(log_pos))
             self.stats["timeouts"] += 1
-            signature = f"timeout after {timeout:g}s" + (f" in {where}" if where else "")
-            allowance = (f" (the {self.options.timeout:g}s evaluation limit x{self.options.warmup_factor:g}: a "
-                         "worker's first evaluation may compile)") if warm else ""
-            message = f"{signature}{allowance} (a hang); the worker was killed and replaced"
+            signature = f"timeout after {timeout:.3g}s" + (f" in {where}" if where else "")
+            typical = self.typical_cost()
+            basis = (f"the limit {limit:.3g}s: max({self.options.timeout:g}s, {self.options.hang_factor:g} x its "
+                     f"median call {typical:.3g}s)" if typical is not None else
+                     f"the limit {limit:.3g}s, no call of it answered yet")
+            allowance = (f" x{self.options.warmup_factor:g} for a worker's first evaluation (it may compile)"
+                         if warm else "")
+            waited = time.perf_counter() - t0
+            message = (f"{signature} (a hang: {basis}{allowance}; no answer after {waited:.3g}s in all); "
+                       "the worker was killed and replaced")
         else:
             name, why = _describe_exit(worker.exit_code())
             where = _innermost_frame(worker.log_tail(log_pos))
