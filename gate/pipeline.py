@@ -25,7 +25,8 @@ from .config import Config, load_config, parse_config
 from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
-from .judge.decide import GateSettings, base_side, decide, judged_row, overall, recheck_determinism, stability_fixes
+from .judge.decide import (GateSettings, base_side, decide, judged_row, overall, recheck_determinism, stability_fixes,
+                           under_searched)
 from .judge.replay import ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
@@ -117,27 +118,41 @@ def run_gate(opts: RunOptions) -> V.GateReport:
         make_output_dir(opts.out)
         _run(opts, report, say)
     except GateError as exc:
-        report.outcome, report.reason = Outcome.ERROR.value, str(exc)
-        report.errors.append(str(exc))
+        _stopped(report, str(exc))
         if isinstance(exc, SetupError):
             report.env["setup_error"] = True
     except Terminated as exc:
-        report.outcome, report.reason = Outcome.ERROR.value, str(exc)
-        report.errors.append(str(exc))
+        _stopped(report, str(exc))
     except SystemExit as exc:  # code the gate imported ended the process (a sys.exit at import or in a runner)
-        msg = (f"the operator library called sys.exit({exc.code!r}) outside an evaluation; run with --isolate "
-               "to contain it")
-        report.outcome, report.reason = Outcome.ERROR.value, msg
-        report.errors.append(msg)
+        _stopped(report, f"the operator library called sys.exit({exc.code!r}) outside an evaluation; run with "
+                         "--isolate to contain it")
     except Exception as exc:  # a harness fault: still an `error` report, with what was computed
         import traceback
 
         traceback.print_exc()
-        msg = f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        report.outcome, report.reason = Outcome.ERROR.value, msg
-        report.errors.append(msg)
+        _stopped(report, f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
     report.seconds = round(time.perf_counter() - t0, 2)
     return report
+
+
+def _stopped(report: V.GateReport, why: str) -> None:
+    """The run stopped early (an error, SIGTERM at the deadline, an exit): the error is recorded,
+    and a failing verdict already reached stands. A regression found before localisation was cut
+    short is still a regression (exit 1), said with "localisation incomplete" on its row; only
+    when nothing failed is the run's outcome ``error``."""
+    report.errors.append(why)
+    failing = [v for v in report.verdicts if v.outcome in (report.fail_outcomes or [V.REGRESSION])]
+    if not failing:
+        report.outcome, report.reason = Outcome.ERROR.value, why
+        return
+    for v in failing:
+        if v.diagnosis is None:  # not reached by localisation
+            v.diagnosis = {**dict(v.diagnosis or {}), "error": f"localisation incomplete: {why}"}
+            v.details["localisation"] = "incomplete"
+    first = failing[0]
+    more = f" (+{len(failing) - 1} more)" if len(failing) > 1 else ""
+    report.outcome = Outcome.REGRESSION.value
+    report.reason = f"{first.id}: {first.reason}{more}; localisation incomplete ({why})"
 
 
 #: what a run writes under its output directory; an earlier run's copies are removed first, so
@@ -444,6 +459,7 @@ def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict) -> V.Var
         vv.details["exhaustive"] = {k: v for k, v in finding.extra["exhaustive"].items() if k != "sets"}
     if vv.input_summary is None and finding.best is not None:
         vv.input_summary = finding.best.summary()
+    under_searched(vv, ctx.settings, opts.evals)
     vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
                         f"--device {task.variant.device} --seed {task.seed} "
                         + (f"--evals {finding.evals}" if opts.evals else f"--budget {planned.per_op:g}"))

@@ -58,6 +58,10 @@ GRAD_FLOOR_FACTOR = 4.0
 GRAD_MULTIPLIER_FACTOR = 8.0
 NOT_DIFFERENTIABLE = "not differentiable"  # the gradient oracle's message (gate.oracles.gradients)
 BEHAVIOUR_TOLERANCE_ULP = 1.0  # float64 outputs of base and head may differ by rounding only
+# the search's evaluations a variant needs before it may pass (``gate.min_evals``): a loaded runner
+# gave 32 of 41 gradient variants one evaluation each, and each "passed" on the handful of fixed
+# inputs replayed beside it
+MIN_EVALS = 20
 
 
 @dataclass
@@ -67,6 +71,8 @@ class GateSettings:
     behaviour_change: str = "fail"  # fail | warn
     grad_floor_factor: float = GRAD_FLOOR_FACTOR
     grad_multiplier_factor: float = GRAD_MULTIPLIER_FACTOR
+    #: searched evaluations a variant needs before it may pass (an --evals budget below it lowers it)
+    min_evals: int = MIN_EVALS
 
     @classmethod
     def from_config(cls, gate_cfg: Optional[dict]) -> "GateSettings":
@@ -77,6 +83,7 @@ class GateSettings:
             behaviour_change=g.get("behaviour_change", "fail"),
             grad_floor_factor=float(g.get("grad_floor_factor", GRAD_FLOOR_FACTOR)),
             grad_multiplier_factor=float(g.get("grad_multiplier_factor", GRAD_MULTIPLIER_FACTOR)),
+            min_evals=int(g.get("min_evals", MIN_EVALS)),
         )
 
     def m(self, variant) -> float:
@@ -123,6 +130,13 @@ def half_digits_ulps(dtype: str) -> float:
 
 def _failed(r: ReplayResult) -> bool:
     return r.status in (CRASH, INVALID)
+
+
+def _fails(r: ReplayResult) -> bool:
+    """The side raised on this input: a crash, an invalid result, or an error the runner files as
+    "no kernel" (``not implemented for 'Half'``, a ``.view`` of a non-contiguous layout); a lost
+    gradient is its own finding (gradient lost / gained)."""
+    return _failed(r) or (r.status == UNSUPPORTED and not str(r.error or "").startswith(NOT_DIFFERENTIABLE))
 
 
 def ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
@@ -263,8 +277,15 @@ def decide(
         vv.details["kind"] = "grad-lost"
         vv.details["input_index"] = lost[0]
         return vv
-    if finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head):
-        if str(finding.message or "").startswith(NOT_DIFFERENTIABLE):
+    base_returns = base is not None and any(r.status == OK for r in base)
+    if (finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head)
+            and not base_returns):
+        if base is not None and any(_fails(r) for r in base):
+            shared = next(r for r in base if _fails(r))
+            vv.outcome = V.UNSUPPORTED
+            vv.reason = f"base fails the same way: head and base both raise on every input ({shared.error})"
+            vv.details["shared_failures"] = sum(_fails(r) for r in base)
+        elif str(finding.message or "").startswith(NOT_DIFFERENTIABLE):
             vv.outcome, vv.reason = V.UNSUPPORTED, f"gradient not checked: {finding.message}"
         else:
             vv.outcome, vv.reason = V.UNSUPPORTED, f"{spec.framework} has no kernel for this variant: {finding.message}"
@@ -332,6 +353,8 @@ class _Tally:
     head_max_same: float = 0.0
     fixed: int = 0
     gained: int = 0  # inputs where head has a gradient and base's output had none (a detach removed)
+    shared: int = 0  # inputs where head and base both raise (not new: base fails the same way)
+    shared_error: str = ""
     garbage: int = 0
     pairs: int = 0
     identical: int = 0  # inputs with bit-identical outputs
@@ -368,6 +391,11 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         vv.reason = f"gradient gained: head's output is differentiable on {t.gained} input(s) where base's is not"
         return vv
     if t.pairs == 0 and t.identical == 0 and not t.fixed and t.behaviour[1] < 0:
+        if t.shared:
+            vv.outcome = V.UNSUPPORTED
+            vv.reason = (f"base fails the same way: head and base both raise on all {t.shared} input(s) that ran "
+                         f"({t.shared_error})")
+            return vv
         return _nothing_compared(vv, head, base)
     if t.behaviour[1] >= 0:
         return _behaviour_change(vv, t, variant.dtype, settings, inputs)
@@ -380,15 +408,19 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
     is_ordinary = bool(ordinary[i]) if i < len(ordinary) else True
     if b.status == UNAVAILABLE:
         return
-    if _failed(h) and b.status == OK:
+    if _fails(h) and b.status == OK:
         t.regress(math.inf, i, f"new crash: head raises {h.error} where base returns")
         return
     if h.status == OK and b.status == UNSUPPORTED and str(b.error or "").startswith(NOT_DIFFERENTIABLE):
         t.gained += 1
         return
-    if h.status == OK and _failed(b):
+    if h.status == OK and _fails(b):
         t.fixed += 1
         t.fixed_ordinary += is_ordinary
+        return
+    if _fails(h) and _fails(b):  # not new: base fails the same way on this input
+        t.shared += 1
+        t.shared_error = t.shared_error or (h.error or b.error or "")
         return
     if h.status != OK or b.status != OK:
         return
@@ -469,6 +501,8 @@ def _behaviour(t: _Tally, i: int, h, b, spec, dtype: str, thr: float, controls) 
 def _tally_details(vv: V.VariantVerdict, t: _Tally, dtype: str) -> None:
     vv.details["pairs"] = t.pairs
     vv.details["identical_outputs"] = t.identical
+    if t.shared:
+        vv.details["shared_failures"] = t.shared
     if t.fixed_ordinary:  # head returns numbers where base failed, on ordinary inputs (read by stability_fixes)
         vv.details["fixed_inputs"] = t.fixed_ordinary
     if t.garbage:
@@ -569,6 +603,8 @@ def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status,
     if t.garbage:  # a passing row with a huge error says why it passes
         vv.reason += (f"; {t.garbage} of them not judged for precision: base's own error there is "
                       f"{_f(half_digits_ulps(dtype))} ulp or more (fewer than half its digits right)")
+    if t.shared:
+        vv.reason += f"; {t.shared} input(s) raise on base and head alike (not new: base fails the same way)"
     if t.ref_moved:
         vv.reason += (f"; the float64 run moved by up to {_f(t.ref_moved)} {dtype} ulp, within the threshold "
                       "(reference moved, not a behaviour change)")
@@ -625,6 +661,21 @@ def base_side(spec: OpSpec, base: Optional[OpSpec]) -> OpSpec:
     if base is not None and base.callable != spec.callable:
         return spec.replace(callable=base.callable, reference=base.reference)
     return spec
+
+
+def under_searched(vv: V.VariantVerdict, settings: GateSettings, asked_evals: Optional[int] = None) -> None:
+    """A variant whose search ran fewer evaluations than a pass needs is not a pass: it becomes
+    ``under-searched`` (what it would have been is kept in its details). An ``--evals`` budget
+    below the minimum lowers it (the user asked for that many); a verdict that fails, or that is
+    no judgement of precision (unsupported, needs-baseline), is left as it is."""
+    need = min(settings.min_evals, asked_evals) if asked_evals else settings.min_evals
+    if need <= 0 or vv.outcome not in (V.PASS, V.IMPROVEMENT) or vv.evals >= need:
+        return
+    vv.details["would_be"] = vv.outcome
+    vv.details["min_evals"] = need
+    vv.outcome = V.UNDER_SEARCHED
+    vv.reason = (f"under-searched: {vv.evals} evaluation(s) in {vv.seconds:.3g}s, fewer than the {need} a pass needs "
+                 f"(raise budget.total / per_op, or narrow --dtype/--mode); it would have been: {vv.reason}")
 
 
 def recheck_determinism(vv: V.VariantVerdict, spec: OpSpec, variant: Variant, cand, first: ReplayResult,
@@ -729,6 +780,10 @@ def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], setting
     if any(v.outcome == V.ERROR for v in verdicts):
         e = next(v for v in verdicts if v.outcome == V.ERROR)
         return Outcome.ERROR.value, f"{e.id}: {e.reason}"
+    under = [v for v in verdicts if v.outcome == V.UNDER_SEARCHED]
+    if under:  # a changed operator that could not be judged: not a pass
+        return Outcome.ERROR.value, (f"{len(under)} variant(s) under-searched (fewer evaluations than a pass needs), "
+                                     f"e.g. {under[0].id}: {under[0].reason}")
     nb = [v for v in verdicts if v.outcome == V.NEEDS_BASELINE]
     if nb:
         return Outcome.NEEDS_BASELINE.value, f"{len(nb)} variant(s) have no baseline yet, e.g. {nb[0].id}; run `dl-gate baseline refresh`"

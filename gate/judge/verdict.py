@@ -19,10 +19,12 @@ IMPROVEMENT = "improvement"
 NEEDS_BASELINE = "needs-baseline"
 NOT_COMPARABLE = "not-comparable"  # baseline from another environment
 NOT_COVERED = "not-covered"  # budget ran out before this variant
-UNSUPPORTED = "unsupported"  # the framework has no kernel for this dtype/device
+UNSUPPORTED = "unsupported"  # the framework has no kernel for this dtype/device, or base fails the same way
+#: fewer searched evaluations than a pass needs (``gate.min_evals``): not judged, never a plain pass
+UNDER_SEARCHED = "under-searched"
 ERROR = "error"  # harness fault
 VARIANT_OUTCOMES = (PASS, REGRESSION, BEHAVIOUR_CHANGE, IMPROVEMENT, NEEDS_BASELINE, NOT_COMPARABLE,
-                    NOT_COVERED, UNSUPPORTED, ERROR)
+                    NOT_COVERED, UNSUPPORTED, UNDER_SEARCHED, ERROR)
 
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from ..judge.verdict import (BEHAVIOUR_CHANGE, ERROR, IMPROVEMENT, NEEDS_BASELINE, NOT_COMPARABLE,
-                             NOT_COVERED, PASS, REGRESSION, UNSUPPORTED, GateReport, VariantVerdict)
+                             NOT_COVERED, PASS, REGRESSION, UNDER_SEARCHED, UNSUPPORTED, GateReport,
+                             VariantVerdict)
 
 # GitHub's limits (docs: "Adding a job summary", "Workflow commands", issue comments API).
 COMMENT_LIMIT = 65_536  # characters in one issue comment
@@ -22,6 +23,7 @@ SEVERITY = {
     REGRESSION: 0,
     BEHAVIOUR_CHANGE: 1,
     ERROR: 2,
+    UNDER_SEARCHED: 2,
     NEEDS_BASELINE: 3,
     NOT_COMPARABLE: 4,
     NOT_COVERED: 5,
@@ -36,6 +38,7 @@ VARIANT_ICONS = {
     REGRESSION: "❌",
     BEHAVIOUR_CHANGE: "🔀",
     ERROR: "⚠️",
+    UNDER_SEARCHED: "⏳",
     NEEDS_BASELINE: "🆕",
     NOT_COMPARABLE: "⏭️",
     NOT_COVERED: "⏭️",

@@ -9,7 +9,8 @@ line of the result body (``source: path:line``); annotations carry it to the dif
 
 * ``failure`` for a variant whose outcome fails the gate (regression; behaviour-change when the
   config says so): message = the one-line diagnosis, body = errors, seed, minimal input, repro.
-* ``error`` for a harness fault (variant outcome ``error``, and run-level errors).
+* ``error`` for a harness fault (variant outcome ``error``, and run-level errors) and for a variant
+  the budget left under-searched (fewer evaluations than a pass needs: not judged).
 * ``skipped`` for needs-baseline / not-comparable / not-covered / unsupported.
 
 It is written on every outcome: a run that failed before judging anything still gets a
@@ -24,7 +25,7 @@ from typing import List, Optional
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from .. import HARNESS_VERSION, __version__
-from ..judge.verdict import ERROR, GateReport, VariantVerdict
+from ..judge.verdict import ERROR, UNDER_SEARCHED, GateReport, VariantVerdict
 from .common import SKIPPED_OUTCOMES, facts_text, is_failing, one_line, ordered, relpath
 
 # characters XML 1.0 cannot carry at all (control characters but tab/newline/CR, lone surrogates,
@@ -52,8 +53,8 @@ def _case(report: GateReport, v: VariantVerdict, root: Optional[os.PathLike]) ->
     message = one_line(v.reason)
     if is_failing(report, v):
         tc.result = [_result(Failure, message, body, v.outcome)]
-    elif v.outcome == ERROR:
-        tc.result = [_result(Error, message, body, "harness-error")]
+    elif v.outcome in (ERROR, UNDER_SEARCHED):
+        tc.result = [_result(Error, message, body, "harness-error" if v.outcome == ERROR else v.outcome)]
     elif v.outcome in SKIPPED_OUTCOMES:
         tc.result = [_result(Skipped, f"{v.outcome}: {message}", body, v.outcome)]
     else:  # pass, improvement, behaviour-change configured as a warning

@@ -1,0 +1,131 @@
+"""Verdicts that do not depend on the machine (issue 26), on the judge alone:
+
+* one outcome per cause, both directions: head raising where base returns is a new crash (a
+  regression), also when the runner files head's error as "no kernel"; base raising where head
+  returns is a fix; both raising on the same input is not new ("base fails the same way", a
+  non-contiguous ``.view`` on both sides) and never "nothing was compared";
+* evidence before a pass: a variant the budget gave fewer searched evaluations than
+  ``gate.min_evals`` is ``under-searched`` (never a plain pass), and the run is an ``error``
+  that says what to change; an ``--evals`` budget below the minimum lowers it;
+* a verdict reached is never lost: a run stopped after judging keeps its regressions (exit 1,
+  "localisation incomplete").
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gate.errors import Outcome
+from gate.judge import verdict as V
+from gate.judge.decide import GateSettings, decide, overall, under_searched
+from gate.judge.replay import ReplayResult
+from gate.ops.catalog import load_catalog
+from gate.oracles.precision import Metrics
+from gate.plan import Variant
+from gate.search.finding import Finding
+
+F32 = Variant("float32")
+VIEW_ERROR = ("RuntimeError: view size is not compatible with input tensor's size and stride (at least one "
+              "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_catalog([], builtin=("torch",)).get("torch.exp")
+
+
+def ok(x=1.0, ulp=0.5) -> ReplayResult:
+    return ReplayResult(status="ok", metrics=Metrics(ulp=ulp), outputs=[np.asarray([x], np.float32)],
+                        reference=[np.asarray([x], np.float64)])
+
+
+def raises(error=VIEW_ERROR, status="unsupported") -> ReplayResult:
+    return ReplayResult(status=status, error=error, signature=error.split(":")[0])
+
+
+def unsupported_finding(message=VIEW_ERROR) -> Finding:
+    return Finding(op="torch.exp", framework="torch", variant=F32, status="unsupported", message=message, evals=1)
+
+
+def judge(spec, head, base, finding=None, settings=None):
+    return decide(spec, F32, head, base, None, "ok", finding, settings or GateSettings(),
+                  inputs=[f"in{i}" for i in range(len(head))], controls=[True] * len(head))
+
+
+def test_head_raising_no_kernel_where_base_returns_is_a_new_crash(spec):
+    # the runner files "not implemented"/.view errors as unsupported; base ran those inputs
+    v = judge(spec, [raises(), raises()], [ok(), ok()], finding=unsupported_finding())
+    assert v.outcome == V.REGRESSION and v.reason.startswith("new crash: head raises"), (v.outcome, v.reason)
+    # and the same with the runner's crash status
+    v = judge(spec, [raises(status="crash"), ok()], [ok(), ok()])
+    assert v.outcome == V.REGRESSION and "new crash" in v.reason, (v.outcome, v.reason)
+
+
+def test_base_raising_where_head_returns_is_a_fixed_crash(spec):
+    v = judge(spec, [ok(), ok()], [raises(), raises()])
+    assert v.outcome == V.IMPROVEMENT and v.reason.startswith("head fixes"), (v.outcome, v.reason)
+
+
+def test_a_failure_base_shares_is_not_new_and_not_an_error(spec):
+    # the default non-contiguous layout: `.view` raises on base and head alike
+    v = judge(spec, [raises(), raises()], [raises(), raises()], finding=unsupported_finding())
+    assert v.outcome == V.UNSUPPORTED and v.reason.startswith("base fails the same way"), (v.outcome, v.reason)
+    # crashes both sides share, next to compared inputs: a pass that says so
+    v = judge(spec, [raises(status="crash"), ok()], [raises(status="crash"), ok()])
+    assert v.outcome == V.PASS and "base fails the same way" in v.reason, (v.outcome, v.reason)
+    assert v.details["shared_failures"] == 1
+    # a run of such verdicts is not an error
+    assert overall([v], [], GateSettings())[0] == Outcome.PASS.value
+
+
+def verdict(outcome=V.PASS, evals=1, seconds=12.0):
+    return V.VariantVerdict(op="lib.op", framework="torch", variant={"dtype": "float32", "oracle": "grad"},
+                            outcome=outcome, reason="2.22 ulp vs 2.22 ulp on 10 identical inputs", evals=evals,
+                            seconds=seconds)
+
+
+def test_one_evaluation_is_not_a_pass():
+    v = verdict(evals=1)
+    under_searched(v, GateSettings())
+    assert v.outcome == V.UNDER_SEARCHED and v.details["would_be"] == V.PASS, v.outcome
+    assert "1 evaluation(s)" in v.reason and "raise budget" in v.reason
+    outcome, reason = overall([v], [], GateSettings())
+    assert outcome == Outcome.ERROR.value and "under-searched" in reason
+    # a regression elsewhere still decides the run
+    reg = verdict(outcome=V.REGRESSION, evals=1)
+    under_searched(reg, GateSettings())
+    assert reg.outcome == V.REGRESSION
+    assert overall([v, reg], [], GateSettings())[0] == Outcome.REGRESSION.value
+
+
+def test_enough_evaluations_pass_and_an_evals_budget_sets_its_own_minimum():
+    v = verdict(evals=20)
+    under_searched(v, GateSettings())
+    assert v.outcome == V.PASS
+    few = verdict(evals=6)
+    under_searched(few, GateSettings(), asked_evals=6)  # --evals 6: the user asked for six
+    assert few.outcome == V.PASS
+    off = verdict(evals=1)
+    under_searched(off, GateSettings(min_evals=0))
+    assert off.outcome == V.PASS
+    assert GateSettings.from_config({"min_evals": 50}).min_evals == 50
+
+
+def test_a_regression_reached_before_the_run_was_stopped_stands():
+    from gate.pipeline import _stopped
+
+    report = V.GateReport(outcome="regression", reason="")
+    reg = verdict(outcome=V.REGRESSION, evals=40)
+    done = verdict(outcome=V.REGRESSION, evals=40)
+    done.diagnosis = {"minimal_input": "x[1][0.5, 0.5]"}
+    report.verdicts = [verdict(evals=40), reg, done]
+    _stopped(report, "terminated by SIGTERM (a CI time limit?)")
+    assert report.outcome == Outcome.REGRESSION.value and report.exit_code == 1
+    assert "localisation incomplete" in report.reason and report.errors
+    assert reg.details["localisation"] == "incomplete" and "localisation incomplete" in reg.diagnosis["error"]
+    assert "error" not in done.diagnosis  # what localisation finished is kept as it is
+    # nothing failing: the stop is the run's error
+    report = V.GateReport(outcome="pass", reason="")
+    report.verdicts = [verdict(evals=40)]
+    _stopped(report, "the run passed its deadline")
+    assert report.outcome == Outcome.ERROR.value and report.exit_code == 2
