@@ -88,6 +88,9 @@ class Config:
         from .backends.triton_support import prepare_tree
 
         configure_threads(self.threads)  # before any backend or worker starts
+        from .backends.sandbox import allow
+
+        allow(self.raw.get("env"))  # the variables the workers get on top of the allow-list
 
         # Triton reads TRITON_INTERPRET when a kernel is decorated: decide before any import
         prepare_tree([(self.root / p).resolve() for p in (self.raw.get("python_path") or ["."])])
@@ -179,6 +182,13 @@ def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = 
         keypath = ".".join(str(p) for p in path) or "(top level)"
         line = _line_of(node, path) if node is not None else None
         raise ConfigError(f"{where}:{line or 1}: {keypath}: {msg}")
+    if raw.get("env"):
+        from .backends.sandbox import check_names
+
+        reason = check_names(raw["env"])
+        if reason is not None:
+            bad = next(i for i, n in enumerate(raw["env"]) if check_names([n]))
+            raise ConfigError(f"{where}:{_line_of(node, ['env', bad]) or 1}: env: {reason}")
     root = root or (path.parent if path else Path.cwd())
     framework = raw.get("framework", "torch")
     ops: List[OpSpec] = []

@@ -32,7 +32,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
+
+from .backends.sandbox import scrub_proc_environ, worker_env
 
 STATE_ENV = "DL_GATE_STATE"
 #: seconds the run is given to write its report after SIGTERM before it is killed
@@ -100,20 +102,29 @@ def deadline_for(budget_total: Optional[float], evals: Optional[int], localise: 
     return total + loc + GRACE + extra, text
 
 
+def run_env(state: str, env_names: Sequence[str] = ()) -> dict:
+    """The run process's environment: the workers' allow-list (it imports the operator library
+    to find source lines, and runs it in-process with ``--no-isolate``), the state file, and
+    what the run itself reads: the PR's base branch, whether this is CI, git's
+    ``safe.directory`` settings (``dl-gate action`` sets them as ``GIT_CONFIG_*``)."""
+    run_own = {k: v for k, v in os.environ.items()
+               if k in ("GITHUB_BASE_REF", "GITHUB_ACTIONS") or k.startswith("GIT_CONFIG_")}
+    return worker_env({**run_own, STATE_ENV: state}, names=list(env_names))
+
+
 class Supervisor:
     """Start ``argv`` (the run) and wait for it; :meth:`wait` returns what the run left."""
 
     def __init__(self, argv: List[str], deadline: float, deadline_text: str,
-                 say: Callable[[str], None] = lambda s: None):
+                 say: Callable[[str], None] = lambda s: None, env_names: Sequence[str] = ()):
         self.deadline, self.deadline_text, self.say = deadline, deadline_text, say
         fd, self.state = tempfile.mkstemp(prefix="dl-gate-state-", suffix=".json")
         os.close(fd)
-        env = dict(os.environ)
-        env[STATE_ENV] = self.state
+        env = run_env(self.state, env_names)
         if sys.stderr.isatty():  # the run's progress display: its stderr is a pipe to this terminal
             env["DL_GATE_TERMINAL"] = "1"
-        root = str(Path(__file__).resolve().parents[1])  # the directory holding ``gate``
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # what the run may not see, this process's own /proc/PID/environ may not show either
+        scrub_proc_environ()
         self.t0 = time.monotonic()
         # the run's output is relayed through this process's sys.stdout/sys.stderr (what a caller
         # of gate.cli.main captures), as it comes: progress bars end lines with \r

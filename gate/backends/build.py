@@ -185,7 +185,11 @@ def _command(spec: BuildSpec, scratch: Path) -> str:
 
 
 def _run(cmd, tree: Path, timeout: float, shell: bool) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+    from .sandbox import worker_env
+
+    # the build runs the PR's setup.py: the allow-list, no credentials; the inherited
+    # PYTHONPATH as it is (the gate's root is not the library's)
+    env = worker_env(gate_first=False)
     bindir = str(Path(sys.executable).parent)  # `python`/`pip` in the command: the gate's interpreter
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2))))

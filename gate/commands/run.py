@@ -100,7 +100,12 @@ def _supervise(args) -> int:
 
     say = (lambda s: print(f"dl-gate: {s}", file=sys.stderr)) if not os.environ.get("DL_GATE_QUIET") else (lambda s: None)
     out = Path(args.out)
-    budget = _config_budget(args)
+    raw = _config_raw(args)
+    budget = {k: v for k, v in (raw.get("budget") or {}).items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool)} if isinstance(raw.get("budget"), dict) else {}
+    # the run's environment is the workers' allow-list plus the names the config's env: lists
+    # (the run validates them: a credential's name is refused there)
+    env_names = [n for n in (raw.get("env") or []) if isinstance(n, str)] if isinstance(raw.get("env"), list) else []
     seconds_, text = supervise.deadline_for(
         args.budget if args.budget is not None else budget.get("total", 60.0 if args.example else None),
         args.evals or budget.get("evals"), budget.get("localise"),
@@ -108,7 +113,7 @@ def _supervise(args) -> int:
     from ..pipeline import clear_previous_run
 
     clear_previous_run(out)  # never judge by an earlier run's report
-    sup = supervise.Supervisor(list(args.argv), seconds_, text, say=say)
+    sup = supervise.Supervisor(list(args.argv), seconds_, text, say=say, env_names=env_names)
     result = sup.wait()
     report, trusted = supervise.verdict_of_run(result, out)
     if trusted:
@@ -122,9 +127,9 @@ def _supervise(args) -> int:
     return report.exit_code
 
 
-def _config_budget(args) -> dict:
-    """The ``budget`` mapping of the config the run will use, read as plain YAML (the run
-    validates it and reports its errors; here it only sets the deadline)."""
+def _config_raw(args) -> dict:
+    """The config the run will use, read as plain YAML (the run validates it and reports its
+    errors; here it only sets the deadline and the run's environment); {} when there is none."""
     import yaml
 
     from ..config import CONFIG_NAMES
@@ -143,8 +148,7 @@ def _config_budget(args) -> dict:
             raw = yaml.safe_load(c.read_text(errors="replace"))
         except (OSError, yaml.YAMLError):
             continue
-        budget = raw.get("budget") if isinstance(raw, dict) else None
-        return {k: v for k, v in (budget or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return raw if isinstance(raw, dict) else {}
     return {}
 
 

@@ -217,8 +217,10 @@ def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys
                 body["ops"] = list(pending)
             path = Path(tmp) / "request.json"
             path.write_text(json.dumps(body, default=str))
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join([*sys_path, _gate_root()] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            from ..backends.sandbox import worker_env
+
+            # the allow-list (no credentials): the library's folders, then the gate's root
+            env = worker_env(path_front=[*sys_path, _gate_root()], gate_first=False)
             env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
             env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")  # probing is a CPU job
             err_path = Path(tmp) / "stderr.log"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -165,9 +164,9 @@ def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[Replay
                 files.append(name)
             req["jobs"].append({"key": job.key, "spec": job.spec.to_dict(), "variant": job.variant.to_dict(), "inputs": files})
         (work / "request.json").write_text(json.dumps(req))
-        gate_parent = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = gate_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from ..backends.sandbox import worker_env
+
+        env = worker_env()  # the allow-list: no credentials reach base's code
         try:
             res = subprocess.run([sys.executable, "-m", "gate.judge.replay_worker", str(work)], cwd=str(tree),
                                  capture_output=True, encoding="utf-8", errors="replace", timeout=timeout, env=env)

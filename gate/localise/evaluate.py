@@ -10,7 +10,6 @@ base answers become ``unavailable`` (the predicate then says "cannot tell").
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
 import subprocess
@@ -111,9 +110,9 @@ class BaseWorker:
         root = self.tree / self.cfg_dir if self.cfg_dir else self.tree
         (self.work / "setup.json").write_text(json.dumps({"root": str(self.tree), "python_path": [
             str((root / p)) for p in self.python_path]}))
-        env = dict(os.environ)
-        gate_parent = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = gate_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from ..backends.sandbox import worker_env
+
+        env = worker_env()  # the allow-list: no credentials reach the code under test
         self._err = open(self.work / "worker.stderr", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "gate.localise.worker", str(self.work)], cwd=str(self.tree),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env)

@@ -1,0 +1,174 @@
+"""The code under test cannot move the verdict (issue 27): a red team.
+
+Each test is a pull request with a plain, real regression (``tanh(x)`` becomes ``tanh(x) * 1.5``)
+plus one attack, run through the real CLI (``python -m gate.cli run``: the supervisor, its run
+process and the isolated workers) on a real git repository with committed baselines, with a
+deterministic ``--evals`` budget. Under each: exit 1 (or 2 where stated), report.json agreeing,
+no credential readable, no surviving process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.test_gate_run import git, make_repo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE_SRC = '''
+import torch
+
+
+def act(x):
+    return torch.tanh(x)
+'''
+
+#: head's regression: every output is 1.5 times base's
+REGRESSION = "    return torch.tanh(x) * 1.5\n"
+
+CONFIG = """
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+gate: {dtypes: [float32], modes: [input]}
+ops:
+  - name: lib.act
+    callable: lib.ops:act
+    sources: [lib/ops.py]
+    dims: {N: [1, 16]}
+    inputs: [{name: x, shape: [N], domain: {name: real, scale: 3}}]
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_repo(tmp_path_factory.mktemp("redteam"), ops_src=BASE_SRC, config=CONFIG, package="lib")
+
+
+def pull_request(repo: Path, tmp_path: Path, ops_src: str, files: dict = None, name: str = "pr") -> Path:
+    """A clone of ``repo`` on branch ``name`` with ``lib/ops.py`` replaced by ``ops_src`` (and
+    ``files`` written), committed."""
+    dst = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(dst)], check=True)
+    git(dst, "checkout", "-q", "-b", name)
+    (dst / "lib" / "ops.py").write_text(ops_src)
+    for rel, text in (files or {}).items():
+        p = dst / rel
+        if text is None:
+            p.unlink()
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+    git(dst, "add", "-A")
+    git(dst, "commit", "-q", "-m", name)
+    return dst
+
+
+def head_src(attack: str = "", at_call: str = "") -> str:
+    """Base's operator with the regression, ``attack`` at import and ``at_call`` in the call."""
+    call = "".join(f"    {ln}\n" for ln in at_call.strip("\n").splitlines())
+    return f"import torch\n{attack}\n\ndef act(x):\n{call}{REGRESSION}"
+
+
+def run_gate(repo: Path, out: Path, *extra: str, env: dict = None, timeout: float = 600):
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "DL_GATE_QUIET": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "gate.cli", "run", "--base", "main", "--out", str(out),
+                           "--evals", "20", *extra], cwd=repo, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def report_of(out: Path) -> dict:
+    assert (out / "junit.xml").exists(), "no junit.xml"
+    return json.loads((out / "report.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------
+# A. secrets never reach the code under test
+# ---------------------------------------------------------------------------------------
+#: what the operator records, at import and at every call: its own environment and every
+#: /proc/PID/environ it can read (the gate's own processes included)
+SNOOP = '''
+import json as _json, os as _os
+
+
+def _snoop(where):
+    seen = {"where": where, "pid": _os.getpid(), "env": dict(_os.environ), "proc": {}}
+    for pid in _os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    seen["proc"][pid] = f.read().decode("latin-1")
+            except OSError:
+                pass
+    with open(LEAK, "a") as f:
+        f.write(_json.dumps(seen) + "\\n")
+    print("seen:", sorted(seen["env"]))
+
+
+LEAK = %r
+_snoop("import")
+'''
+
+
+@pytest.mark.parametrize("isolate", ["--isolate", "--no-isolate"])
+def test_no_credential_is_readable_by_the_operator(repo, tmp_path, isolate):
+    leak = tmp_path / "leak.jsonl"
+    pr = pull_request(repo, tmp_path, head_src(SNOOP % str(leak), '_snoop("call")'))
+    secrets = {name: f"{name.lower()}-{uuid.uuid4().hex}" for name in
+               ("GITHUB_TOKEN", "INPUT_TOKEN", "ACTIONS_RUNTIME_TOKEN", "MY_SECRET", "ACTIONS_ID_TOKEN_REQUEST_TOKEN",
+                "AWS_SECRET_ACCESS_KEY")}
+    runner = {"GITHUB_ENV": str(tmp_path / "github_env"), "GITHUB_OUTPUT": str(tmp_path / "github_output"),
+              "OMP_NUM_THREADS": "1", "LIB_SETTING": "visible"}
+    res = run_gate(pr, tmp_path / "out", isolate, env={**secrets, **runner})
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"], res.stderr[-3000:])
+    records = [json.loads(line) for line in leak.read_text().splitlines()]
+    assert any(r["where"] == "call" for r in records), "the operator never ran"
+    everything = leak.read_text() + (tmp_path / "out" / "report.json").read_text() + res.stdout + res.stderr
+    for name, value in secrets.items():
+        assert value not in everything, f"{name} was readable by the code under test"
+    for r in records:
+        assert not {"GITHUB_ENV", "GITHUB_OUTPUT", "LIB_SETTING"} & set(r["env"]), sorted(r["env"])
+        assert r["env"].get("OMP_NUM_THREADS") == "1"  # the allow-list passes thread settings
+
+
+def test_the_worker_environment_is_an_allow_list():
+    from gate.backends.sandbox import gate_root, worker_env
+
+    src = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C", "OMP_NUM_THREADS": "2", "TORCH_HOME": "/t",
+           "DL_GATE_THREADS": "1", "DL_GATE_STATE": "/tmp/state", "GITHUB_TOKEN": "x", "INPUT_TOKEN": "x",
+           "ACTIONS_RUNTIME_TOKEN": "x", "MY_SECRET": "x", "TORCH_HUB_TOKEN": "x", "GITHUB_ENV": "/f",
+           "GITHUB_SHA": "abc", "PYTHONPATH": "/lib", "RANDOM_VAR": "x"}
+    env = worker_env({"DL_GATE_STATE": "/tmp/own", "API_KEY": "x"}, source=src)
+    assert sorted(env) == ["DL_GATE_STATE", "DL_GATE_THREADS", "HOME", "LC_ALL", "OMP_NUM_THREADS", "PATH",
+                           "PYTHONPATH", "TORCH_HOME"]
+    assert env["PYTHONPATH"] == os.pathsep.join([gate_root(), "/lib"]) and env["DL_GATE_STATE"] == "/tmp/own"
+    assert "DL_GATE_STATE" not in worker_env(source=src)  # a worker never learns where the run's state is
+    assert worker_env(source=src, names=["RANDOM_VAR", "MY_SECRET"]).get("RANDOM_VAR") == "x"
+    assert "MY_SECRET" not in worker_env(source=src, names=["MY_SECRET"])
+
+
+def test_the_config_env_list_passes_a_name_and_refuses_a_credential(repo, tmp_path):
+    leak = tmp_path / "leak.jsonl"
+    config = CONFIG + "env: [LIB_SETTING]\n"
+    pr = pull_request(repo, tmp_path, head_src(SNOOP % str(leak), '_snoop("call")'), {".dl-gate.yml": config})
+    res = run_gate(pr, tmp_path / "out", env={"LIB_SETTING": "visible", "MY_SECRET": "hidden"})
+    assert res.returncode == 1, (report_of(tmp_path / "out")["reason"], res.stderr[-2000:])
+    records = [json.loads(line) for line in leak.read_text().splitlines()]
+    assert records and all(r["env"].get("LIB_SETTING") == "visible" for r in records)
+    assert not any("MY_SECRET" in r["env"] for r in records)
+
+    (pr / ".dl-gate.yml").write_text(CONFIG + "env: [LIB_SETTING, GITHUB_TOKEN]\n")
+    git(pr, "commit", "-q", "-am", "name a token")
+    res = run_gate(pr, tmp_path / "out2", env={"GITHUB_TOKEN": "hidden"})
+    report = report_of(tmp_path / "out2")
+    assert res.returncode == 2 and report["outcome"] == "error", (res.returncode, report["reason"])
+    assert "GITHUB_TOKEN is never passed to the code under test" in report["reason"], report["reason"]
