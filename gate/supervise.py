@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -125,6 +126,11 @@ class Supervisor:
             env["DL_GATE_TERMINAL"] = "1"
         # what the run may not see, this process's own /proc/PID/environ may not show either
         scrub_proc_environ()
+        # on a GitHub runner, the run's relayed output is also fenced: between these two lines
+        # the runner processes no workflow command, whatever the escaping missed
+        self.fence = secrets.token_hex(16) if os.environ.get("GITHUB_ACTIONS") == "true" else None
+        if self.fence:
+            _say_raw(f"::stop-commands::{self.fence}")
         self.t0 = time.monotonic()
         # the run's output is relayed through this process's sys.stdout/sys.stderr (what a caller
         # of gate.cli.main captures), as it comes: progress bars end lines with \r
@@ -176,6 +182,9 @@ class Supervisor:
             self._signal_group(signal.SIGKILL)  # what the run started and left behind
             for t in self.relays:  # a child that left the session may hold a pipe: do not wait on it
                 t.join(timeout=5)
+            if self.fence:
+                _say_raw(f"::{self.fence}::")
+                self.fence = None
         state = {}
         try:
             state = json.loads(Path(self.state).read_text() or "{}")
@@ -190,24 +199,111 @@ class Supervisor:
                 "stopped_by": self.stopped_by}
 
 
+def _say_raw(line: str) -> None:
+    """A line of the gate's own (a workflow command) on the runner's log."""
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class CommandGuard:
+    """The run's output made safe for a CI runner's log: no line of it is a workflow command.
+
+    The GitHub runner reads a line (ended by ``\\n`` or ``\\r``) as a command when, after its
+    leading whitespace, it starts with ``::`` (``::error::``, ``::add-mask::``,
+    ``::stop-commands::TOKEN``), and in the old form wherever ``##[`` appears in it. Code under
+    test prints into the run's output (at import, in an operator run in the run process), so
+    such a line is relayed with its leading ``::`` as ``: :`` and every ``##[`` as ``# #[``.
+    Text that could still become a command with what comes next (blank so far, one ``:``, a
+    trailing ``#``) is held until it cannot."""
+
+    def __init__(self):
+        self.pending = ""
+        self.line = ""  # what was written of the current line so far
+
+    @staticmethod
+    def _escape_line(line: str, start_blank: bool) -> str:
+        if start_blank:
+            stripped = line.lstrip()
+            if stripped.startswith("::"):
+                line = line[:len(line) - len(stripped)] + ": :" + stripped[2:]
+        return line.replace("##[", "# #[")
+
+    def feed(self, text: str, final: bool = False, idle: bool = False) -> str:
+        """What may be written now of ``text`` (appended to what is held); ``idle``: nothing
+        followed for a while (a trailing ``#`` goes out, the start of a line still waits);
+        ``final``: the end of the output, everything goes out."""
+        self.pending += text
+        out = []
+        while True:
+            cut = min((i for i in (self.pending.find("\n"), self.pending.find("\r")) if i >= 0), default=-1)
+            if cut < 0:
+                break
+            seg, end, self.pending = self.pending[:cut], self.pending[cut], self.pending[cut + 1:]
+            out.append(self._emit(seg) + end)
+            self.line = ""
+        if self.pending:
+            seg = self.pending
+            if not final:
+                # hold what the next chunk could still turn into a command
+                whole = (self.line + seg).lstrip()
+                if not self.line.strip() and whole in ("", ":"):
+                    return "".join(out)
+                keep = 0 if idle else min(len(seg) - len(seg.rstrip("#")), 2)
+                seg, self.pending = (seg[:len(seg) - keep], seg[len(seg) - keep:]) if keep else (seg, "")
+            else:
+                self.pending = ""
+            if seg:
+                out.append(self._emit(seg))
+        return "".join(out)
+
+    def _emit(self, seg: str) -> str:
+        text = self._escape_line(seg, not self.line.strip())
+        if self.line.endswith("#") and text.startswith("#[") or self.line.endswith("##") and text.startswith("["):
+            text = " " + text  # a ``##[`` split over two writes
+        self.line += text
+        return text
+
+
 def _relay(pipe, name: str) -> None:
     import codecs
+    import select
 
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    guard = CommandGuard()
     fd = pipe.fileno()
+
+    def write(text: str) -> None:
+        if not text:
+            return
+        stream = getattr(sys, name)
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # closed (a pipe into `head`): keep draining
+            pass
+
     while True:
+        if guard.pending:  # held text goes out once nothing follows it for a moment
+            try:
+                ready = select.select([fd], [], [], 0.2)[0]
+            except (OSError, ValueError):
+                ready = [fd]
+            if not ready:
+                write(guard.feed("", idle=True))
+                if not guard.pending:
+                    continue
+                # else the start of a line: wait for the rest of it, however long
         try:
             chunk = os.read(fd, 65536)
         except OSError:
             break
         if not chunk:
             break
-        stream = getattr(sys, name)
-        try:
-            stream.write(decoder.decode(chunk))
-            stream.flush()
-        except (OSError, ValueError):  # closed (a pipe into `head`): keep draining
-            pass
+        write(guard.feed(decoder.decode(chunk)))
+    write(guard.feed(decoder.decode(b"", final=True), final=True))
     pipe.close()
 
 

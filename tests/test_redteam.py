@@ -172,3 +172,63 @@ def test_the_config_env_list_passes_a_name_and_refuses_a_credential(repo, tmp_pa
     report = report_of(tmp_path / "out2")
     assert res.returncode == 2 and report["outcome"] == "error", (res.returncode, report["reason"])
     assert "GITHUB_TOKEN is never passed to the code under test" in report["reason"], report["reason"]
+
+
+# ---------------------------------------------------------------------------------------
+# B. nothing the code under test prints is a workflow command
+# ---------------------------------------------------------------------------------------
+def commands_in(text: str) -> list:
+    """The lines a GitHub runner would run as workflow commands (lines end at \\n or \\r; after
+    the leading whitespace a line starting with ``::``; the old ``##[`` anywhere)."""
+    import re
+
+    return [ln for ln in re.split(r"\r|\n", text) if ln.lstrip().startswith("::") or "##[" in ln]
+
+
+FORGE = '''
+import sys as _sys
+print("::error::forged at import")
+print("::stop-commands::x")
+print("  ::add-mask::hunter2", file=_sys.stderr)
+_sys.stdout.write("##[error]old form\\r::warning::after a carriage return\\n")
+_sys.stdout.flush()
+'''
+
+
+def test_the_command_guard_escapes_every_split_of_the_output():
+    import random
+
+    from gate.supervise import CommandGuard
+
+    text = ("progress 1/3\r::error::a\n  ::add-mask::b\n##[set-output name=x]y\nplain :: text\n"
+            "\r\n::stop-commands::t\n:x\n#\n::t::\nend ##[ and # #\n")
+    rng = random.Random(0)
+    for trial in range(400):
+        guard, out, i = CommandGuard(), [], 0
+        while i < len(text):
+            n = rng.randint(1, 6)
+            out.append(guard.feed(text[i:i + n], idle=rng.random() < 0.3))
+            i += n
+        out.append(guard.feed("", final=True))
+        relayed = "".join(out)
+        assert not commands_in(relayed), (trial, commands_in(relayed))
+        assert relayed.count("\n") == text.count("\n") and "plain :: text" in relayed and "progress 1/3" in relayed
+        assert ": :error::a" in relayed and "[set-output name=x]y" in relayed
+
+
+@pytest.mark.parametrize("isolate", ["--isolate", "--no-isolate"])
+def test_what_the_operator_prints_reaches_no_runner_as_a_command(repo, tmp_path, isolate):
+    pr = pull_request(repo, tmp_path, head_src(FORGE, 'print("::error::forged in a call")\n'
+                                                     'print("::stop-commands::y", file=__import__("sys").stderr)'))
+    res = run_gate(pr, tmp_path / "out", isolate, env={"GITHUB_ACTIONS": "true", "DL_GATE_QUIET": ""})
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"], res.stderr[-3000:])
+    assert "forged at import" in res.stdout  # relayed, escaped
+    if isolate == "--no-isolate":
+        assert "forged in a call" in res.stdout
+    fence = [ln for ln in res.stdout.splitlines() if ln.startswith("::")]
+    assert len(fence) == 2 and fence[0].startswith("::stop-commands::") and len(fence[0]) > 30, fence
+    assert fence[1] == f"::{fence[0].split('::')[2]}::"  # the gate's own random fence, opened and closed
+    inside = res.stdout.split(fence[0], 1)[1].split(fence[1], 1)[0]
+    assert "forged at import" in inside
+    assert not commands_in(inside) and not commands_in(res.stderr), (commands_in(inside), commands_in(res.stderr))
