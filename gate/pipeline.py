@@ -408,8 +408,15 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         isolate = planned.isolate
         base_isolate = base_isolate_options(tree, py_path, isolate, ctx.repo) if tree is not None and isolate else None
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
-        work = [_fuzz_one(task, by_id[task.id], planned.store, ctx.repo, seed_store, isolate, base_isolate,
-                          ctx.base_specs.get(by_id[task.id]["spec"].name), say, sources) for task in planned.run_tasks]
+        pools = _Pools(planned, None if opts.evals else ctx.settings.min_evals)
+        work = []
+        for task in planned.run_tasks:
+            task = pools.budget(task)
+            t0 = time.perf_counter()
+            work.append(_fuzz_one(task, by_id[task.id], planned.store, ctx.repo, seed_store, isolate, base_isolate,
+                                  ctx.base_specs.get(by_id[task.id]["spec"].name), say, sources))
+            pools.spend(task, work[-1]["finding"].seconds, time.perf_counter() - t0)
+        report.env["fuzz"] = pools.to_dict()
         # base runs the operator its own config names (a PR may rename the function)
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
                           spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)))
@@ -420,6 +427,47 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
     for w in work:
         w["base"] = base_results.get(w["task"].id)
     return work
+
+
+class _Pools:
+    """The fuzz stage's time, spent as measured. Each operator has ``per_op`` seconds (and the run
+    ``total``); a variant's share is what its operator has left over its variants still to run (at
+    most what the allocation gave it), and its search may go past that share to reach
+    ``min_evals`` evaluations, never past what its operator (and the run) has left. A variant
+    whose evaluations cost more (a gradient: forward and backward, a loaded machine) is given the
+    time they take, at the expense of its operator's later variants, and the stage stays within
+    its budget. With an ``--evals`` budget nothing is timed (``min_evals`` None)."""
+
+    def __init__(self, planned: "Planned", min_evals: Optional[int]):
+        self.min_evals = min_evals
+        self.total_left = float(planned.total)
+        self.op_left: Dict[str, float] = {}
+        self.todo: Dict[str, int] = {}
+        for t in planned.run_tasks:
+            self.op_left.setdefault(t.op.name, float(planned.per_op))
+            self.todo[t.op.name] = self.todo.get(t.op.name, 0) + 1
+        self.rows: List[dict] = []
+
+    def budget(self, task: Task) -> Task:
+        if task.budget.seconds is None or self.min_evals is None:
+            return task
+        name = task.op.name
+        cap = max(0.0, min(self.op_left[name], self.total_left))
+        share = min(task.budget.seconds, cap / max(self.todo[name], 1))
+        return Task(op=task.op, variant=task.variant, seed=task.seed, strategy=task.strategy,
+                    budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=cap))
+
+    def spend(self, task: Task, searched: float, wall: float) -> None:
+        name = task.op.name
+        self.todo[name] -= 1
+        if task.budget.seconds is not None:
+            self.op_left[name] -= searched
+            self.total_left -= searched
+        self.rows.append({"task": task.id, "share": task.budget.seconds, "searched": round(searched, 3),
+                          "wall": round(wall, 3)})
+
+    def to_dict(self) -> dict:
+        return {"min_evals": self.min_evals, "variants": self.rows}
 
 
 def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dict], report: V.GateReport) -> None:

@@ -129,3 +129,29 @@ def test_a_regression_reached_before_the_run_was_stopped_stands():
     report.verdicts = [verdict(evals=40)]
     _stopped(report, "the run passed its deadline")
     assert report.outcome == Outcome.ERROR.value and report.exit_code == 2
+
+
+def test_a_search_past_its_share_reaches_its_minimum_within_the_time_its_operator_has_left():
+    """A variant whose evaluations are slow (a gradient on a loaded runner) is given the time they
+    take, up to its operator's hard limit, instead of passing on one evaluation."""
+    import time as _time
+
+    from gate.search.engine import search
+    from gate.search.inputs import Candidate
+    from gate.oracles.runner import Evaluation
+
+    def slow(c):
+        _time.sleep(0.01)
+        return c, Evaluation(status="ok", metrics=Metrics(ulp=1.0))
+
+    def fresh(rng):
+        return Candidate(dims={}, params={}, arrays={"x": rng.standard_normal(4)})
+
+    rng = np.random.default_rng(0)
+    mutators = {"redraw": lambda parent, r: fresh(r)}
+    res = search(slow, fresh, mutators, rng, seconds=1e-6, min_evals=6, max_seconds=60.0)
+    assert res.evals == 6
+    res = search(slow, fresh, mutators, rng, seconds=1e-6)  # no minimum: the share is the budget, spent at once
+    assert res.evals <= 1
+    res = search(slow, fresh, mutators, rng, seconds=1e-6, min_evals=1000, max_seconds=0.05)  # the hard limit holds
+    assert res.evals < 1000 and res.seconds < 5.0

@@ -89,6 +89,9 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
             rng,
             seconds=seconds,
             evals=task.budget.evals,
+            min_evals=task.budget.min_evals,
+            max_seconds=(None if task.budget.max_seconds is None or seconds is None
+                         else max(seconds, task.budget.max_seconds - (task.budget.seconds - seconds))),
             guidance=guidance,
             seeds=seed_list,
             scheduler=scheduler,

@@ -94,6 +94,11 @@ ORACLES = FUZZ_ORACLES + CAMPAIGN_ORACLES
 class Budget:
     seconds: Optional[float] = None
     evals: Optional[int] = None
+    #: with ``seconds``: the search goes on past them until it has made ``min_evals``
+    #: evaluations, but never past ``max_seconds`` (the time its operator has left): a variant
+    #: whose evaluations cost more (a gradient, a slow machine) is given the time they take
+    min_evals: Optional[int] = None
+    max_seconds: Optional[float] = None
 
     def split(self, n: int) -> "Budget":
         n = max(n, 1)

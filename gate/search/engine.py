@@ -77,6 +77,8 @@ def search(
     *,
     seconds: Optional[float] = None,
     evals: Optional[int] = None,
+    min_evals: Optional[int] = None,
+    max_seconds: Optional[float] = None,
     guidance: str = "linf",
     seeds: Sequence[Candidate] = (),
     n_seeds: int = 4,
@@ -104,6 +106,7 @@ def search(
     if seconds is None and evals is None:
         evals = 100
     loop = _Loop(evaluate, fresh, mutators, rng, seconds=seconds, evals=evals, guidance=guidance, seeds=seeds,
+                 min_evals=min_evals, max_seconds=max_seconds,
                  n_seeds=n_seeds, explore=explore, corpus_size=corpus_size,
                  scheduler=scheduler or UniformScheduler(list(mutators)), progress=progress, stop_on_inf=stop_on_inf,
                  evaluate_many=evaluate_many, batch=batch, novelty=novelty, on_best=on_best)
@@ -114,9 +117,11 @@ class _Loop:
     """The state of one :func:`search`: the queue of seeds, the corpus, the batch taken ahead."""
 
     def __init__(self, evaluate, fresh, mutators, rng, *, seconds, evals, guidance, seeds, n_seeds, explore,
-                 corpus_size, scheduler, progress, stop_on_inf, evaluate_many, batch, novelty, on_best):
+                 corpus_size, scheduler, progress, stop_on_inf, evaluate_many, batch, novelty, on_best,
+                 min_evals=None, max_seconds=None):
         self.evaluate, self.fresh, self.mutators, self.rng = evaluate, fresh, mutators, rng
         self.seconds, self.evals, self.guidance = seconds, evals, guidance
+        self.min_evals, self.max_seconds = min_evals, max_seconds
         self.explore, self.corpus_size, self.scheduler = explore, corpus_size, scheduler
         self.progress, self.stop_on_inf, self.on_best = progress, stop_on_inf, on_best
         self.evaluate_many, self.batch, self.novelty = evaluate_many, batch, novelty
@@ -139,8 +144,13 @@ class _Loop:
     def spent(self) -> bool:
         if self.evals is not None and self.res.evals >= self.evals:
             return True
-        if self.seconds is not None and time.perf_counter() - self.t0 >= self.seconds:
-            return True
+        if self.seconds is not None:
+            took = time.perf_counter() - self.t0
+            if took < self.seconds:
+                return False
+            # past its share: a search short of its minimum goes on within the hard limit
+            short = self.min_evals is not None and self.res.evals < self.min_evals
+            return not (short and (self.max_seconds is None or took < self.max_seconds))
         return False
 
     # -- one step: the next candidate, evaluated -------------------------------------------------
