@@ -30,9 +30,39 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
         if a is None or t.kind != "float":
             continue
         d = t.dtype_at(dtype)  # an input that keeps its own dtype (mixed precision)
-        q = backend.quantize(np.asarray(a, dtype=np.float64), d)
+        a64 = np.asarray(a, dtype=np.float64)
+        if not exhaustive:
+            a64 = within_dtype(a64, d)
+        q = backend.quantize(a64, d)
         out.arrays[t.name] = q if exhaustive else inside_after_rounding(q, t.domain, d)
     return out
+
+
+def within_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` with its finite values brought inside ``dtype``'s finite range (a value domain is
+    intersected with what the variant can represent): -8e5 drawn from ``real`` for a float16
+    variant is -65504, not the -inf its cast would give, so that an input the search made never
+    holds an infinity the row did not ask for (NaN from inf - inf is no finding). Values that are
+    already NaN or infinite are left as they are."""
+    from ..backends.base import FLOAT_FORMATS
+
+    if dtype not in FLOAT_FORMATS or dtype == "float64" or a.size == 0:
+        return a
+    big = _largest_finite(dtype)
+    if not (np.abs(a[np.isfinite(a)]) > big).any():
+        return a
+    out = a.copy()
+    fin = np.isfinite(out)
+    out[fin] = np.clip(out[fin], -big, big)
+    return out
+
+
+def _largest_finite(dtype: str) -> float:
+    """The largest finite value of ``dtype`` (float16 65504, bfloat16 3.39e38, float32 3.40e38)."""
+    from ..backends.base import FLOAT_FORMATS
+
+    p, emax = FLOAT_FORMATS[dtype][0], FLOAT_FORMATS[dtype][2]
+    return float((2.0 - 2.0 ** (1 - p)) * 2.0 ** emax)
 
 
 def is_exhaustive(cand: Candidate) -> bool:
