@@ -77,8 +77,33 @@ def _flush_changes_errors(a: np.ndarray, b: np.ndarray, bmin: float, bmax: float
     return bool(np.any((np.abs(sa) < mn) & (sa != sb)))
 
 
+def residue_magnitude(mag: float, scale: float, dtype: str) -> float:
+    """The magnitude an output's errors are counted in ulps of (``ulp_floor='output'``): its own
+    largest reference value, unless every reference value is below one rounding unit of
+    ``scale``, the scale of the computation that made it (its inputs; for a gradient, the
+    upstream gradient times the inputs and outputs). Such an output is zero in exact arithmetic
+    (a shift-invariant gradient, a mean-subtracted constant row, tied values): its float64 run
+    is a residue (5.6e-17) and its low-precision run the rounding of the O(scale) terms that
+    cancelled (-3e-8), which in ulps of the residue read 2e24. Its error belongs on the scale of
+    those terms (Higham: |fl(x) - x| <= u * sum |terms|); a real cancellation loss is many ulps
+    of that scale and still fails. ``scale`` 0: not known, the output's own magnitude."""
+    p = FLOAT_FORMATS[dtype][0]
+    if scale > 0 and math.isfinite(scale) and mag < math.ldexp(scale, -p):
+        return scale
+    return mag
+
+
+def _floor(mag: float, scale: float, dtype: str, ulp_floor: str) -> float:
+    """The ULP floor of one output: :func:`floor_value`, of the residue's scale where the output
+    is one (:func:`residue_magnitude`; ``ulp_floor='output'`` only: an elementwise operator's
+    elements are each their own computation, judged in ulps of their own value)."""
+    if ulp_floor == "output":
+        mag = residue_magnitude(mag, scale, dtype)
+    return floor_value(mag, dtype, ulp_floor)
+
+
 def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, ulp_floor: str = "output",
-            ftz: bool = True, figures: str = "all") -> Metrics:
+            ftz: bool = True, figures: str = "all", scale: float = 0.0) -> Metrics:
     """Error figures of ``outputs`` against the float64 ``reference`` in units of ``dtype``.
     With ``ftz`` (the default: what the gate judges), an element whose output and reference are
     both below the smallest normal number of ``dtype`` counts as exact (:func:`below_normal`);
@@ -87,7 +112,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     worst element); ``rel`` and ``spread`` are NaN (not measured), which saves six of the twelve
     passes over a large finite output; :func:`gate.fuzz.fuzz_task` measures a finding's again.
     Long on purpose: the batched twin (:func:`gate.oracles.batch.compare_segments`) follows it
-    statement by statement."""
+    statement by statement. ``scale``: the scale of the computation (:func:`residue_magnitude`)."""
     if figures not in ("all", "search"):
         raise ValueError(f"unknown figures {figures!r} (all or search)")
     search = figures == "search"
@@ -130,7 +155,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             e_max = float(err[idx])
             fast = math.isfinite(e_max)
         if fast:
-            floor = floor_value(mag, dtype, ulp_floor)
+            floor = _floor(mag, scale, dtype, ulp_floor)
             if not search:
                 spread = max(spread, amax - amin)
                 rel_den = np.abs(b)
@@ -153,7 +178,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             ulp_err = np.divide(err, denom, out=denom)
         else:
             a = a.astype(np.float64, copy=False)
-            ulp_err, err, rel_max, nf, sp = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search)
+            ulp_err, err, rel_max, nf, sp = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search, scale)
             nonfinite += nf
             spread = max(spread, sp)
             if ulp_err is None:
@@ -184,7 +209,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     )
 
 
-def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False):
+def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False, scale=0.0):
     """Element errors when some values are non-finite or out of the dtype's range: (ulp errors,
     abs errors, max rel error, count of NaN/Inf outputs where the reference is representable,
     spread of the finite outputs); ``None`` errors when no element can be judged. ``search``:
@@ -215,7 +240,7 @@ def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False):
         err = np.subtract(a, b, where=judged, out=np.zeros_like(b))
         np.abs(err, out=err)
         mag = float(np.max(absb, where=representable, initial=0.0))
-        floor = floor_value(mag, dtype, ulp_floor)
+        floor = _floor(mag, scale, dtype, ulp_floor)
         if ulp_floor == "output":
             # ulp(|ref|) <= floor wherever the reference is representable: err/floor there; a
             # judged reference beyond the range (a finite output where it overflows) takes its own

@@ -65,6 +65,18 @@ def _largest_finite(dtype: str) -> float:
     return float((2.0 - 2.0 ** (1 - p)) * 2.0 ** emax)
 
 
+def largest(arrays) -> float:
+    """The largest finite magnitude among ``arrays`` (0 when there is none)."""
+    m = 0.0
+    for a in arrays:
+        a = np.asarray(a)
+        if a.size and a.dtype.kind == "f":
+            fin = np.abs(a[np.isfinite(a)])
+            if fin.size:
+                m = max(m, float(fin.max()))
+    return m
+
+
 def is_exhaustive(cand: Candidate) -> bool:
     """A set of every value of the dtype (gate.fuzz.exhaustive), or one value taken from it."""
     return cand.origin.startswith("exhaustive")

@@ -1,0 +1,111 @@
+"""Results that are zero in exact arithmetic are judged on the scale of the computation that
+made them (issue 31), not in ulps of the float64 run's residue.
+
+Modelled on a real refactor: ``x - x.max(dim, keepdim=True).values`` <-> ``x - x.amax(dim,
+keepdim=True)`` in a softmax helper (Hugging Face transformers and PyTorch's own decompositions
+went from ``max`` to ``amax``): equal in value; ``max`` routes the gradient of tied values to one
+element, ``amax`` spreads it. Softmax is shift-invariant, so the gradient through the shift
+cancels: on a constant input the attention gradient with respect to ``k`` is zero in exact
+arithmetic. The float64 run returns a residue (3.5e-17), ``max``'s float32 run the rounding of
+the O(1) terms that cancelled (1.9e-8), ``amax``'s exactly 0: in ulps of the residue the
+refactor read 5.8e15 ulp and failed as a regression. On the computation's scale (the upstream
+gradient times the inputs and outputs) it is 0.67 ulp; a real loss of that size's digits
+(1e-3 on terms of 1) still reads thousands of ulps.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gate.backends.base import Output
+from gate.oracles.precision import compare, residue_magnitude
+
+from tests.test_gate_run import by_op, make_repo
+from tests.test_verdict_bed import branch, run_gate
+
+
+def out32(values):
+    return [Output(np.asarray(values, np.float32), "float32")]
+
+
+def ref64(values):
+    return [Output(np.asarray(values, np.float64), "float64")]
+
+
+def test_a_residue_is_judged_on_the_scale_of_its_terms():
+    head, ref = out32([0.0, 1.9242304e-08, -7.1e-9]), ref64([0.0, 3.4755477553579554e-17, 1e-17])
+    assert compare(head, ref, "float32", "output").ulp > 1e14  # in ulps of the residue
+    m = compare(head, ref, "float32", "output", scale=2.0)  # terms of the size of the upstream gradient
+    assert m.ulp < 1.0, m.ulp
+    # a real cancellation loss: three decimal digits of terms of 1 lost (1e-3) is thousands of ulps
+    lost = compare(out32([1e-3, 0.0, 0.0]), ref, "float32", "output", scale=1.0)
+    assert lost.ulp > 1000, lost.ulp
+    # an elementwise operator's elements are each judged in ulps of their own value
+    assert compare(head, ref, "float32", "dtype", scale=2.0).ulp > 1e14
+
+
+def test_only_an_output_below_one_rounding_unit_of_its_scale_is_a_residue():
+    assert residue_magnitude(3.5e-17, 1.0, "float32") == 1.0
+    assert residue_magnitude(1e-3, 1.0, "float32") == 1e-3  # a small result, not a residue
+    assert residue_magnitude(3.5e-17, 0.0, "float32") == 3.5e-17  # scale unknown
+    assert residue_magnitude(1e-5, 1.0, "float16") == 1.0 and residue_magnitude(1e-3, 1.0, "float16") == 1e-3
+
+
+OPS = '''
+import torch
+
+
+def _row_shift(s):
+    return s - s.amax(dim=-1, keepdim=True)
+
+
+def attention(q, k, v):
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    e = torch.exp(_row_shift(s))
+    return (e / e.sum(-1, keepdim=True)) @ v
+'''
+
+CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+budget: {localise: 10}
+ops:
+  - {name: lib.attention, callable: "lib.ops:attention", sources: [lib/ops.py], kind: attention,
+     dims: {N: [3, 3], D: [5, 5]},
+     inputs: [{name: q, shape: [N, D]}, {name: k, shape: [N, D]}, {name: v, shape: [N, D]}]}
+'''
+
+AMAX = "s - s.amax(dim=-1, keepdim=True)"
+MAX = "s - s.max(dim=-1, keepdim=True).values"
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    repo = make_repo(tmp_path_factory.mktemp("zero"), OPS, config=CONFIG, package="lib")
+    branch(repo, "to-max", "main", AMAX, MAX)  # amax -> max: max's float32 gradient has the residue
+    branch(repo, "back-to-amax", "to-max", MAX, AMAX)  # and back
+    return repo
+
+
+def test_amax_to_max_is_not_a_gradient_regression(bed, tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(bed), "checkout", "-q", "to-max"], check=True)
+    code, report = run_gate(bed, tmp_path / "out", "main", "lib.attention", evals=20)
+    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, "lib.attention")]
+    grads = [v for v in by_op(report, "lib.attention") if v.variant.get("oracle") == "grad"]
+    assert grads, rows
+    assert code == 0 and report.outcome == "pass", rows
+
+
+def test_max_to_amax_is_not_an_improvement_of_a_residue_either(bed, tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(bed), "checkout", "-q", "back-to-amax"], check=True)
+    code, report = run_gate(bed, tmp_path / "out", "to-max", "lib.attention", evals=20)
+    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, "lib.attention")]
+    assert code == 0 and report.outcome == "pass", rows
+    grads = [v for v in by_op(report, "lib.attention") if v.variant.get("oracle") == "grad"]
+    assert grads and all(v.outcome == "pass" for v in grads), rows
