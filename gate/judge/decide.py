@@ -327,6 +327,13 @@ def _decide_with_row(vv, head, base, row, row_status, head_max, head_nonfinite, 
         return vv
     if head_max is None and not head_crash:
         return _nothing_compared(vv, head, None)
+    why = _unmeasured(head)
+    if why and not head_crash and not head_nonfinite:
+        vv.outcome = V.NOT_MEASURED
+        vv.reason = (f"not measured: {why}; build the operator in the variant's dtype (a Keras layer: "
+                     f"dtype='{dtype}'), or drop {dtype} from the row's dtypes")
+        vv.details["not_measured"] = {"head": why}
+        return vv
     vv.base_error, vv.base_nonfinite, vv.base_crash = row.ulp, row.nonfinite, row.crash
     thr = max(floor, m * row.ulp)
     vv.threshold = thr
@@ -380,6 +387,9 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     for i, (h, b) in enumerate(zip(head, base)):
         _compare_pair(t, i, h, b, spec, variant.dtype, m, floor, by_output, controls, ordinary)
     _tally_details(vv, t, variant.dtype)
+    h_um, b_um = _unmeasured(head), _unmeasured(base)
+    if (h_um or b_um) and not (t.worst[1] >= 0 and math.isinf(t.worst[0])):  # a crash or new NaN still fails
+        return _not_measured(vv, variant.dtype, h_um, b_um)
     _stability_tradeoff(vv, t, m)
     if t.worst[1] >= 0:
         return _regression(vv, t, head, base, inputs, m, floor, by_output)
@@ -534,6 +544,33 @@ def _stability_tradeoff(vv: V.VariantVerdict, t: _Tally, m: float) -> None:
         vv.details["warning"] = (f"head fixes NaN/Inf or a crash on {t.fixed} input(s) and is less precise elsewhere: "
                                  f"{worst[2]} ({worst[0]:.2g}x the threshold, within {m:g}x: reported, not failed)")
         t.worst = (-1.0, -1, "")
+
+
+def _unmeasured(results) -> Optional[str]:
+    """Why one side's figures do not measure the variant (:func:`gate.oracles.precision.not_measured`)."""
+    return next((r.metrics.unmeasured for r in results or ()
+                 if r.status == OK and r.metrics is not None and r.metrics.unmeasured), None)
+
+
+def _not_measured(vv: V.VariantVerdict, dtype: str, head_why: Optional[str], base_why: Optional[str]
+                  ) -> V.VariantVerdict:
+    """A run that is not what it claims is never a 0-ulp pass: both sides so, ``not-measured``
+    with what to change; one side only, the operator's output dtype changed (a behaviour change,
+    and no precision comparison across two dtypes)."""
+    vv.details["not_measured"] = {"head": head_why, "base": base_why}
+    if head_why and base_why:
+        vv.outcome = V.NOT_MEASURED
+        vv.reason = (f"not measured: {head_why}, on base too; build the operator in the variant's dtype (a Keras "
+                     f"layer: dtype='{dtype}'), or drop {dtype} from the row's dtypes")
+        return vv
+    vv.outcome = V.BEHAVIOUR_CHANGE
+    vv.details["behaviour_change"] = "fail"
+    if head_why:
+        vv.reason = f"the output dtype changed: on head {head_why}; base's {dtype} run returned {dtype}"
+    else:
+        vv.reason = (f"the output dtype changed: head's {dtype} run returns {dtype}, on base {base_why}; "
+                     "precision is not compared across two dtypes")
+    return vv
 
 
 def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, floor: float,
@@ -784,6 +821,9 @@ def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], setting
     if under:  # a changed operator that could not be judged: not a pass
         return Outcome.ERROR.value, (f"{len(under)} variant(s) under-searched (fewer evaluations than a pass needs), "
                                      f"e.g. {under[0].id}: {under[0].reason}")
+    blind = [v for v in verdicts if v.outcome == V.NOT_MEASURED]
+    if blind:
+        return Outcome.ERROR.value, f"{len(blind)} variant(s) not measured, e.g. {blind[0].id}: {blind[0].reason}"
     nb = [v for v in verdicts if v.outcome == V.NEEDS_BASELINE]
     if nb:
         return Outcome.NEEDS_BASELINE.value, f"{len(nb)} variant(s) have no baseline yet, e.g. {nb[0].id}; run `dl-gate baseline refresh`"

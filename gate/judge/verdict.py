@@ -22,9 +22,12 @@ NOT_COVERED = "not-covered"  # budget ran out before this variant
 UNSUPPORTED = "unsupported"  # the framework has no kernel for this dtype/device, or base fails the same way
 #: fewer searched evaluations than a pass needs (``gate.min_evals``): not judged, never a plain pass
 UNDER_SEARCHED = "under-searched"
+#: the runs are not what they claim (the low-precision run returns a wider dtype, the reference
+#: a narrower one): figures that would read 0 ulp, not a measurement of the variant
+NOT_MEASURED = "not-measured"
 ERROR = "error"  # harness fault
 VARIANT_OUTCOMES = (PASS, REGRESSION, BEHAVIOUR_CHANGE, IMPROVEMENT, NEEDS_BASELINE, NOT_COMPARABLE,
-                    NOT_COVERED, UNSUPPORTED, UNDER_SEARCHED, ERROR)
+                    NOT_COVERED, UNSUPPORTED, UNDER_SEARCHED, NOT_MEASURED, ERROR)
 
 
 

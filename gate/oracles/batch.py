@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Output
-from .precision import Metrics, below_normal, compare, overflow_bound, ulp
+from .precision import Metrics, below_normal, compare, not_measured, overflow_bound, ulp
 from ..search.inputs import Candidate
 from ..search.evaluation import OK, Evaluation
 
@@ -204,6 +204,7 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
     if len(outputs) != len(reference):
         return [Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")] * n
+    unmeasured = not_measured(outputs, reference, dtype)
     worst = [(-1.0, 0, (), 0.0, 0.0)] * n
     max_ulp, tot_abs, tot_rel, tot_l1, tot_ulp = (np.zeros(n) for _ in range(5))
     nonfinite = np.zeros(n, dtype=np.int64)
@@ -286,7 +287,8 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
     return [Metrics(ulp=float(max_ulp[i]), abs=float(tot_abs[i]), rel=float(tot_rel[i]), l1=float(tot_l1[i]),
                     mean_ulp=float(tot_ulp[i]) / max(int(numel[i]), 1), nonfinite=int(nonfinite[i]),
                     int_mismatch=int(int_mismatch[i]), numel=int(numel[i]), worst_output=worst[i][1],
-                    worst_index=worst[i][2], worst_out=worst[i][3], worst_ref=worst[i][4]) for i in range(n)]
+                    worst_index=worst[i][2], worst_out=worst[i][3], worst_ref=worst[i][4],
+                    unmeasured=unmeasured) for i in range(n)]
 
 
 def _floors(mag: np.ndarray, dtype: str, ulp_floor: str, n: int) -> np.ndarray:

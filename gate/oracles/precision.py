@@ -16,7 +16,7 @@ A reference value that overflows the dtype's range is matched by an infinity of 
 from __future__ import annotations
 
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -93,6 +93,31 @@ def residue_magnitude(mag: float, scale: float, dtype: str) -> float:
     return mag
 
 
+#: float dtypes by width, for :func:`not_measured`
+_WIDTH = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def not_measured(outputs: Sequence[Output], reference: Sequence[Output], dtype: str) -> Optional[str]:
+    """Why figures of ``outputs`` against ``reference`` would not measure ``dtype``: a float output
+    of the low-precision run in a wider dtype than the variant's (float32 for a float16 variant:
+    the operator computed and returned in float32, as a Keras layer with its float32 dtype policy
+    does), or a float output of the reference narrower than float64 (the operator cast its
+    float64 input down). A float64 label on the low run is not counted: Python floats carry it.
+    None when both runs are what they claim."""
+    width = _WIDTH.get(dtype)
+    if width is None or dtype == "float64":
+        return None
+    for o in outputs:
+        w = _WIDTH.get(o.dtype)
+        if w is not None and o.dtype != "float64" and w > width:
+            return f"its {dtype} run returns {o.dtype} (the operator computes in another dtype than the variant's)"
+    for r in reference:
+        w = _WIDTH.get(r.dtype)
+        if w is not None and w < 64:
+            return f"its float64 reference returns {r.dtype} (the operator casts its input down)"
+    return None
+
+
 def _floor(mag: float, scale: float, dtype: str, ulp_floor: str) -> float:
     """The ULP floor of one output: :func:`floor_value`, of the residue's scale where the output
     is one (:func:`residue_magnitude`; ``ulp_floor='output'`` only: an elementwise operator's
@@ -118,6 +143,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     search = figures == "search"
     if len(outputs) != len(reference):
         return Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")
+    unmeasured = not_measured(outputs, reference, dtype)
     worst = (-1.0, 0, (), 0.0, 0.0)
     tot_abs = tot_l1 = tot_rel = tot_ulp_sum = 0.0
     max_ulp = spread = 0.0
@@ -206,6 +232,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         worst_out=worst[3],
         worst_ref=worst[4],
         spread=math.nan if search else spread,
+        unmeasured=unmeasured,
     )
 
 

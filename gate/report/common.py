@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
 from ..judge.verdict import (BEHAVIOUR_CHANGE, ERROR, IMPROVEMENT, NEEDS_BASELINE, NOT_COMPARABLE,
-                             NOT_COVERED, PASS, REGRESSION, UNDER_SEARCHED, UNSUPPORTED, GateReport,
-                             VariantVerdict)
+                             NOT_COVERED, NOT_MEASURED, PASS, REGRESSION, UNDER_SEARCHED, UNSUPPORTED,
+                             GateReport, VariantVerdict)
 
 # GitHub's limits (docs: "Adding a job summary", "Workflow commands", issue comments API).
 COMMENT_LIMIT = 65_536  # characters in one issue comment
@@ -24,6 +24,7 @@ SEVERITY = {
     BEHAVIOUR_CHANGE: 1,
     ERROR: 2,
     UNDER_SEARCHED: 2,
+    NOT_MEASURED: 2,
     NEEDS_BASELINE: 3,
     NOT_COMPARABLE: 4,
     NOT_COVERED: 5,
@@ -39,6 +40,7 @@ VARIANT_ICONS = {
     BEHAVIOUR_CHANGE: "🔀",
     ERROR: "⚠️",
     UNDER_SEARCHED: "⏳",
+    NOT_MEASURED: "🚫",
     NEEDS_BASELINE: "🆕",
     NOT_COMPARABLE: "⏭️",
     NOT_COVERED: "⏭️",

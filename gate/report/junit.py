@@ -10,7 +10,9 @@ line of the result body (``source: path:line``); annotations carry it to the dif
 * ``failure`` for a variant whose outcome fails the gate (regression; behaviour-change when the
   config says so): message = the one-line diagnosis, body = errors, seed, minimal input, repro.
 * ``error`` for a harness fault (variant outcome ``error``, and run-level errors) and for a variant
-  the budget left under-searched (fewer evaluations than a pass needs: not judged).
+  the budget left under-searched (fewer evaluations than a pass needs: not judged) or whose runs
+  are not what they claim (not-measured: the low run returns a wider dtype, the reference a
+  narrower one).
 * ``skipped`` for needs-baseline / not-comparable / not-covered / unsupported.
 
 It is written on every outcome: a run that failed before judging anything still gets a
@@ -25,7 +27,7 @@ from typing import List, Optional
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from .. import HARNESS_VERSION, __version__
-from ..judge.verdict import ERROR, UNDER_SEARCHED, GateReport, VariantVerdict
+from ..judge.verdict import ERROR, NOT_MEASURED, UNDER_SEARCHED, GateReport, VariantVerdict
 from .common import SKIPPED_OUTCOMES, facts_text, is_failing, one_line, ordered, relpath
 
 # characters XML 1.0 cannot carry at all (control characters but tab/newline/CR, lone surrogates,
@@ -53,7 +55,7 @@ def _case(report: GateReport, v: VariantVerdict, root: Optional[os.PathLike]) ->
     message = one_line(v.reason)
     if is_failing(report, v):
         tc.result = [_result(Failure, message, body, v.outcome)]
-    elif v.outcome in (ERROR, UNDER_SEARCHED):
+    elif v.outcome in (ERROR, UNDER_SEARCHED, NOT_MEASURED):
         tc.result = [_result(Error, message, body, "harness-error" if v.outcome == ERROR else v.outcome)]
     elif v.outcome in SKIPPED_OUTCOMES:
         tc.result = [_result(Skipped, f"{v.outcome}: {message}", body, v.outcome)]

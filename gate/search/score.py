@@ -49,6 +49,10 @@ class Metrics:
     worst_ref: float = 0.0
     shape_mismatch: Optional[str] = None
     spread: float = 0.0  # max - min of the finite float outputs (Audee's NaN search maximises it)
+    #: why these figures do not measure the variant's dtype: its low-precision run returned a
+    #: wider dtype (a layer with a float32 dtype policy, an internal upcast returned as is), or
+    #: the "float64" reference returned a narrower one; None when both are what they claim
+    unmeasured: Optional[str] = None
 
     @property
     def severity(self) -> float:

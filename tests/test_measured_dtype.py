@@ -1,0 +1,133 @@
+"""A run is what it claims or it is not a measurement (issue 31 item 4, issue 26 item 5).
+
+Modelled on AMPLIFY PR #22 (RMSNorm statistics upcast to float32) and a Keras layer built with
+its default float32 dtype policy: an operator whose float16 run returns float32 was measured
+against float64 in float16 ulps, read ~0 ulp on every row, and a float16 overflow regression
+passed. Now its figures carry why they do not measure float16, and the judge says
+``not-measured`` (never a 0-ulp pass) when both sides are so, and "the output dtype changed"
+when a PR changes it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gate.backends.base import Output
+from gate.errors import Outcome
+from gate.judge import verdict as V
+from gate.judge.decide import GateSettings, decide, overall
+from gate.judge.replay import ReplayResult
+from gate.oracles.precision import compare, not_measured
+from gate.oracles.registry import build_runner
+from gate.plan import Variant
+from gate.search.inputs import Candidate
+
+from tests.oracle_support import user_ops
+
+F16 = Variant("float16")
+
+
+def test_a_wider_low_run_or_a_narrower_reference_is_named():
+    x = np.array([1.0, 2.0])
+    assert not_measured([Output(x, "float16")], [Output(x, "float64")], "float16") is None
+    assert "returns float32" in not_measured([Output(x, "float32")], [Output(x, "float64")], "float16")
+    assert "reference returns float32" in not_measured([Output(x, "float16")], [Output(x, "float32")], "float16")
+    assert not_measured([Output(x, "float64")], [Output(x, "float64")], "float16") is None  # a Python float
+    assert compare([Output(x, "float32")], [Output(x, "float64")], "bfloat16").unmeasured
+
+
+OPS = """
+- name: planted.rms_upcast
+  callable: measured_ops:rms_upcast
+  dims: {N: [1, 4], D: [2, 16]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float16]
+- name: planted.rms
+  callable: measured_ops:rms
+  dims: {N: [1, 4], D: [2, 16]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float16]
+"""
+
+SRC = '''
+import torch
+
+
+def rms_upcast(x, eps=1e-6):
+    xf = x.float()
+    return xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)  # returned in float32
+
+
+def rms(x, eps=1e-6):
+    return rms_upcast(x, eps).to(x.dtype)
+'''
+
+
+@pytest.fixture
+def specs(tmp_path, monkeypatch):
+    (tmp_path / "measured_ops.py").write_text(SRC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield user_ops(tmp_path, OPS)
+    import sys
+
+    sys.modules.pop("measured_ops", None)
+
+
+def run(spec, dtype="float16"):
+    runner = build_runner(spec, Variant(dtype))
+    cand = Candidate(dims={}, params={}, arrays={"x": np.linspace(-3, 3, 16).reshape(2, 8)})
+    return runner.evaluate(cand, keep_outputs=True)[1]
+
+
+def test_a_real_upcast_returned_as_is_is_not_measured(specs):
+    ev = run(specs["planted.rms_upcast"])
+    assert ev.metrics.unmeasured and "returns float32" in ev.metrics.unmeasured
+    assert run(specs["planted.rms"]).metrics.unmeasured is None  # cast back: a float16 measurement
+
+
+def rr(ev) -> ReplayResult:
+    return ReplayResult(status=ev.status, metrics=ev.metrics, outputs=[o.array for o in ev.outputs],
+                        reference=[o.array for o in ev.reference])
+
+
+def test_the_judge_never_passes_an_unmeasured_row_and_reports_a_changed_output_dtype(specs):
+    up, down = rr(run(specs["planted.rms_upcast"])), rr(run(specs["planted.rms"]))
+    spec = specs["planted.rms"]
+
+    def judge(head, base):
+        return decide(spec, F16, [head], [base], None, "ok", None, GateSettings(), inputs=["x"], controls=[True])
+
+    v = judge(up, up)
+    assert v.outcome == V.NOT_MEASURED and "returns float32" in v.reason and "dtype='float16'" in v.reason
+    assert overall([v], [], GateSettings())[0] == Outcome.ERROR.value
+    v = judge(up, down)  # a PR dropped the .to(x.dtype): the output dtype changed
+    assert v.outcome == V.BEHAVIOUR_CHANGE and "output dtype changed" in v.reason, v.reason
+    v = judge(down, up)  # and the fix of that
+    assert v.outcome == V.BEHAVIOUR_CHANGE and "not compared across two dtypes" in v.reason, v.reason
+    v = judge(down, down)
+    assert v.outcome in (V.PASS, V.IMPROVEMENT), (v.outcome, v.reason)
+
+
+@pytest.mark.tf
+def test_a_keras_layer_left_at_its_float32_policy_is_not_measured_at_float16(tmp_path, monkeypatch):
+    (tmp_path / "keras_ops.py").write_text(
+        "import keras\n\nnorm = keras.layers.LayerNormalization()\nnorm16 = keras.layers.LayerNormalization(dtype='float16')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ops = """
+- name: k.norm
+  framework: tensorflow
+  callable: keras_ops:norm
+  dims: {N: [2, 2], D: [8, 8]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float16]
+- name: k.norm16
+  framework: tensorflow
+  callable: keras_ops:norm16
+  dims: {N: [2, 2], D: [8, 8]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float16]
+"""
+    specs = user_ops(tmp_path, ops)
+    assert "returns float32" in (run(specs["k.norm"]).metrics.unmeasured or "")
+    # pinned to float16 it runs its "float64 reference" in float16 too: neither side is a measurement
+    # (the layer must be built in each run's dtype: issue 28's init)
+    assert "reference returns float16" in (run(specs["k.norm16"]).metrics.unmeasured or "")
