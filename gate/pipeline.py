@@ -333,8 +333,31 @@ def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateR
     say(f"selected {len(names)} operator(s), {len(planned)} variant(s); fuzzing {len(run_tasks)} within "
         + (f"{opts.evals} evals each" if opts.evals else f"{total:g}s (at most {per_op:g}s per operator)")
         + f", seed {ctx.seed}")
+    say(_plan_line(opts, ctx, run_tasks, total, per_op))
     return Planned(names=names, planned=planned, run_tasks=run_tasks, by_id=by_id, total=total, per_op=per_op,
                    store=store, isolate=isolate)
+
+
+def _plan_line(opts: RunOptions, ctx: Context, run_tasks: List[Task], total: float, per_op: float) -> str:
+    """The run's plan, said at its start: the fuzz stage's bound (what the operators can spend,
+    each variant at least ``gate.min_evals`` evaluations within it), localisation's share, and
+    when the run ends at the latest (the supervisor's deadline, ``DL_GATE_DEADLINE_AT``)."""
+    import os
+
+    ops = {t.op.name for t in run_tasks}
+    if opts.evals:
+        fuzz = f"fuzz: {opts.evals} evaluations per variant"
+    else:
+        fuzz = (f"fuzz: at most {min(total, per_op * len(ops)):g}s ({per_op:g}s per operator, each variant at least "
+                f"{ctx.settings.min_evals} evaluations within it)")
+    loc = ctx.cfg.budget.get("localise")
+    text = f"plan: {fuzz}; localisation at most {60.0 if loc is None else float(loc):g}s"
+    at = os.environ.get("DL_GATE_DEADLINE_AT")
+    try:
+        when = time.strftime("%H:%M:%S", time.localtime(float(at))) if at else None
+    except (TypeError, ValueError, OverflowError):
+        when = None
+    return text + (f"; ends by {when} (the run's deadline)" if when else "")
 
 
 def _variants(opts: RunOptions, ctx: Context, name: str, per_op: float, store, report: V.GateReport) -> List[dict]:
