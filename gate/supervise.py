@@ -7,9 +7,9 @@ imports the operator library and evaluates it (by default in worker processes ag
 :mod:`gate.backends.isolate`); after every progress line it saves its partial report to the state
 file, and when it has written ``report.json`` and ``junit.xml`` it saves a final record.
 
-The supervisor's exit code comes from the report the run wrote, and only when the run ended the
-way the run itself said it would (its exit status equals the final record's, the report on disk
-has that outcome). Anything else is an ``error`` report written by the supervisor from the last
+The supervisor's exit code comes from the report the run handed over in its final record, and
+only when the run ended the way the run itself said it would (its exit status equals the final
+record's, the report has that outcome). Anything else is an ``error`` report written by the supervisor from the last
 saved state, whatever the run's exit status was:
 
 * the code under test ended the run's process (``os._exit(0)``, ``sys.exit`` at import, a
@@ -18,8 +18,16 @@ saved state, whatever the run's exit status was:
   run stops and writes its report), then SIGKILL after :data:`KILL_AFTER` seconds;
 * the supervisor itself got SIGTERM or SIGINT (a CI time limit, Ctrl-C): forwarded the same way.
 
-Every process the run started (workers, zygotes, an operator's own children) is in the run's
-session and is killed with it when the run is over.
+Every process the run started (workers, zygotes, an operator's own children) is killed when the
+run is over, before its result is taken: the run's process group first, then every process in
+the supervisor's tree (it is a child subreaper, so a process that detached itself with a double
+fork and ``setsid`` is re-parented to it) or carrying the run's random :data:`RUN_MARK_ENV`
+mark, until none is left (:meth:`Supervisor.kill_descendants`). The files the run wrote are then
+checked against the hashes of its final record and written again from it when something changed
+them (:func:`changed_files`).
+
+The run's environment is the workers' allow-list (:mod:`gate.backends.sandbox`), and its
+relayed output never carries a workflow command to a CI runner (:class:`CommandGuard`).
 """
 from __future__ import annotations
 
@@ -74,13 +82,28 @@ def checkpoint(report, line: str) -> None:
         pass
 
 
-def finished(report, exit_code: int) -> None:
-    """The final record: written after report.json and junit.xml, just before the run exits."""
+def file_digest(path: Path) -> Optional[str]:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def finished(report, exit_code: int, files: Optional[dict] = None) -> None:
+    """The final record: written after report.json and junit.xml, just before the run exits. It
+    holds the report itself and a hash of every file written, so that the supervisor can tell a
+    file changed afterwards (by a process the code under test left behind) and write it again."""
     path = state_path()
     if path is None:
         return
+    digests = {}
+    for p in (files or {}).values():
+        p = Path(p)
+        digests[p.name] = file_digest(p)
     _write_json(path, {"last": "done", "report": None, "done": True, "exit_code": int(exit_code),
-                       "outcome": report.outcome})
+                       "outcome": report.outcome, "final": report.to_dict(), "files": digests})
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,6 +126,71 @@ def deadline_for(budget_total: Optional[float], evals: Optional[int], localise: 
     return total + loc + GRACE + extra, text
 
 
+#: every process of a run carries this variable (value: the run's random mark), so that one that
+#: left the supervisor's tree (no subreaper) is still found
+RUN_MARK_ENV = "DL_GATE_RUN"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_subreaper(on: bool) -> bool:
+    """Make this process the one that orphaned descendants are re-parented to (Linux): a
+    process the code under test starts and detaches (double fork, ``setsid``) stays in the
+    supervisor's tree, where it is found and killed. False where it cannot be set."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _processes() -> dict:
+    """pid -> (ppid, state, process group) of every process in /proc."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            table[int(name)] = (int(fields[1]), fields[0], int(fields[2]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def _marked(pids, mark: str) -> set:
+    needle = f"{RUN_MARK_ENV}={mark}".encode()
+    found = set()
+    for pid in pids:
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+def descendants(root: int, table: dict, exclude=()) -> set:
+    """Every process whose chain of parents leads to ``root`` (not through ``exclude``)."""
+    children: dict = {}
+    for pid, row in table.items():
+        children.setdefault(row[0], []).append(pid)
+    out, todo = set(), [c for c in children.get(root, []) if c not in exclude]
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
 def run_env(state: str, env_names: Sequence[str] = ()) -> dict:
     """The run process's environment: the workers' allow-list (it imports the operator library
     to find source lines, and runs it in-process with ``--no-isolate``), the state file, and
@@ -122,6 +210,13 @@ class Supervisor:
         fd, self.state = tempfile.mkstemp(prefix="dl-gate-state-", suffix=".json")
         os.close(fd)
         env = run_env(self.state, env_names)
+        self.mark = secrets.token_hex(12)
+        env[RUN_MARK_ENV] = self.mark
+        self.subreaper = set_subreaper(True)
+        me = os.getpid()
+        # children this process had before the run (a caller's own): never the run's to kill
+        self.foreign = {pid for pid, row in _processes().items() if row[0] == me}
+        self.survivors = 0
         if sys.stderr.isatty():  # the run's progress display: its stderr is a pipe to this terminal
             env["DL_GATE_TERMINAL"] = "1"
         # what the run may not see, this process's own /proc/PID/environ may not show either
@@ -180,6 +275,9 @@ class Supervisor:
             for s, h in previous.items():
                 signal.signal(s, h)
             self._signal_group(signal.SIGKILL)  # what the run started and left behind
+            self.survivors = self.kill_descendants()  # also what left the run's session
+            if self.subreaper:  # the caller's other children are its own business again
+                set_subreaper(False)
             for t in self.relays:  # a child that left the session may hold a pipe: do not wait on it
                 t.join(timeout=5)
             if self.fence:
@@ -196,7 +294,35 @@ class Supervisor:
             except OSError:
                 pass
         return {"returncode": self.proc.returncode, "state": state, "seconds": time.monotonic() - self.t0,
-                "stopped_by": self.stopped_by}
+                "stopped_by": self.stopped_by, "survivors": self.survivors}
+
+    def kill_descendants(self, rounds: int = 200) -> int:
+        """Kill every process the run left (in this process's tree, re-parented here as the
+        subreaper, or carrying the run's mark) and reap those that are this process's children,
+        until none is left. Returns how many were found alive outside the run's process group
+        (which was killed just before): the ones that detached themselves."""
+        me, escaped = os.getpid(), set()
+        for _ in range(rounds):
+            table = _processes()
+            tree = descendants(me, table, exclude=self.foreign | {self.proc.pid})
+            tree |= _marked([p for p in table if p != me and p not in self.foreign], self.mark)
+            alive = {p for p in tree if table.get(p, (0, "Z", 0))[1] not in ("Z", "X")}
+            escaped |= {p for p in alive if table[p][2] != self.proc.pid}
+            for pid in alive:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            zombies = [p for p in tree if table.get(p, (0, "", 0))[0] == me]
+            for pid in zombies:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            if not alive and not zombies:
+                break
+            time.sleep(0.02)
+        return len(escaped)
 
 
 def _say_raw(line: str) -> None:
@@ -321,7 +447,8 @@ def describe_end(returncode: Optional[int]) -> str:
 
 def verdict_of_run(result: dict, out: Path):
     """(report, trusted): the run's own report when it ended as it said it would; otherwise an
-    ``error`` report from the last saved state that says how the run ended."""
+    ``error`` report from the last saved state that says how the run ended. A trusted report's
+    files are checked with :func:`changed_files` before they are taken as the result."""
     from .errors import EXIT_CODES, Outcome
     from .judge import verdict as V
     from .report.schema import load_report
@@ -330,7 +457,9 @@ def verdict_of_run(result: dict, out: Path):
     report = None
     if state.get("done"):
         try:
-            report = load_report(out / "report.json")
+            # the report the run handed over in its final record, not the file on disk (which
+            # anything the code under test left running could have rewritten)
+            report = V.GateReport.from_dict(state["final"]) if state.get("final") else load_report(out / "report.json")
         except Exception:  # noqa: BLE001 - unreadable or forged: not trusted
             report = None
         if (report is not None and result["stopped_by"] is None and rc == state.get("exit_code")
@@ -362,3 +491,9 @@ def verdict_of_run(result: dict, out: Path):
     report.env["run_incomplete"] = True
     report.seconds = round(result["seconds"], 2)
     return report, False
+
+
+def changed_files(result: dict, out: Path) -> List[str]:
+    """The files the run listed in its final record that are no longer what it wrote."""
+    files = (result.get("state") or {}).get("files") or {}
+    return sorted(name for name, digest in files.items() if file_digest(Path(out) / name) != digest)

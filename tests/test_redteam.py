@@ -232,3 +232,102 @@ def test_what_the_operator_prints_reaches_no_runner_as_a_command(repo, tmp_path,
     inside = res.stdout.split(fence[0], 1)[1].split(fence[1], 1)[0]
     assert "forged at import" in inside
     assert not commands_in(inside) and not commands_in(res.stderr), (commands_in(inside), commands_in(res.stderr))
+
+
+# ---------------------------------------------------------------------------------------
+# C. nothing outlives the gate; the files are the run's, the result is its exit status
+# ---------------------------------------------------------------------------------------
+#: on its first call in a process, the operator leaves a detached process behind (double fork,
+#: setsid) that rewrites report.json and junit.xml as a pass for 30 s
+FORGER = '''
+import json as _json, os as _os, time as _time
+
+_OUT, _PIDS, _FORGED = %r, %r, []
+_PASS = %r
+
+
+def _forge():
+    if _FORGED:
+        return
+    _FORGED.append(1)
+    child = _os.fork()
+    if child:
+        _os.waitpid(child, 0)
+        return
+    try:
+        _os.setsid()
+        if _os.fork() == 0:
+            with open(_PIDS, "a") as f:
+                f.write(f"{_os.getpid()}\\n")
+            end = _time.time() + 30
+            while _time.time() < end:
+                try:
+                    with open(_os.path.join(_OUT, "report.json"), "w") as f:
+                        f.write(_PASS)
+                    with open(_os.path.join(_OUT, "junit.xml"), "w") as f:
+                        f.write('<testsuites><testsuite name="dl-gate" tests="1"><testcase name="x"/></testsuite></testsuites>')
+                except OSError:
+                    pass
+                _time.sleep(0.01)
+    finally:
+        _os._exit(0)
+'''
+
+
+def forged_pass() -> str:
+    from gate.judge.verdict import GateReport
+
+    return json.dumps(GateReport(outcome="pass", reason="no operator changed (forged)").to_dict())
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_detached_process_neither_outlives_the_run_nor_forges_its_report(repo, tmp_path):
+    out, pids = tmp_path / "out", tmp_path / "forgers.txt"
+    pr = pull_request(repo, tmp_path, head_src(FORGER % (str(out), str(pids), forged_pass()), "_forge()"))
+    res = run_gate(pr, out)
+    forgers = [int(x) for x in pids.read_text().split()] if pids.exists() else []
+    assert forgers, "the operator never ran"
+    assert not [p for p in forgers if alive(p)], "a process the code under test started outlived the gate"
+    time.sleep(0.5)
+    report = report_of(out)
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"], res.stderr[-2000:])
+    assert "forged" not in (out / "report.json").read_text() and "failure" in (out / "junit.xml").read_text()
+    assert any("outlived the run and were killed" in w for w in report["warnings"]), report["warnings"]
+
+
+def test_the_action_takes_its_result_from_the_exit_status():
+    from gate.commands.action import agreeing_report
+    from gate.judge.verdict import GateReport
+
+    regression = GateReport(outcome="regression", reason="r")
+    assert agreeing_report(regression, 1, ["run"]) is regression
+    forged = agreeing_report(GateReport(outcome="pass", reason="forged"), 1, ["run"])
+    assert forged.outcome == "error" and forged.exit_code == 2 and forged.env["run_incomplete"]
+    assert "report.json says pass but `dl-gate run` exited with code 1" in forged.reason
+
+
+def test_the_action_step_fails_on_a_regression_whose_operator_forges_the_report(repo, tmp_path):
+    from tests.test_action import Action
+    from tests.github_fake import FakeGitHub
+
+    with FakeGitHub() as fake:
+        fake.add_pull(7, "0" * 40)
+        act = Action(tmp_path, fake.url)
+        out, pids = act.ws / "dl-gate-out", tmp_path / "forgers.txt"
+        subprocess.run(["git", "clone", "-q", str(repo), str(act.ws)], check=True)
+        git(act.ws, "checkout", "-q", "-b", "pr")
+        (act.ws / "lib" / "ops.py").write_text(head_src(FORGER % (str(out), str(pids), forged_pass()), "_forge()"))
+        (act.ws / ".dl-gate.yml").write_text(CONFIG + "budget: {evals: 20}\n")  # the deterministic budget
+        git(act.ws, "commit", "-q", "-am", "regression and a forger")
+        res, outputs, _ = act.run(None, mode="gate", comment="false")
+    forgers = [int(x) for x in pids.read_text().split()] if pids.exists() else []
+    assert forgers and not [p for p in forgers if alive(p)]
+    assert res.returncode == 1 and outputs["outcome"] == "regression", (res.returncode, res.stderr[-3000:])
+    assert json.loads((out / "report.json").read_text())["outcome"] == "regression"

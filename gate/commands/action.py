@@ -199,6 +199,20 @@ def fallback_report(argv: List[str], rc: int, message: str, out: Path, refresh: 
     return report
 
 
+def agreeing_report(report, rc: int, argv: List[str]):
+    """The result is the gate's exit status: a report.json whose outcome says otherwise (a
+    file rewritten by something the code under test left running) is an ``error`` that fails
+    the step, never the pass it claims."""
+    if EXIT_CODES.get(Outcome(report.outcome)) == rc:
+        return report
+    claimed = report.outcome
+    why = (f"report.json says {claimed} but `dl-gate {argv[0]}` exited with code {rc}: the report file is not "
+           "the gate's result (rewritten by a process the code under test started?)")
+    out = _error_report(why)
+    out.env["run_incomplete"] = True  # fails the step whatever fail-on says
+    return out
+
+
 def trust_workspace(env: dict, workspace: Optional[str]) -> None:
     """Let git work in the mounted workspace owned by another user (``safe.directory``),
     through ``GIT_CONFIG_*`` so no config file is written."""
@@ -295,6 +309,7 @@ def run(args) -> int:
                     report = load_report(stale)
                 except GateError as exc:
                     report = _error_report(str(exc))
+                report = agreeing_report(report, rc, argv) if inp.mode == "gate" else report
             else:
                 report = fallback_report(argv, rc, message, out, inp.mode == "refresh")
     _finish(report, inp, env, workspace)

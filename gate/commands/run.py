@@ -89,8 +89,8 @@ def run(args) -> int:
             report = run_gate(opts)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    write_outputs(report, Path(args.out))
-    supervise.finished(report, report.exit_code)  # the supervisor prints the report
+    files = write_outputs(report, Path(args.out))
+    supervise.finished(report, report.exit_code, files)  # the supervisor prints the report
     return report.exit_code
 
 
@@ -116,7 +116,14 @@ def _supervise(args) -> int:
     sup = supervise.Supervisor(list(args.argv), seconds_, text, say=say, env_names=env_names)
     result = sup.wait()
     report, trusted = supervise.verdict_of_run(result, out)
-    if trusted:
+    if result.get("survivors"):
+        report.warnings.append(f"{result['survivors']} process(es) started by the code under test outlived the "
+                               "run and were killed")
+    changed = supervise.changed_files(result, out) if trusted else []
+    if changed:  # rewritten after the run wrote them: the run's own report is written again
+        report.warnings.append(f"{', '.join(changed)} changed after the run wrote them (by a process the code "
+                               "under test left behind?): written again from the run's final record")
+    if trusted and not changed and not result.get("survivors"):
         from ..report import written
 
         paths = {k: str(p) for k, p in written(out).items()}
