@@ -15,7 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -272,10 +272,12 @@ def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
     cfg_outside = cfg.path is not None and top not in cfg.path.resolve().parents
     if cfg_outside:  # a config kept outside the repository: its paths are the repository's
         cfg = load_config(opts.config, root=top)
+    base_sha, head_sha = _refs(opts, repo, report)
+    if cfg.path is None and not opts.ops:  # a forced run of built-in operators needs no config
+        cfg = _config_from_base(repo, start, base_sha, report)
     cfg.activate()  # also forgets stale imports of the user's library
     if opts.evals is None and cfg.budget.get("evals"):  # budget.evals: the deterministic budget, as --evals
         opts.evals = int(cfg.budget["evals"])
-    base_sha, head_sha = _refs(opts, repo, report)
     merge_base = git(repo, "merge-base", base_sha, head_sha)
     report.base_ref, report.base_sha, report.head_sha = opts.base, base_sha, head_sha
     if cfg_outside:  # not in the PR's tree: the same file judges both sides
@@ -286,7 +288,13 @@ def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
     # the PR cannot loosen its own gate: settings (and op thresholds) come from the base
     settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
     base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
-    catalog = load_catalog(cfg.ops, builtin=cfg.builtin)
+    # base decides what is gated: a row the PR deletes from the config is still in the catalogue
+    head_names = {s.name for s in cfg.ops}
+    dropped = [s for s in base_specs.values() if s.name not in head_names]
+    if dropped:
+        report.warnings.append(f"the PR removes {', '.join(s.name for s in dropped)} from {cfg_rel or 'the config'}: "
+                               "still gated (base's config decides what is gated)")
+    catalog = load_catalog([*cfg.ops, *dropped], builtin=cfg.builtin)
     kernels = _kernels(repo, head_sha, catalog, cfg, report)  # before the operator library is imported
     seed = opts.seed if opts.seed is not None else cfg.seed
     report.seed = seed
@@ -294,14 +302,123 @@ def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
                    bcfg=bcfg, settings=settings, base_specs=base_specs, catalog=catalog, kernels=kernels, seed=seed)
 
 
+NO_CONFIG = "no .dl-gate.yml: run `dl-gate init`"
+REMOVED = "operator removed or broken"
+
+
+def _config_from_base(repo: Path, start: Path, base_sha: str, report: V.GateReport) -> Config:
+    """No config on head: base's, where the PR deleted it (base decides what is gated); else
+    the run cannot gate anything (a setup error, never a silent pass)."""
+    from .config import CONFIG_NAMES
+
+    d = start
+    while True:
+        for name in CONFIG_NAMES:
+            rel = (d / name).relative_to(repo).as_posix()
+            res = subprocess.run(["git", "-C", str(repo), "show", f"{base_sha}:{rel}"], capture_output=True,
+                                 encoding="utf-8", errors="replace")
+            if res.returncode == 0:
+                report.warnings.append(f"the PR deletes {rel}: base's config gates it")
+                return parse_config(res.stdout, repo / rel, root=d)
+        if d == repo or repo not in d.parents:
+            break
+        d = d.parent
+    raise SetupError(NO_CONFIG)
+
+
+#: run in a worker-like process (the allow-list environment): does each callable still resolve?
+_PROBE = """
+import importlib, json, os, sys
+out, names = sys.argv[1], json.loads(sys.argv[2])
+res = {}
+for name in names:
+    mod, _, attr = name.partition(":")
+    if not attr:
+        mod, _, attr = name.rpartition(".")
+    try:
+        obj = importlib.import_module(mod)
+        for a in [a for a in attr.split(".") if a]:
+            obj = getattr(obj, a)
+        res[name] = None
+    except BaseException as exc:
+        res[name] = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:300]
+with open(out, "w") as f:
+    json.dump(res, f)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def removed_ops(ctx: Context, selected: Sequence[str] = ()) -> Dict[str, str]:
+    """Base's operator rows whose callable no longer imports or resolves on head: name -> why.
+
+    Candidates: the rows the selection's Python index finds defined on the merge-base and not
+    on head, and the selected rows (a change can break the module's import); each is imported
+    in a separate process with the workers' environment, never in this one (a re-export or a
+    dynamic definition the index does not follow is not a removal)."""
+    user = [s for s in ctx.base_specs.values() if s.origin == "user"]
+    if not user:
+        return {}
+    from .changes import CodeBase
+    from .changes.git import Git
+    from .select import python_roots
+    from .select.python import entry_node
+
+    g = Git(ctx.repo)
+    cb = CodeBase(g, ctx.merge_base, ctx.head_sha, python_roots(g.root, ctx.cfg))
+    missing = {s.name for s in user if entry_node(cb.py("base"), s.callable) is not None
+               and entry_node(cb.py("head"), s.callable) is None}
+    suspects = [s for s in user if s.name in missing or s.name in selected]
+    if not suspects:
+        return {}
+    import sys
+    import tempfile
+
+    from .backends.sandbox import worker_env
+
+    paths = [str((ctx.cfg.root / p).resolve()) for p in (ctx.cfg.raw.get("python_path") or ["."])]
+    with tempfile.TemporaryDirectory(prefix="dl-gate-resolve-") as tmp:
+        out = Path(tmp) / "resolved.json"
+        proc = None
+        try:
+            proc = subprocess.run([sys.executable, "-c", _PROBE, str(out), json.dumps([s.callable for s in suspects])],
+                                  cwd=str(ctx.repo), env=worker_env(path_front=paths), capture_output=True,
+                                  text=True, timeout=300)
+            answers = json.loads(out.read_text())
+        except subprocess.TimeoutExpired:
+            answers = {s.callable: "importing it on head did not finish in 300s" for s in suspects}
+        except (OSError, ValueError):  # the import ended the process before it answered
+            code = proc.returncode if proc is not None else None
+            answers = {s.callable: f"importing it on head ended the process with exit code {code}" for s in suspects}
+    return {s.name: (f"{s.callable} is defined on base and not on head" if s.name in missing else
+                     f"{s.callable} does not import on head") + f" ({answers[s.callable]})"
+            for s in suspects if answers.get(s.callable)}
+
+
 def select_stage(opts: RunOptions, ctx: Context, report: V.GateReport) -> List[str]:
-    """The operators this diff reaches (``report.selected`` keeps why); none: the gate passes."""
+    """The operators this diff reaches (``report.selected`` keeps why); none: the gate passes.
+
+    A base operator that no longer resolves on head is a regression without a search."""
     selected, sel_dict = _selection(opts, ctx.cfg, ctx.catalog, ctx.merge_base, ctx.head_sha)
     report.selected = selected
     if sel_dict:
         report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native") if k in sel_dict}
         # e.g. an operator whose callable is no longer found: it is not gated, say so in the report
         report.warnings.extend(f"selection: {n}" for n in sel_dict.get("notes") or [])
+    gone = {} if opts.ops else removed_ops(ctx, [s["op"] for s in selected])
+    if gone:
+        for name, why in gone.items():
+            spec = ctx.base_specs[name]
+            report.verdicts.append(V.VariantVerdict(op=name, framework=spec.framework, variant={},
+                                                    outcome=V.REGRESSION, reason=f"{REMOVED}: {why}"))
+            if name not in {s["op"] for s in selected}:
+                selected.append({"op": name, "reasons": [{"kind": "removed", "file": spec.sources[0] if spec.sources
+                                                          else None, "line": None, "symbol": spec.callable,
+                                                          "path": [spec.callable, name]}]})
+        names = [s["op"] for s in selected if s["op"] not in gone]
+        if not names:
+            report.outcome, report.reason = overall(report.verdicts, report.errors, ctx.settings)
+        return names
     if not selected:
         report.outcome = Outcome.PASS.value
         report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"

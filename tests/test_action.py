@@ -220,8 +220,10 @@ def test_entrypoint_gate_mode_reports_an_error_on_every_outcome(job):
 
 
 def test_entrypoint_a_run_ended_by_the_code_under_test_fails_the_step(job):
-    """A PR whose library calls os._exit(0) when imported ends the gate's run process before it
-    writes a report: the supervisor's error report fails the step whatever fail-on says."""
+    """A PR whose operator calls os._exit(0) in a trusted (not isolated) run ends the gate's run
+    process before it writes a report: the supervisor's error report fails the step whatever
+    fail-on says. (One that exits when imported no longer reaches the run process: it is an
+    operator that does not import on head, a regression; tests/test_redteam.py.)"""
     from tests.test_gate_run import git
 
     act, fake = job
@@ -229,15 +231,16 @@ def test_entrypoint_a_run_ended_by_the_code_under_test_fails_the_step(job):
     (act.ws / "lib" / "__init__.py").write_text("")
     (act.ws / "lib" / "ops.py").write_text("import torch\n\n\ndef half(x):\n    return x * 0.5\n")
     (act.ws / ".dl-gate.yml").write_text(
-        "version: 1\nframework: torch\nbuiltin: false\nops:\n  - name: lib.half\n    callable: lib.ops:half\n"
+        "version: 1\nframework: torch\nbuiltin: false\ngate: {isolate: false}\nops:\n  - name: lib.half\n"
+        "    callable: lib.ops:half\n"
         "    sources: [lib/ops.py]\n    inputs: [{name: x, shape: [4]}]\n")
     git(act.tmp, "init", "-q", "-b", "main", str(act.ws))
     git(act.ws, "add", "-A")
     git(act.ws, "commit", "-q", "-m", "base")
     git(act.ws, "update-ref", "refs/remotes/origin/main", "main")
     git(act.ws, "checkout", "-q", "-b", "pr")
-    (act.ws / "lib" / "ops.py").write_text("import os\nimport torch\n\nos._exit(0)\n\n\ndef half(x):\n    return x * 0.5\n")
-    git(act.ws, "commit", "-q", "-am", "exit at import")
+    (act.ws / "lib" / "ops.py").write_text("import os\nimport torch\n\n\ndef half(x):\n    os._exit(0)\n")
+    git(act.ws, "commit", "-q", "-am", "exit in a call")
     res, out, _ = act.run(None, mode="gate", comment="false", budget="5")
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
     assert out["outcome"] == "error" and "before writing its report" in res.stdout + res.stderr

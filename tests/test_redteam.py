@@ -331,3 +331,76 @@ def test_the_action_step_fails_on_a_regression_whose_operator_forges_the_report(
     assert forgers and not [p for p in forgers if alive(p)]
     assert res.returncode == 1 and outputs["outcome"] == "regression", (res.returncode, res.stderr[-3000:])
     assert json.loads((out / "report.json").read_text())["outcome"] == "regression"
+
+
+# ---------------------------------------------------------------------------------------
+# D. base decides what is gated; no config is no gate
+# ---------------------------------------------------------------------------------------
+NO_CONFIG = "no .dl-gate.yml: run `dl-gate init`"
+
+
+def test_without_a_config_the_run_is_an_error_that_says_to_run_init(repo, tmp_path):
+    pr = pull_request(repo, tmp_path, head_src(), {".dl-gate.yml": None})
+    (pr / ".dl-gate.yml").unlink(missing_ok=True)
+    git(pr, "checkout", "-q", "main")
+    git(pr, "rm", "-q", ".dl-gate.yml")  # no config on either side
+    git(pr, "commit", "-q", "-m", "no config")
+    git(pr, "checkout", "-q", "pr")
+    git(pr, "merge", "-q", "main")
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 2 and report["outcome"] == "error" and report["reason"] == NO_CONFIG, (res.returncode, report["reason"])
+    assert report["env"].get("setup_error")  # the Action fails its step whatever fail-on says
+    assert res.stdout.splitlines()[0] == f"dl-gate: ERROR: {NO_CONFIG}"
+    # a forced run of a built-in operator needs no config
+    res = run_gate(pr, tmp_path / "out2", "--ops", "torch.tanh", "--dtype", "float32", "--mode", "input")
+    assert res.returncode in (0, 3), (res.returncode, report_of(tmp_path / "out2")["reason"])
+
+
+def test_a_base_row_the_pr_deletes_is_still_gated(repo, tmp_path):
+    pr = pull_request(repo, tmp_path, head_src(), {".dl-gate.yml": CONFIG.split("ops:")[0] + "ops: []\n"})
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"])
+    assert {v["op"] for v in report["verdicts"] if v["outcome"] in ("regression", "behaviour-change")} == {"lib.act"}
+    assert any("lib.act" in w and "removes" in w for w in report["warnings"]), report["warnings"]
+
+
+@pytest.mark.parametrize("how", ["rename", "delete", "gone", "import"])
+def test_an_operator_that_no_longer_resolves_on_head_is_a_regression(repo, tmp_path, how):
+    if how == "gone":  # the module is there, the function is not (renamed inside it)
+        pr = pull_request(repo, tmp_path, head_src().replace("def act(", "def activation("))
+    elif how == "import":  # the module no longer imports (a helper module it needs is gone)
+        pr = pull_request(repo, tmp_path, head_src("import lib_helpers_gone"))
+    else:
+        pr = pull_request(repo, tmp_path, head_src())
+        if how == "rename":
+            git(pr, "mv", "lib/ops.py", "lib/operators.py")
+        else:
+            git(pr, "rm", "-q", "lib/ops.py")
+        git(pr, "commit", "-q", "-m", how)
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"])
+    (v,) = [v for v in report["verdicts"] if v["op"] == "lib.act"]
+    assert v["outcome"] == "regression" and v["reason"].startswith("operator removed or broken"), v["reason"]
+
+
+def test_the_action_fails_its_step_without_a_config(tmp_path):
+    from tests.test_action import Action
+    from tests.github_fake import FakeGitHub
+
+    with FakeGitHub() as fake:
+        act = Action(tmp_path, fake.url)
+        (act.ws / "lib").mkdir()
+        (act.ws / "lib" / "ops.py").write_text("def act(x):\n    return x\n")
+        git(tmp_path, "init", "-q", "-b", "main", str(act.ws))
+        git(act.ws, "add", "-A")
+        git(act.ws, "commit", "-q", "-m", "base")
+        git(act.ws, "update-ref", "refs/remotes/origin/main", "main")
+        git(act.ws, "checkout", "-q", "-b", "pr")
+        (act.ws / "lib" / "ops.py").write_text("def act(x):\n    return x * 1.5\n")
+        git(act.ws, "commit", "-q", "-am", "regression")
+        res, outputs, _ = act.run(None, mode="gate", comment="false")
+    assert res.returncode == 2 and outputs["outcome"] == "error", (res.returncode, res.stderr[-2000:])
+    assert NO_CONFIG in res.stdout + res.stderr
