@@ -441,7 +441,10 @@ def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateR
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
     per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
     store = BaselineStore(GitBaselineSource(ctx.repo, ctx.base_sha, cfg.raw.get("baselines", "baselines"))).load()
-    planned = [p for name in names for p in _variants(opts, ctx, name, per_op, store, report)]
+    from .backends.facts import BackendFacts
+
+    facts = BackendFacts(isolate)  # asked of a worker: this process does not import the framework
+    planned = [p for name in names for p in _variants(opts, ctx, name, per_op, store, report, facts)]
     run_tasks, skipped = _allocate(opts, ctx, planned, total, report)
     by_id = {p["task"].id: p for p in planned}
     report.not_covered = sorted(skipped)
@@ -477,7 +480,8 @@ def _plan_line(opts: RunOptions, ctx: Context, run_tasks: List[Task], total: flo
     return text + (f"; ends by {when} (the run's deadline)" if when else "")
 
 
-def _variants(opts: RunOptions, ctx: Context, name: str, per_op: float, store, report: V.GateReport) -> List[dict]:
+def _variants(opts: RunOptions, ctx: Context, name: str, per_op: float, store, report: V.GateReport,
+              facts) -> List[dict]:
     """Every variant of operator ``name`` with its stored baseline row."""
     gate_cfg = ctx.cfg.gate
     dtypes = opts.dtypes or gate_cfg.get("dtypes")
@@ -488,19 +492,18 @@ def _variants(opts: RunOptions, ctx: Context, name: str, per_op: float, store, r
             report.warnings.append(warning)
     if ctx.kernels is not None:
         spec = ctx.kernels.adjust(spec)  # Triton: on the device its kernels run on
-    backend = get_backend(spec.framework)
     want_dtypes = [d for d in dtypes if d in spec.dtypes] if dtypes else None
     budget = Budget(evals=opts.evals) if opts.evals else Budget(seconds=per_op)
     tasks = plan([spec], budget, per_op=budget, seed=ctx.seed, strategy=opts.strategy or gate_cfg.get("strategy", "linf"),
                  dtypes=want_dtypes, devices=opts.devices or gate_cfg.get("devices"),
-                 modes=opts.modes or gate_cfg.get("modes"), available_devices=backend.devices(),
+                 modes=opts.modes or gate_cfg.get("modes"), available_devices=facts.devices(spec.framework),
                  oracles=opts.oracles or gate_cfg.get("oracles"))
     if opts.evals:
         tasks = [Task(op=t.op, variant=t.variant, budget=Budget(evals=opts.evals), seed=t.seed,
                       strategy=t.strategy) for t in tasks]
     out = []
     for task in tasks:
-        row, status = store.lookup(spec.name, task.variant.key, backend.environment(task.variant.device))
+        row, status = store.lookup(spec.name, task.variant.key, facts.environment(spec.framework, task.variant.device))
         out.append({"spec": spec, "task": task, "row": row, "status": status})
     return out
 

@@ -338,6 +338,7 @@ class _Worker:
         self.rx = Receiver(Connection(c2p_r, writable=False))
         self.fresh = True
         self.env: Optional[dict] = None
+        self.flush_subnormals = False
         self.devices: list = []
         # sent now, answered when the worker has imported the framework and built the runner
         self.tx.send(("init", {"sys_path": list(options.sys_path if options.sys_path is not None else sys.path),
@@ -363,6 +364,7 @@ class _Worker:
         if kind == "reply" and reply[0] == "ready":
             self.env = dict(reply[1].get("env") or {})
             self.devices = list(reply[1].get("devices") or [])
+            self.flush_subnormals = bool(reply[1].get("flush_subnormals"))
             return self.env
         if kind == "reply" and reply[0] == "error":
             cls = getattr(errors, reply[1], GateError)
@@ -616,6 +618,58 @@ class IsolatedRunner:
         return cand, ev
 
 
+@dataclass(frozen=True)
+class _FrameworkOnly:
+    """What a facts worker is built for: a framework, no operator."""
+    framework: str
+    name: str = "backend facts"
+
+
+class _Facts:
+    def __init__(self, spec: Any, variant: Any):
+        from . import get_backend
+
+        self.backend = get_backend(spec.framework)
+
+
+def facts_runner(spec: Any, variant: Any) -> _Facts:
+    """The worker-side "runner" of :func:`backend_facts`: the backend alone, no operator imported."""
+    return _Facts(spec, variant)
+
+
+def backend_facts(framework: str, options: IsolateOptions) -> Dict[str, Any]:
+    """``{"devices": [...], "env": {device: environment}, "flush_subnormals": bool}`` of
+    ``framework`` as a worker sees it (forked from the warm zygote: no interpreter start), so
+    that the judging process need not import the framework to key its baselines."""
+    from ..plan import Variant
+
+    def ask(device: str) -> _Worker:
+        w = _Worker(_FrameworkOnly(framework), Variant("float32", device), options, factory=FACTS_FACTORY)
+        try:
+            w.ready(options.start_timeout, f"{framework} on {device}")
+        except BaseException:
+            w.close()
+            raise
+        return w
+
+    w = ask("cpu")
+    try:
+        facts = {"devices": list(w.devices or ["cpu"]), "env": {"cpu": dict(w.env or {})},
+                 "flush_subnormals": w.flush_subnormals}
+    finally:
+        w.close()
+    for device in facts["devices"]:
+        if device != "cpu":
+            w = ask(device)
+            try:
+                facts["env"][device] = dict(w.env or {})
+            finally:
+                w.close()
+    return facts
+
+
+FACTS_FACTORY = "gate.backends.isolate:facts_runner"
+
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
@@ -734,7 +788,8 @@ def worker_main(rfd: int, wfd: int) -> int:
             try:
                 runner = _resolve(info.get("factory") or RUNNER_FACTORY)(info["spec"], info["variant"])
                 env = runner.backend.environment(info["variant"].device)
-                tx.send(("ready", {"env": env, "devices": runner.backend.devices(), "pid": os.getpid()}))
+                tx.send(("ready", {"env": env, "devices": runner.backend.devices(), "pid": os.getpid(),
+                                   "flush_subnormals": bool(getattr(runner.backend, "flush_subnormals", False))}))
             except GateError as exc:
                 tx.send(("error", type(exc).__name__, str(exc)))
             except Exception as exc:

@@ -162,9 +162,11 @@ class BatchEvaluator:
                 return [self._single(q) for q in group]
         ftz = True  # the search: results below the smallest normal are not judged (precision.below_normal)
         if bd == 0:
-            metrics = compare_segments(out, ref, sizes, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz)
+            metrics = compare_segments(out, ref, sizes, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz,
+                                       check_dtypes=runner.variant.mode == "input")
         else:
-            metrics = [compare(o, r, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz)
+            metrics = [compare(o, r, runner.variant.dtype, self.spec.ulp_floor, ftz=ftz,
+                               check_dtypes=runner.variant.mode == "input")
                        for o, r in zip(self._split(out, sizes), self._split(ref, sizes))]
         each = (time.perf_counter() - t0) / len(group)
         return [(q, Evaluation(OK, metrics=m, seconds=each)) for q, m in zip(group, metrics)]
@@ -193,7 +195,7 @@ class BatchEvaluator:
 
 
 def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], sizes: Sequence[int], dtype: str,
-                     ulp_floor: str = "output", ftz: bool = True) -> List[Metrics]:
+                     ulp_floor: str = "output", ftz: bool = True, check_dtypes: bool = True) -> List[Metrics]:
     """:func:`gate.oracles.precision.compare` of each candidate of a batch at once: the outputs
     are concatenated along axis 0, candidate ``i`` owns ``sizes[i]`` rows. Gives exactly the
     figures ``compare`` gives on each candidate's rows (maxima, counts and the worst element
@@ -204,7 +206,7 @@ def compare_segments(outputs: Sequence[Output], reference: Sequence[Output], siz
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.intp)
     if len(outputs) != len(reference):
         return [Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")] * n
-    unmeasured = not_measured(outputs, reference, dtype)
+    unmeasured = not_measured(outputs, reference, dtype) if check_dtypes else None
     worst = [(-1.0, 0, (), 0.0, 0.0)] * n
     max_ulp, tot_abs, tot_rel, tot_l1, tot_ulp = (np.zeros(n) for _ in range(5))
     nonfinite = np.zeros(n, dtype=np.int64)

@@ -107,7 +107,7 @@ class GradRunner(_GradBase):
             ups = largest(q.arrays[k] for k in q.arrays if k.startswith("__upstream"))
             scale = ups * max(largest(q.arrays[n] for n in names if n in q.arrays),
                               largest(o.array for o in ref_outs if o.is_float))
-        metrics = compare(low, ref, dtype, self.spec.ulp_floor, scale=scale)
+        metrics = compare(low, ref, dtype, self.spec.ulp_floor, scale=scale, check_dtypes=self.variant.mode == "input")
         extra = {"oracle": self.oracle, "inputs": names,
                  "worst_input": names[metrics.worst_output] if names else None}
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0, extra=extra)

@@ -128,7 +128,7 @@ def _floor(mag: float, scale: float, dtype: str, ulp_floor: str) -> float:
 
 
 def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, ulp_floor: str = "output",
-            ftz: bool = True, figures: str = "all", scale: float = 0.0) -> Metrics:
+            ftz: bool = True, figures: str = "all", scale: float = 0.0, check_dtypes: bool = True) -> Metrics:
     """Error figures of ``outputs`` against the float64 ``reference`` in units of ``dtype``.
     With ``ftz`` (the default: what the gate judges), an element whose output and reference are
     both below the smallest normal number of ``dtype`` counts as exact (:func:`below_normal`);
@@ -137,13 +137,15 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     worst element); ``rel`` and ``spread`` are NaN (not measured), which saves six of the twelve
     passes over a large finite output; :func:`gate.fuzz.fuzz_task` measures a finding's again.
     Long on purpose: the batched twin (:func:`gate.oracles.batch.compare_segments`) follows it
-    statement by statement. ``scale``: the scale of the computation (:func:`residue_magnitude`)."""
+    statement by statement. ``scale``: the scale of the computation (:func:`residue_magnitude`).
+    ``check_dtypes``: say when the runs are not in the dtypes they claim (:func:`not_measured`;
+    off for autocast's operator mode, where the policy decides an operator's output dtype)."""
     if figures not in ("all", "search"):
         raise ValueError(f"unknown figures {figures!r} (all or search)")
     search = figures == "search"
     if len(outputs) != len(reference):
         return Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")
-    unmeasured = not_measured(outputs, reference, dtype)
+    unmeasured = not_measured(outputs, reference, dtype) if check_dtypes else None
     worst = (-1.0, 0, (), 0.0, 0.0)
     tot_abs = tot_l1 = tot_rel = tot_ulp_sum = 0.0
     max_ulp = spread = 0.0
