@@ -787,8 +787,11 @@ def worker_main(rfd: int, wfd: int) -> int:
                 os.chdir(info["cwd"])
             try:
                 runner = _resolve(info.get("factory") or RUNNER_FACTORY)(info["spec"], info["variant"])
-                env = runner.backend.environment(info["variant"].device)
-                tx.send(("ready", {"env": env, "devices": runner.backend.devices(), "pid": os.getpid(),
+                # plain values: a framework's own types (torch's TorchVersion, a str subclass)
+                # would import the framework in the gate when unpickled
+                env = {str(k): v if isinstance(v, (bool, int, float, type(None))) else str(v)
+                       for k, v in runner.backend.environment(info["variant"].device).items()}
+                tx.send(("ready", {"env": env, "devices": [str(d) for d in runner.backend.devices()], "pid": os.getpid(),
                                    "flush_subnormals": bool(getattr(runner.backend, "flush_subnormals", False))}))
             except GateError as exc:
                 tx.send(("error", type(exc).__name__, str(exc)))
