@@ -129,8 +129,17 @@ def _supervise(args) -> int:
         paths = {k: str(p) for k, p in written(out).items()}
     else:
         paths = write_outputs(report, out)
-    print_report(report)
-    print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+    import contextlib
+    import io
+
+    # the report quotes the code under test (exception texts, warnings): escaped like the run's
+    # relayed output, so that no line of it is a workflow command
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        print_report(report)
+        print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+    sys.stdout.write(supervise.CommandGuard().feed(buf.getvalue(), final=True))
+    sys.stdout.flush()
     return report.exit_code
 
 
