@@ -73,8 +73,21 @@ def base_config(repo: Path, rev: str, rel: str) -> Optional[Config]:
     return parse_config(res.stdout, Path(f"{rel}@{rev[:10]}"), root=repo)
 
 
+#: repository -> (head commit, python_path roots) of the run, set by setup_stage: where
+#: :func:`op_source` looks an operator up without importing it
+_SOURCE_TREES: Dict[str, Tuple[str, List[str]]] = {}
+_SOURCE_INDEX: Dict[Tuple[str, str], object] = {}
+
+
 def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
-    """File (relative to the repo when inside it) and line of the operator's definition."""
+    """File (relative to the repo when inside it) and line of the operator's definition.
+
+    This process (the judge) never imports the code under test for it: a user operator is found
+    statically (the selection's Python index of head), else by a separate process with the
+    workers' environment; a built-in operator is the framework's own (imported here anyway)."""
+    if spec.origin == "user":
+        found = _static_source(spec, repo)
+        return found if found is not None else _worker_source(spec, repo)
     try:
         fn = get_backend(spec.framework).resolve(spec.callable)
         fn = inspect.unwrap(fn)
@@ -84,11 +97,83 @@ def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
         return (spec.sources[0] if spec.sources else None), None
     if path is None:
         return None, None
+    return _relative(path, repo), line
+
+
+def _relative(path: str, repo: Path) -> str:
     p = Path(path).resolve()
     try:
-        return str(p.relative_to(Path(repo).resolve())), line
+        return str(p.relative_to(Path(repo).resolve()))
     except ValueError:
-        return str(p), line
+        return str(p)
+
+
+def _static_source(spec: OpSpec, repo: Path) -> Optional[Tuple[str, int]]:
+    """(file, first line) of the definition in head's Python index; None where it cannot tell
+    (a callable outside the repository, an assignment from a call, a dynamic definition)."""
+    from .changes.git import Git
+    from .changes.pyindex import PyIndex
+
+    key = str(Path(repo).resolve())
+    head, roots = _SOURCE_TREES.get(key, ("HEAD", [""]))
+    try:
+        idx = _SOURCE_INDEX.get((key, head))
+        if idx is None:
+            idx = _SOURCE_INDEX[(key, head)] = PyIndex(Git(Path(repo)), head, roots)
+        ent = idx.resolve_dotted(spec.callable)
+        if ent is None or ent.kind not in ("def", "var"):
+            return None
+        mod = idx.module(ent.module)
+        path = idx.path_of.get(ent.module)
+        if mod is None or path is None:
+            return None
+        if ent.kind == "def":
+            return path, int(mod.defs[ent.key].start)
+        stmts = mod.assigns.get(ent.key) or []
+        return (path, int(stmts[0].lineno)) if stmts else None
+    except Exception:  # noqa: BLE001 - an index that cannot tell: the worker looks it up
+        return None
+
+
+_LOCATE = """
+import importlib, inspect, json, os, sys
+out, name = sys.argv[1], sys.argv[2]
+mod, _, attr = name.partition(":")
+if not attr:
+    mod, _, attr = name.rpartition(".")
+obj = importlib.import_module(mod)
+for a in [a for a in attr.split(".") if a]:
+    obj = getattr(obj, a)
+obj = inspect.unwrap(obj)
+with open(out, "w") as f:
+    json.dump([inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1]], f)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _worker_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
+    """The definition as a separate process with the workers' environment finds it."""
+    import sys
+    import tempfile
+
+    from .backends.sandbox import worker_env
+
+    fallback = (spec.sources[0] if spec.sources else None), None
+    key = str(Path(repo).resolve())
+    roots = _SOURCE_TREES.get(key, ("HEAD", [""]))[1]
+    paths = [str(Path(repo) / r) for r in roots]
+    with tempfile.TemporaryDirectory(prefix="dl-gate-source-") as tmp:
+        out = Path(tmp) / "source.json"
+        try:
+            subprocess.run([sys.executable, "-c", _LOCATE, str(out), spec.callable], cwd=str(repo),
+                           env=worker_env(path_front=paths), capture_output=True, timeout=120)
+            path, line = json.loads(out.read_text())
+        except (OSError, ValueError, TypeError, subprocess.TimeoutExpired):
+            return fallback
+    if not path:
+        return fallback
+    return _relative(path, repo), int(line)
 
 
 def _selection(opts: RunOptions, cfg: Config, catalog: Catalog, base_sha: str, head_sha: str):
@@ -287,6 +372,8 @@ def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
         bcfg = base_config(repo, base_sha, cfg_rel)
     # the PR cannot loosen its own gate: settings (and op thresholds) come from the base
     settings = GateSettings.from_config((bcfg.raw.get("gate") if bcfg else None) or cfg.gate)
+    if bcfg is not None and bcfg is not cfg:
+        _contain_as_base(cfg, bcfg, report)
     base_specs = {s.name: s for s in (bcfg.ops if bcfg else [])}
     # base decides what is gated: a row the PR deletes from the config is still in the catalogue
     head_names = {s.name for s in cfg.ops}
@@ -296,10 +383,34 @@ def setup_stage(opts: RunOptions, report: V.GateReport) -> Context:
                                "still gated (base's config decides what is gated)")
     catalog = load_catalog([*cfg.ops, *dropped], builtin=cfg.builtin)
     kernels = _kernels(repo, head_sha, catalog, cfg, report)  # before the operator library is imported
+    from .select import python_roots
+
+    _SOURCE_TREES[str(repo.resolve())] = (head_sha, python_roots(repo, cfg))  # op_source: found, not imported
     seed = opts.seed if opts.seed is not None else cfg.seed
     report.seed = seed
     return Context(repo=repo, base_sha=base_sha, head_sha=head_sha, merge_base=merge_base, cfg=cfg, cfg_rel=cfg_rel,
                    bcfg=bcfg, settings=settings, base_specs=base_specs, catalog=catalog, kernels=kernels, seed=seed)
+
+
+#: how the PR's code is contained (workers, their limits): base's config decides
+CONTAINMENT_KEYS = ("isolate", "eval_timeout", "eval_memory_mb")
+
+
+def _contain_as_base(cfg: Config, bcfg: Config, report: V.GateReport) -> None:
+    """Head's ``gate.isolate`` / ``eval_timeout`` / ``eval_memory_mb`` replaced by base's: a PR
+    cannot turn its own code's isolation off (the command line's ``--no-isolate`` still can)."""
+    head_g, base_g = dict(cfg.raw.get("gate") or {}), dict(bcfg.raw.get("gate") or {})
+    changed = [k for k in CONTAINMENT_KEYS if head_g.get(k) != base_g.get(k)]
+    if not changed:
+        return
+    for k in CONTAINMENT_KEYS:
+        if k in base_g:
+            head_g[k] = base_g[k]
+        else:
+            head_g.pop(k, None)
+    cfg.raw["gate"] = head_g
+    report.warnings.append(f"the PR changes gate.{', gate.'.join(changed)}: not used (base's config decides how "
+                           "the PR's code is contained)")
 
 
 NO_CONFIG = "no .dl-gate.yml: run `dl-gate init`"

@@ -219,19 +219,23 @@ def test_the_command_guard_escapes_every_split_of_the_output():
 @pytest.mark.parametrize("isolate", ["--isolate", "--no-isolate"])
 def test_what_the_operator_prints_reaches_no_runner_as_a_command(repo, tmp_path, isolate):
     pr = pull_request(repo, tmp_path, head_src(FORGE, 'print("::error::forged in a call")\n'
-                                                     'print("::stop-commands::y", file=__import__("sys").stderr)'))
+                                                     'print("::stop-commands::y", file=__import__("sys").stderr)\n'
+                                                     'if x.shape[-1] > 8:\n'
+                                                     '    raise ValueError("bad\\n::error::forged in a reason")'))
     res = run_gate(pr, tmp_path / "out", isolate, env={"GITHUB_ACTIONS": "true", "DL_GATE_QUIET": ""})
     report = report_of(tmp_path / "out")
     assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"], res.stderr[-3000:])
-    assert "forged at import" in res.stdout  # relayed, escaped
-    if isolate == "--no-isolate":
-        assert "forged in a call" in res.stdout
+    if isolate == "--no-isolate":  # the operator runs in the run process: what it prints is relayed, escaped
+        assert "forged at import" in res.stdout and "forged in a call" in res.stdout
+    else:  # isolated: it prints into its workers' logs, never into the runner's
+        assert "forged at import" not in res.stdout + res.stderr
     fence = [ln for ln in res.stdout.splitlines() if ln.startswith("::")]
     assert len(fence) == 2 and fence[0].startswith("::stop-commands::") and len(fence[0]) > 30, fence
     assert fence[1] == f"::{fence[0].split('::')[2]}::"  # the gate's own random fence, opened and closed
     inside = res.stdout.split(fence[0], 1)[1].split(fence[1], 1)[0]
-    assert "forged at import" in inside
     assert not commands_in(inside) and not commands_in(res.stderr), (commands_in(inside), commands_in(res.stderr))
+    # the report the gate prints quotes the operator's exception: escaped too
+    assert commands_in(res.stdout) == fence, commands_in(res.stdout)
 
 
 # ---------------------------------------------------------------------------------------
@@ -404,3 +408,77 @@ def test_the_action_fails_its_step_without_a_config(tmp_path):
         res, outputs, _ = act.run(None, mode="gate", comment="false")
     assert res.returncode == 2 and outputs["outcome"] == "error", (res.returncode, res.stderr[-2000:])
     assert NO_CONFIG in res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# E. the judge never imports the code under test
+# ---------------------------------------------------------------------------------------
+#: at import: says which process imported it, and changes global numerics settings (an ordinary
+#: library's import-time side effects; in the judge's process they would change its arithmetic)
+SETTINGS = '''
+import os as _os
+with open(%r, "a") as _f:
+    _f.write(f"{_os.getpid()} {'DL_GATE_STATE' in _os.environ}\\n")
+torch.set_default_dtype(torch.float64)
+torch.set_flush_denormal(True)
+'''
+
+
+def test_the_judge_never_imports_the_code_under_test(repo, tmp_path):
+    marks = tmp_path / "imports.txt"
+    src = head_src(SETTINGS % str(marks))
+    pr = pull_request(repo, tmp_path, src)
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"], res.stderr[-2000:])
+    imports = [ln.split() for ln in marks.read_text().splitlines()]
+    assert imports, "the operator was never imported"
+    assert not [pid for pid, in_run in imports if in_run == "True"], "the gate's run process imported the operator"
+    v = next(v for v in report["verdicts"] if v["op"] == "lib.act")
+    line = src.splitlines().index("def act(x):") + 1
+    assert (v["source_file"], v["source_line"]) == ("lib/ops.py", line)
+    assert v["diagnosis"] and "tracing head failed" not in json.dumps(v["diagnosis"]), v["diagnosis"]
+
+
+def test_the_pr_cannot_turn_its_own_isolation_off(repo, tmp_path):
+    marks = tmp_path / "imports.txt"
+    config = CONFIG.replace("gate: {dtypes: [float32], modes: [input]}",
+                            "gate: {dtypes: [float32], modes: [input], isolate: false}")
+    pr = pull_request(repo, tmp_path, head_src(SETTINGS % str(marks)), {".dl-gate.yml": config})
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"])
+    assert any("gate.isolate" in w and "base's config decides" in w for w in report["warnings"]), report["warnings"]
+    imports = [ln.split() for ln in marks.read_text().splitlines()]
+    assert imports and not [pid for pid, in_run in imports if in_run == "True"]
+
+
+def test_source_lines_come_from_the_index_or_a_worker_never_an_import(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from gate import pipeline
+    from gate.config import parse_config
+    from tests.helpers.gitrepo import GitRepo
+
+    r = GitRepo.init(tmp_path / "src")
+    r.write({"src/pk/__init__.py": "from .ops import helper\n",
+             "src/pk/ops.py": "import functools\n\n\ndef deco(f):\n    @functools.wraps(f)\n    def w(*a):\n"
+                              "        return f(*a)\n    return w\n\n\n@deco\ndef act(x):\n    return x\n\n\n"
+                              "scaled = functools.partial(act)\n\n\ndef helper(x):\n    return x\n\n\n"
+                              "def _factory():\n    def made(x):\n        return x\n    return made\n\n\n"
+                              "globals()['made'] = _factory()\n"})
+    head = r.commit("lib")
+    cfg = parse_config("version: 1\npython_path: [src]\n", r.path / ".dl-gate.yml", r.path)
+    from gate.select import python_roots
+
+    monkeypatch.setitem(pipeline._SOURCE_TREES, str(r.path.resolve()), (head, python_roots(r.path, cfg)))
+    spec = parse_config("version: 1\nops:\n  - name: pk.act\n    callable: pk.ops:act\n"
+                        "    inputs: [{name: x, shape: [2]}]\n").ops[0]
+    imported = []
+    monkeypatch.setattr(pipeline, "get_backend", lambda fw: imported.append(fw))  # a user op: never resolved here
+    assert pipeline.op_source(spec, r.path) == ("src/pk/ops.py", 11)  # the decorator's line, as inspect says
+    assert pipeline.op_source(replace(spec, callable="pk.ops:scaled"), r.path) == ("src/pk/ops.py", 16)
+    assert pipeline.op_source(replace(spec, callable="pk:helper"), r.path) == ("src/pk/ops.py", 19)
+    # bound at run time: the index cannot tell, a worker process finds it
+    assert pipeline.op_source(replace(spec, callable="pk.ops:made"), r.path) == ("src/pk/ops.py", 24)
+    assert not imported and "pk" not in sys.modules

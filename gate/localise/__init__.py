@@ -99,7 +99,9 @@ def _localise(report, items: List[dict], ctx: dict) -> None:
     if any(w.get("base") is not None for w in items) and ctx.get("merge_base"):
         base = BaseWorker(Path(ctx["repo"]), ctx["merge_base"], base_pp, cfg_dir, prepare=_base_build(ctx, cfg_dir))
         base.start()  # checks out and starts importing while head works on the first finding
-    session = Session(Head(isolate=ctx.get("isolate")), base)
+    # an isolated gate runs head's operator in workers only, also to trace its sub-operations
+    head_worker = BaseWorker(Path(ctx["repo"]), None, head_pp, "") if ctx.get("isolate") is not None else None
+    session = Session(Head(isolate=ctx.get("isolate")), base, head_worker)
     shared: Dict[str, object] = {"head_python_path": head_pp}
     out = Path(ctx.get("out") or "dl-gate-out")
     try:
@@ -124,6 +126,8 @@ def _localise(report, items: List[dict], ctx: dict) -> None:
                 _update_details(Path(diag.details_file), vv)
     finally:
         session.head.close()
+        if head_worker is not None:
+            head_worker.close()
         if base is not None:
             report.env["localise"]["base_requests"] = base.requests
             try:

@@ -76,9 +76,11 @@ STARTUP_GRACE = 10.0  # seconds a base worker may take to import the framework, 
 
 
 class BaseWorker:
-    """The base worktree and its worker process (started on first use)."""
+    """The base worktree and its worker process (started on first use). With ``rev`` None: a
+    worker on the checked-out tree itself (head), so that the gate's run process traces head's
+    operator without importing it."""
 
-    def __init__(self, repo: Path, rev: str, python_path: Sequence[str], cfg_dir: str, prepare=None):
+    def __init__(self, repo: Path, rev: Optional[str], python_path: Sequence[str], cfg_dir: str, prepare=None):
         self.repo, self.rev = Path(repo), rev
         self.prepare = prepare  # called with the worktree before the worker starts (builds an extension)
         self.python_path = list(python_path)
@@ -100,7 +102,7 @@ class BaseWorker:
         if self.proc is not None or self.dead:
             return
         try:
-            self.tree = self._stack.enter_context(worktree(self.repo, self.rev))
+            self.tree = self.repo if self.rev is None else self._stack.enter_context(worktree(self.repo, self.rev))
             if self.prepare is not None:
                 self.prepare(self.tree)
         except GateError as exc:
@@ -290,9 +292,10 @@ class Check:
 class Session:
     """Head, base and the clock shared by every localisation of one gate run."""
 
-    def __init__(self, head: Head, base: Optional[BaseWorker]):
+    def __init__(self, head: Head, base: Optional[BaseWorker], head_worker: Optional[BaseWorker] = None):
         self.head = head
         self.base = base
+        self.head_worker = head_worker  # traces head in a worker (an isolated gate never runs it here)
         self.checks = 0
 
     def check(self, spec: OpSpec, target, pairs: Sequence[Tuple[Variant, Candidate]], use_base: bool,

@@ -383,18 +383,25 @@ class Localiser:
         spec, variant = self.spec, self.variant
         if (self.ctx.get("isolate") is not None and self.target.kind == CRASH_KIND
                 and _ends_a_process(self.target.crash_signature)):
-            # tracing runs the operator in this process: an isolated gate does not do that on an
-            # input that killed or hung its worker (an exception it raised is traced: the run's
-            # process is supervised, and the view or index that raised is the answer)
+            # an input that killed or hung its worker is not traced again (a tracing worker would
+            # die the same way; an exception it raised is traced: the view or index that raised
+            # is the answer)
             diag.notes.append("sub-operations are not traced for a crash that ends its process when evaluations "
                               "are isolated")
             return []
-        try:
-            f64 = self.target.kind == BEHAVIOUR
-            head = trace_op(spec, variant, cand, root=str(self.ctx["repo"]), float64_run=f64)
-        except Exception as exc:
-            diag.notes.append(f"tracing head failed: {type(exc).__name__}: {exc}")
-            return []
+        f64 = self.target.kind == BEHAVIOUR
+        if self.session.head_worker is not None:  # isolated: in a worker, never in the gate's process
+            head, err = self.session.head_worker.trace(spec, variant, cand, timeout=max(self.deadline.left, 0.5),
+                                                       float64_run=f64)
+            if head is None:
+                diag.notes.append(f"tracing head failed: {err}")
+                return []
+        else:
+            try:
+                head = trace_op(spec, variant, cand, root=str(self.ctx["repo"]), float64_run=f64)
+            except Exception as exc:
+                diag.notes.append(f"tracing head failed: {type(exc).__name__}: {exc}")
+                return []
         if head.note:
             diag.notes.append(head.note)
             return []
