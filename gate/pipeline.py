@@ -84,10 +84,15 @@ def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
 
     This process (the judge) never imports the code under test for it: a user operator is found
     statically (the selection's Python index of head), else by a separate process with the
-    workers' environment; a built-in operator is the framework's own (imported here anyway)."""
+    workers' environment; a built-in operator is the framework's own, looked up here only where
+    this process has imported the framework already."""
+    import sys
+
     if spec.origin == "user":
         found = _static_source(spec, repo)
         return found if found is not None else _worker_source(spec, repo)
+    if spec.framework not in sys.modules:
+        return _worker_source(spec, repo)
     try:
         fn = get_backend(spec.framework).resolve(spec.callable)
         fn = inspect.unwrap(fn)
