@@ -469,7 +469,8 @@ def removed_ops(ctx: Context, selected: Sequence[str] = ()) -> Dict[str, str]:
     """Base's operator rows whose callable no longer imports or resolves on head: name -> why.
 
     Candidates: the rows the selection's Python index finds defined on the merge-base and not
-    on head, and the selected rows (a change can break the module's import); each is imported
+    on head, and the selected rows (a change can break the module's import; not for a library
+    whose extension is built later, in the plan stage); each is imported
     in a separate process with the workers' environment, never in this one (a re-export or a
     dynamic definition the index does not follow is not a removal)."""
     user = [s for s in ctx.base_specs.values() if s.origin == "user"]
@@ -484,7 +485,10 @@ def removed_ops(ctx: Context, selected: Sequence[str] = ()) -> Dict[str, str]:
     cb = CodeBase(g, ctx.merge_base, ctx.head_sha, python_roots(g.root, ctx.cfg))
     missing = {s.name for s in user if entry_node(cb.py("base"), s.callable) is not None
                and entry_node(cb.py("head"), s.callable) is None}
-    suspects = [s for s in user if s.name in missing or s.name in selected]
+    # a library with a native extension imports only once head is built (the plan stage builds
+    # it): there, only a definition the index no longer finds is checked
+    importable = not (ctx.cfg.raw.get("build") or (ctx.bcfg.raw.get("build") if ctx.bcfg else None))
+    suspects = [s for s in user if s.name in missing or (importable and s.name in selected)]
     if not suspects:
         return {}
     import sys

@@ -370,6 +370,14 @@ def test_a_base_row_the_pr_deletes_is_still_gated(repo, tmp_path):
     assert any("lib.act" in w and "removes" in w for w in report["warnings"]), report["warnings"]
 
 
+def test_a_pr_that_deletes_the_config_is_gated_by_base_s(repo, tmp_path):
+    pr = pull_request(repo, tmp_path, head_src(), {".dl-gate.yml": None})
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1 and report["outcome"] == "regression", (res.returncode, report["reason"])
+    assert any("the PR deletes .dl-gate.yml" in w for w in report["warnings"]), report["warnings"]
+
+
 @pytest.mark.parametrize("how", ["rename", "delete", "gone", "import"])
 def test_an_operator_that_no_longer_resolves_on_head_is_a_regression(repo, tmp_path, how):
     if how == "gone":  # the module is there, the function is not (renamed inside it)
