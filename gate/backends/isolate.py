@@ -68,9 +68,9 @@ class IsolateOptions:
     timeout: float = 10.0
     hang_factor: float = 10.0
     #: a suspected hang is confirmed before it is a crash: the worker is given ``confirm_factor``
-    #: x the limit in all (the first time in a runner; once a hang is confirmed, 2x); a call
-    #: that answers within that is a slow evaluation, not a hang
-    confirm_factor: float = 6.0
+    #: x the limit in all, at least twice what it was suspected at (once a hang of the operator is
+    #: confirmed, twice); a call that answers within that is a slow evaluation, not a hang
+    confirm_factor: float = 3.0
     start_timeout: float = 180.0  # worker start: interpreter, framework import, runner build
     warmup_factor: float = 3.0  # the first evaluation of a fresh worker may compile: allow more
     zygote: bool = True  # fork workers from a warm zygote (False: a fresh interpreter each)
@@ -251,7 +251,14 @@ class _Forked:
         self.send_signal(signal.SIGKILL)
 
 
+#: operators (by name) a hang of which this process has confirmed: later suspicions wait less
+_CONFIRMED_HANGS: set = set()
 _ZYGOTES: Dict[Tuple[str, ...], _Zygote] = {}
+
+
+def confirmed_hang(name: str) -> bool:
+    """A hang of operator ``name`` has been confirmed by a worker of this process."""
+    return name in _CONFIRMED_HANGS
 _ZYGOTE_LOCK = threading.Lock()
 
 
@@ -563,11 +570,14 @@ class IsolatedRunner:
             kind, reply = worker.receive(timeout)
             if kind == _TIMEOUT and self.options.confirm_factor > 1:
                 # suspected: the same call is given longer before it is called a hang (a loaded
-                # machine slows every call; a hang does not answer at any limit)
-                more = timeout * ((2.0 if self._hang_confirmed else self.options.confirm_factor) - 1.0)
-                kind, reply = worker.receive(more)
+                # machine slows every call; a hang does not answer at any limit); once a hang of
+                # this operator is confirmed (in any of its variants), twice the limit will do
+                known = self._hang_confirmed or self.spec.name in _CONFIRMED_HANGS
+                total = timeout * 2.0 if known else max(timeout * 2.0, limit * self.options.confirm_factor)
+                kind, reply = worker.receive(total - timeout)
                 if kind == _TIMEOUT:
                     self._hang_confirmed = True
+                    _CONFIRMED_HANGS.add(self.spec.name)
                 elif kind == "reply":
                     self.stats["slow"] += 1
         except OSError:  # the pipe broke under us: the worker is gone

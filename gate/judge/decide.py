@@ -132,6 +132,12 @@ def _failed(r: ReplayResult) -> bool:
     return r.status in (CRASH, INVALID)
 
 
+def _raises(r: ReplayResult) -> bool:
+    """The operator itself raised on this input (an INVALID result, the reference refusing the
+    input or no output to compare, is the harness's matter: never "base fails the same way")."""
+    return r.status == CRASH or (r.status == UNSUPPORTED and not str(r.error or "").startswith(NOT_DIFFERENTIABLE))
+
+
 def _fails(r: ReplayResult) -> bool:
     """The side raised on this input: a crash, an invalid result, or an error the runner files as
     "no kernel" (``not implemented for 'Half'``, a ``.view`` of a non-contiguous layout); a lost
@@ -280,11 +286,11 @@ def decide(
     base_returns = base is not None and any(r.status == OK for r in base)
     if (finding is not None and finding.status == "unsupported" and not any(r.status == OK for r in head)
             and not base_returns):
-        if base is not None and any(_fails(r) for r in base):
-            shared = next(r for r in base if _fails(r))
+        if base is not None and any(_raises(r) for r in base):
+            shared = next(r for r in base if _raises(r))
             vv.outcome = V.UNSUPPORTED
             vv.reason = f"base fails the same way: head and base both raise on every input ({shared.error})"
-            vv.details["shared_failures"] = sum(_fails(r) for r in base)
+            vv.details["shared_failures"] = sum(_raises(r) for r in base)
         elif str(finding.message or "").startswith(NOT_DIFFERENTIABLE):
             vv.outcome, vv.reason = V.UNSUPPORTED, f"gradient not checked: {finding.message}"
         else:
@@ -389,7 +395,14 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     _tally_details(vv, t, variant.dtype)
     h_um, b_um = _unmeasured(head), _unmeasured(base)
     if (h_um or b_um) and not (t.worst[1] >= 0 and math.isinf(t.worst[0])):  # a crash or new NaN still fails
-        return _not_measured(vv, variant.dtype, h_um, b_um)
+        if h_um and not b_um and t.fixed:
+            # a stability fix that computes in a wider dtype and returns it (torchvision's box_area
+            # upcast: float16 boxes, a float32 area that no longer overflows): reported with the fix
+            vv.details["output_dtype_changed"] = h_um
+            vv.details["warning"] = (f"the output dtype changed alongside a fix: on head {h_um}; base's "
+                                     f"{variant.dtype} run returned {variant.dtype}")
+        else:
+            return _not_measured(vv, variant.dtype, h_um, b_um)
     _stability_tradeoff(vv, t, m)
     if t.worst[1] >= 0:
         return _regression(vv, t, head, base, inputs, m, floor, by_output)
@@ -428,7 +441,7 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         t.fixed += 1
         t.fixed_ordinary += is_ordinary
         return
-    if _fails(h) and _fails(b):  # not new: base fails the same way on this input
+    if _raises(h) and _raises(b):  # not new: base fails the same way on this input
         t.shared += 1
         t.shared_error = t.shared_error or (h.error or b.error or "")
         return

@@ -78,6 +78,21 @@ def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
     known = {id(c.candidate): c for c in crashes if c.candidate is not None and isolate is not None}
     hangs = isolate is not None and any(c.signature.startswith("timeout") for c in crashes)
     todo = [] if hangs else [c for c in candidates if id(c) not in known]
+    if todo and isolate is not None and hung_before(spec.name):
+        # a hang of this operator was confirmed in another variant: replayed one by one until it
+        # hangs here too (its record is the finding), not a full timeout per input
+        ran_list: List[ReplayResult] = []
+        for c in todo:
+            r = replay(spec, variant, [c], isolate=isolate)[0]
+            ran_list.append(r)
+            if r.status == CRASH and str(r.signature or "").startswith("timeout"):
+                break
+        hangs = len(ran_list) < len(todo) or bool(ran_list and str(ran_list[-1].signature or "").startswith("timeout"))
+        done = {id(c): r for c, r in zip(todo, ran_list)}
+        return [ReplayResult(CRASH, error=known[id(c)].message, signature=known[id(c)].signature) if id(c) in known
+                else done[id(c)] if id(c) in done
+                else ReplayResult(UNAVAILABLE, error="not replayed: the operator hangs on head")
+                for c in candidates]
     ran = iter(replay(spec, variant, todo, isolate=isolate) if todo else [])
     out: List[ReplayResult] = []
     for c in candidates:
@@ -88,6 +103,13 @@ def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
         else:
             out.append(next(ran))
     return out
+
+
+def hung_before(name: str) -> bool:
+    """A hang of operator ``name`` was confirmed by an isolated worker of this process."""
+    from ..backends.isolate import confirmed_hang
+
+    return confirmed_hang(name)
 
 
 @dataclass
