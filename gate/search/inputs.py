@@ -310,7 +310,8 @@ def inside(vals: np.ndarray, domain: Domain) -> np.ndarray:
 
 def degenerate_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
     """Inputs where guards matter (an ``eps`` under a square root, a max-shift, an empty-row
-    check): every float input all zeros, and every float input one constant; the dims and
+    check): every float input all zeros, and every float input one constant (a bool mask all
+    False with the zeros, all True with the constant); the dims and
     params of ``like``. A value outside a tensor's domain is replaced by the nearest one inside
     (zeros) or the domain's middle (constant)."""
     out = []
@@ -318,6 +319,11 @@ def degenerate_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
         arrays = {}
         for t in spec.inputs:
             a = like.arrays.get(t.name)
+            if a is not None and t.kind == "bool" and a.size:
+                # a mask: everything masked out (a padding row, an empty selection) with the zeros,
+                # nothing masked with the constant
+                arrays[t.name] = np.full(a.shape, tag == "constant", dtype=a.dtype)
+                continue
             if a is None or t.kind != "float" or a.size == 0:
                 continue
             v = value
