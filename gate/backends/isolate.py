@@ -680,6 +680,79 @@ def backend_facts(framework: str, options: IsolateOptions) -> Dict[str, Any]:
 
 FACTS_FACTORY = "gate.backends.isolate:facts_runner"
 
+
+@dataclass(frozen=True)
+class _ImportProbe:
+    """What an import-probe worker is built for: callables to import, no operator to run."""
+    framework: str
+    callables: Tuple[str, ...]
+    name: str = "import probe"
+
+
+class _ImportBackend:
+    """The probe's answer rides in the ready reply's environment (plain values only)."""
+
+    def __init__(self, framework: str, answers: Dict[str, Optional[str]]):
+        from . import get_backend
+
+        self._real = get_backend(framework)
+        self._answers = answers
+        self.flush_subnormals = False
+
+    def environment(self, device: str) -> dict:
+        import json
+
+        return {"imports": json.dumps(self._answers)}
+
+    def devices(self) -> list:
+        return ["cpu"]
+
+
+class _ImportRunner:
+    def __init__(self, spec: Any, variant: Any):
+        import importlib
+
+        answers: Dict[str, Optional[str]] = {}
+        for name in spec.callables:
+            mod, _, attr = name.partition(":")
+            if not attr:
+                mod, _, attr = name.rpartition(".")
+            try:
+                obj = importlib.import_module(mod)
+                for a in [a for a in attr.split(".") if a]:
+                    obj = getattr(obj, a)
+                answers[name] = None
+            except BaseException as exc:  # noqa: BLE001 - the import's own words are the answer
+                answers[name] = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:300]
+        self.backend = _ImportBackend(spec.framework, answers)
+
+
+def import_runner(spec: Any, variant: Any) -> _ImportRunner:
+    return _ImportRunner(spec, variant)
+
+
+def import_errors(framework: str, callables, options: IsolateOptions) -> Dict[str, Optional[str]]:
+    """Import each of ``callables`` (``module:attr``) in a worker forked from the warm zygote
+    (the framework already imported there: no interpreter start) with the workers' import path:
+    name -> None, or the error its import raised. A probe that ends its worker (``os._exit`` at
+    import) answers for every name with how it ended."""
+    import json
+
+    from ..plan import Variant
+
+    names = tuple(callables)
+    w = _Worker(_ImportProbe(framework, names), Variant("float32", "cpu"), options, factory=IMPORT_FACTORY)
+    try:
+        env = w.ready(options.start_timeout, f"importing {len(names)} operator(s)")
+        return dict(json.loads(env.get("imports") or "{}"))
+    except GateError as exc:
+        return {n: str(exc)[:300] for n in names}
+    finally:
+        w.close()
+
+
+IMPORT_FACTORY = "gate.backends.isolate:import_runner"
+
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
