@@ -25,7 +25,24 @@ def _has_cuda() -> bool:
         return False
 
 
+#: test files whose tests run real PRs through the gate end to end (a supervisor, a run process,
+#: isolated workers, a base worktree, localisation), or C++/Triton beds: the "slow" tests the inner
+#: loop (`pytest -m "not slow"`, docs/contributing.md) leaves out; tests elsewhere may be marked
+#: slow one by one
+SLOW_FILES = frozenset(f"test_{n}.py" for n in (
+    "verdict_bed", "redteam", "containment", "kernels_triton", "input_bed", "gate_run", "stability_bed",
+    "gate_verdict_rules", "default_inputs", "grad_probe", "localise", "contrast_search", "mixed_inputs",
+    "robust_inputs", "oracles_gate_run", "zero_results", "false_alarms_docs", "false_alarms_refactor",
+    "false_alarms_improve"))
+#: ...except one end-to-end run, so that the inner loop covers gate.pipeline and gate.supervise too
+FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-ulp >]"})
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if item.path.name in SLOW_FILES and item.name not in FAST_END_TO_END:
+            item.add_marker(slow)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (none on this machine)")

@@ -199,8 +199,8 @@ def print_report(report) -> None:
     for v in report.verdicts:
         head = f"nan/inf x{v.head_nonfinite}" if v.head_nonfinite else ("raises" if v.head_crash else _f(v.head_error))
         base = f"nan/inf x{v.base_nonfinite}" if v.base_nonfinite else ("raises" if v.base_crash else _f(v.base_error))
-        rows.append((v.id, v.outcome, base, head, _f(v.threshold), v.reason))
-    print_table(("operator[variant]", "outcome", "base", "head", "threshold", "reason"), rows)
+        rows.append((v.id, v.outcome, base, head, _f(v.threshold), str(v.evals) if v.evals else "-", v.reason))
+    print_table(("operator[variant]", "outcome", "base", "head", "threshold", "evals", "reason"), rows)
     if report.not_covered:
         print(f"  not covered (budget): {', '.join(report.not_covered)}")
     for w in report.warnings:  # what report.md says under its warnings, on the terminal too
