@@ -87,7 +87,7 @@ def test_fail_on_never():
 
 def test_fail_on_empty_is_the_default_and_lists_may_span_lines():
     # `fail-on: ${{ vars.UNSET }}` must not turn the gate off
-    assert ActionInputs.from_env({"INPUT_FAIL-ON": ""}).fail_on == ["regression"]
+    assert ActionInputs.from_env({"INPUT_FAIL-ON": ""}).fail_on == ["regression", "error"]
     assert ActionInputs.from_env({"INPUT_FAIL-ON": "regression\nerror"}).fail_on == ["regression", "error"]
 
 

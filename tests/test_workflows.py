@@ -359,12 +359,12 @@ def test_the_job_that_runs_pr_code_holds_no_secret_and_no_write_token_and_waits_
 
 @pytest.mark.parametrize("exit_code, env, fails", [
     ("0", None, False), ("3", None, False), ("1", {}, True),
-    ("2", {}, False),  # a harness error is reported, as under the Action's default fail-on
+    ("2", {}, True),  # an error fails, as under the Action's default fail-on (regression,error)
     ("2", {"setup_error": True}, True), ("2", {"run_incomplete": True}, True),
     ("2", "missing", True), ("", None, True),  # no report, or the run step never got to its end
 ])
 def test_the_gpu_job_fails_as_the_action_does(tmp_path, exit_code, env, fails):
-    script = step(load(GPU)["jobs"]["gpu"], "Fail on a regression")["run"]
+    script = step(load(GPU)["jobs"]["gpu"], "Fail on a regression or an error")["run"]
     if isinstance(env, dict):
         (tmp_path / "dl-gate-out").mkdir()
         (tmp_path / "dl-gate-out" / "report.json").write_text(json.dumps({"outcome": "error", "env": env}))

@@ -10,7 +10,7 @@ Reads the action's inputs (``INPUT_*``) and the runner's ``GITHUB_*`` environmen
    report, so JUnit, summary and outputs exist on every outcome);
 3. gives files it left root-owned in the runner-owned workspace back to the workspace owner
    (a Docker action runs as root; later steps run as the runner user);
-4. exits per ``fail-on``: by default only ``regression`` fails the step; ``needs-baseline`` and
+4. exits per ``fail-on``: by default ``regression`` and ``error`` fail the step; ``needs-baseline`` and
    ``error`` are reported (an error as a warning annotation) and exit 0."""
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ from typing import Iterable, List, Mapping, Optional
 from ..errors import EXIT_CODES, GateError, Outcome
 
 MODES = ("gate", "refresh", "publish")
+#: a regression fails the step, and so does an error: a changed operator that could not be judged
+#: (a gate that goes green whenever it is interrupted or under-searched is no gate)
+DEFAULT_FAIL_ON = ("regression", "error")
 FAILABLE = tuple(o.value for o in Outcome if o is not Outcome.PASS)
 TRUE = ("true", "yes", "on", "1")
 FALSE = ("false", "no", "off", "0", "")
@@ -67,7 +70,7 @@ class ActionInputs:
     per_op: str = ""
     token: str = ""
     comment: bool = True
-    fail_on: List[str] = field(default_factory=lambda: ["regression"])
+    fail_on: List[str] = field(default_factory=lambda: list(DEFAULT_FAIL_ON))
     out: str = "dl-gate-out"
     report: str = ""
     comment_key: str = "default"
@@ -81,7 +84,7 @@ class ActionInputs:
         if mode not in MODES:
             raise GateError(f"input mode: expected one of {', '.join(MODES)}, got {mode!r}")
         # an empty value (``fail-on: ${{ vars.UNSET }}``) is the default, never "fail on nothing"
-        fail_raw = get_input(env, "fail-on", "regression").lower() or "regression"
+        fail_raw = get_input(env, "fail-on", ",".join(DEFAULT_FAIL_ON)).lower() or ",".join(DEFAULT_FAIL_ON)
         fail_on = [x for x in re.split(r"[\s,]+", fail_raw) if x]
         if fail_on in (["never"], ["none"]):
             fail_on = []

@@ -66,8 +66,8 @@ jobs:
           name: dl-gate-report
           path: dl-gate-out/
           retention-days: 14
-      - name: Fail on a regression
-        if: steps.run.outputs.exit-code == '1'
+      - name: Fail on a regression or an error (a changed operator that could not be judged)
+        if: steps.run.outputs.exit-code == '1' || steps.run.outputs.exit-code == '2'
         run: exit 1
 """
 
