@@ -444,22 +444,10 @@ def _config_from_base(repo: Path, start: Path, base_sha: str, report: V.GateRepo
 
 #: run in a worker-like process (the allow-list environment): does each callable still resolve?
 _PROBE = """
-import importlib, json, os, sys
-out, names = sys.argv[1], json.loads(sys.argv[2])
-res = {}
-for name in names:
-    mod, _, attr = name.partition(":")
-    if not attr:
-        mod, _, attr = name.rpartition(".")
-    try:
-        obj = importlib.import_module(mod)
-        for a in [a for a in attr.split(".") if a]:
-            obj = getattr(obj, a)
-        res[name] = None
-    except BaseException as exc:
-        res[name] = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:300]
-with open(out, "w") as f:
-    json.dump(res, f)
+import json, os, sys
+from gate.backends.isolate import import_answers
+with open(sys.argv[1], "w") as f:
+    json.dump(import_answers(json.loads(sys.argv[2])), f)
 sys.stdout.flush()
 os._exit(0)
 """

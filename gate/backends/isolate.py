@@ -708,23 +708,29 @@ class _ImportBackend:
         return ["cpu"]
 
 
+def import_answers(names) -> Dict[str, Optional[str]]:
+    """Import each ``module:attr`` of ``names`` in this process (a worker's, or the probe's
+    separate process without isolation): name -> None, or the error its import raised."""
+    import importlib
+
+    answers: Dict[str, Optional[str]] = {}
+    for name in names:
+        mod, _, attr = name.partition(":")
+        if not attr:
+            mod, _, attr = name.rpartition(".")
+        try:
+            obj = importlib.import_module(mod)
+            for a in [a for a in attr.split(".") if a]:
+                obj = getattr(obj, a)
+            answers[name] = None
+        except BaseException as exc:  # noqa: BLE001 - the import's own words are the answer
+            answers[name] = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:300]
+    return answers
+
+
 class _ImportRunner:
     def __init__(self, spec: Any, variant: Any):
-        import importlib
-
-        answers: Dict[str, Optional[str]] = {}
-        for name in spec.callables:
-            mod, _, attr = name.partition(":")
-            if not attr:
-                mod, _, attr = name.rpartition(".")
-            try:
-                obj = importlib.import_module(mod)
-                for a in [a for a in attr.split(".") if a]:
-                    obj = getattr(obj, a)
-                answers[name] = None
-            except BaseException as exc:  # noqa: BLE001 - the import's own words are the answer
-                answers[name] = (type(exc).__name__ + ": " + " ".join(str(exc).split()))[:300]
-        self.backend = _ImportBackend(spec.framework, answers)
+        self.backend = _ImportBackend(spec.framework, import_answers(spec.callables))
 
 
 def import_runner(spec: Any, variant: Any) -> _ImportRunner:
