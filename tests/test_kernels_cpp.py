@@ -99,15 +99,14 @@ def test_selection_maps_a_changed_cpp_function_through_pybind11_to_the_python_wr
 # -- built with g++ / ninja ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ln_repo(tmp_path_factory, build_cache) -> Path:
-    """``main`` with baselines (its extension built into the shared cache first)."""
+    """``main`` with baselines: the refresh builds the extension (into the shared cache) first."""
     repo = _lib(tmp_path_factory.mktemp("lnext") / "lnext")
-    spec = BuildSpec.from_config("pip install -e .", repo.path)
-    spec.cache = build_cache
-    build_tree(repo.path, spec, "base")
     code = "import sys; from gate.cli import main; sys.exit(main(['baseline', 'refresh', '--evals', '150', '--seed', '0']))"
     res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=repo.path, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "DL_GATE_BUILD_CACHE": str(build_cache)})
     assert res.returncode == 0, res.stderr[-2000:]
+    assert "build: built" in res.stdout + res.stderr
+    assert list(build_cache.iterdir())  # the build is cached: the gate's base is restored from it
     repo.commit("baselines")
     return repo.path
 

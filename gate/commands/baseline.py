@@ -87,13 +87,17 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     from ..backends.isolate import isolate_options
 
     isolate = isolate_options(None, None, gate_cfg)
+    _build(cfg, say)
+    kernels = _triton(cfg, catalog)
     for name in names:
         spec = catalog.get(name)
+        if kernels is not None:
+            spec = kernels.adjust(spec)  # Triton kernels: measured on the device they run on, as `run` fuzzes them
         frameworks[name] = spec.framework
         backend = get_backend(spec.framework)
         budget = Budget(seconds=None if evals else (per_op or cfg.budget.get("per_op") or 10.0))
         want = [d for d in dtypes if d in spec.dtypes] if dtypes else None
-        tasks = plan([spec], budget, per_op=budget, seed=seed, dtypes=want, devices=devices,
+        tasks = plan([spec], budget, per_op=budget, seed=seed, dtypes=want, devices=devices or gate_cfg.get("devices"),
                      modes=modes or gate_cfg.get("modes"), available_devices=backend.devices(),
                      oracles=gate_cfg.get("oracles"))
         for t in tasks:
@@ -111,6 +115,30 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         raise GateError(f"{len(unmeasured)} variant(s) could not be measured, e.g. {unmeasured[0].id}: "
                         f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written)")
     return changes
+
+
+def _build(cfg, say) -> None:
+    """A library with a native extension (``build:``) is built before it is measured, as ``run``
+    builds head: cached by source hash, a failure is the refresh's error naming the first compiler line."""
+    from ..backends.build import BuildSpec, build_tree
+
+    spec = BuildSpec.from_config(cfg.raw.get("build"), cfg.root)
+    if spec is not None:
+        res = build_tree(cfg.root, spec, "head", say)
+        say(f"build: {'restored from the cache' if res.cached else 'built'} ({len(res.files)} file(s))")
+
+
+def _triton(cfg, catalog):
+    """The operators that launch Triton kernels (read from the committed tree, as ``run`` reads
+    head), with the mode this machine runs them in; ``None`` when none does or no git tree is here."""
+    from ..backends.triton_support import activate
+    from ..select.kernels import operator_kernels
+
+    try:
+        found = operator_kernels(cfg.root, "HEAD", catalog, cfg)
+    except GateError:
+        return None
+    return activate(found)
 
 
 def refresh_nightly(cfg, *, budget: float, seed: int, out: Path, say: Callable[[str], None]):
