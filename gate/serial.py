@@ -1,4 +1,5 @@
-"""Strict-JSON helpers shared by every stage's serialisable types."""
+"""Strict-JSON helpers shared by every stage's serialisable types, and the YAML reader of the
+bundled tables."""
 from __future__ import annotations
 
 import math
@@ -54,3 +55,11 @@ def from_json_safe(v: Any) -> Any:
     if isinstance(v, list):
         return [from_json_safe(x) for x in v]
     return v
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document read safely, with libyaml's parser when PyYAML has it (the same documents,
+    about 7x faster than the pure-Python loader: the bundled tables are read on every run)."""
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -5,10 +5,9 @@ import difflib
 from importlib import resources
 from typing import Dict, Iterable, List, Optional, Sequence
 
-import yaml
-
 from ..backends import FRAMEWORKS
 from ..errors import ConfigError, UnknownOpError
+from ..serial import load_yaml
 from .spec import OpSpec
 
 BUILTIN_FILES = {fw: f"{fw}.yaml" for fw in FRAMEWORKS}
@@ -17,7 +16,7 @@ BUILTIN_FILES = {fw: f"{fw}.yaml" for fw in FRAMEWORKS}
 def load_table(text: str, origin: str = "builtin") -> List[OpSpec]:
     """Parse one catalogue table (a YAML document with ``framework``, ``defaults``,
     ``thresholds_by_kind`` and ``ops``)."""
-    doc = yaml.safe_load(text) or {}
+    doc = load_yaml(text) or {}
     defaults = dict(doc.get("defaults") or {})
     if doc.get("framework"):
         defaults.setdefault("framework", doc["framework"])
@@ -45,7 +44,7 @@ def builtin_defaults(framework: str) -> dict:
     """Defaults (dtypes, modes, thresholds by kind) of a framework's built-in table."""
     if framework not in _DEFAULTS_CACHE:
         text = resources.files("gate.ops").joinpath("catalog", BUILTIN_FILES[framework]).read_text()
-        doc = yaml.safe_load(text) or {}
+        doc = load_yaml(text) or {}
         d = dict(doc.get("defaults") or {})
         d["framework"] = framework
         d["thresholds_by_kind"] = doc.get("thresholds_by_kind") or {}

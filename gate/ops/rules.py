@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Dict, List, Mapping, Optional
 
-import yaml
-
 from ..backends import FRAMEWORKS
 from ..errors import ConfigError
+from ..serial import load_yaml
 from .spec import FLOAT_DTYPES, OpSpec
 
 REQUIREMENTS = ("grad", "batch_dim", "layouts", "xfw")
@@ -149,7 +148,7 @@ class Rules:
 
 
 def parse_rules(text: str) -> Rules:
-    doc = yaml.safe_load(text) or {}
+    doc = load_yaml(text) or {}
     raw = doc.get("rules") or {}
     rules = [OracleRule.from_dict(str(k), v) for k, v in raw.items()]
     return Rules({r.name: r for r in rules if r.schedule == "pr"}, {r.name: r for r in rules if r.schedule == "nightly"})

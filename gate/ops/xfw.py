@@ -14,9 +14,9 @@ from importlib import resources
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
-import yaml
 
 from ..errors import ConfigError
+from ..serial import load_yaml
 from . import expr
 from .spec import OpSpec, ParamSpec
 
@@ -236,7 +236,7 @@ class XfwTable:
 
 
 def parse_table(text: str) -> XfwTable:
-    doc = yaml.safe_load(text) or {}
+    doc = load_yaml(text) or {}
     pairs = tuple(XfwPair.from_dict(r) for r in doc.get("pairs") or ())
     seen: Dict[str, str] = {}
     for p in pairs:
