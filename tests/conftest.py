@@ -38,7 +38,18 @@ SLOW_FILES = frozenset(f"test_{n}.py" for n in (
 FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-ulp >]"})
 
 
+#: the longest files first (per-file totals of a full run, longest first): the workers take files
+#: in collection order, so a long file collected last would run alone at the end while the other
+#: workers idle (longest-first keeps their finishing times within about one short file)
+LONGEST_FIRST = tuple(f"test_{n}.py" for n in (
+    "verdict_bed", "redteam", "containment", "kernels_cpp", "gate_verdict_rules", "input_bed",
+    "false_alarms_refactor", "false_alarms_improve", "kernels_triton", "init", "gate_run", "example",
+    "stability_bed", "localise", "default_inputs", "grad_probe", "contrast_search", "exhaustive"))
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
     slow = pytest.mark.slow
     for item in items:
         if item.path.name in SLOW_FILES and item.name not in FAST_END_TO_END:
