@@ -560,3 +560,34 @@ def test_a_src_layout_package_is_found_from_its_project_name(tmp_path):
     assert rep.package == "my_ops" and cfg.raw["python_path"] == ["src"]
     assert [o.sources for o in cfg.ops] == [("src/my_ops/__init__.py",)]
     assert not (repo / ".github").exists()
+
+
+def test_floats_init_writes_are_floats_to_the_gate_s_own_yaml_reader(tmp_path):
+    """Seen on a real library: init wrote ``epsilon: 1e-07`` (ruamel, YAML 1.2), which PyYAML
+    (YAML 1.1, what refresh and run read) takes for a string, and every variant of the next
+    refresh failed ("'<=' not supported between Tensor and str")."""
+    import math
+
+    from gate.init import yamlio
+
+    values = [1e-07, 1e-5, 1.5e-12, 0.5, 1e20, -3e-300, 5e-324, 1.7976931348623157e308, 2.0, float("inf"),
+              float("-inf")]
+    row = {"name": "m.f", "callable": "m:f", "params": {"eps": {"choices": values}, "alpha": 1e-07}}
+    doc = yamlio.new_document({"version": 1}, [(row, None)], "header", {})
+    text = yamlio.dump(doc)
+    back = yaml.safe_load(text)["ops"][0]["params"]
+    assert back["alpha"] == 1e-07 and isinstance(back["alpha"], float), text
+    assert all(isinstance(x, float) for x in back["eps"]["choices"]), text
+    assert back["eps"]["choices"] == values
+    assert math.isnan(yaml.safe_load("x: " + yamlio.float_text(float("nan")))["x"])
+    assert yamlio.read_back_errors(text, [row]) == []
+    # the check catches what the old writer produced (and anything else that does not read back)
+    bad = text.replace("alpha: 1.0e-07", "alpha: 1e-07")
+    assert bad != text
+    assert yamlio.read_back_errors(bad, [row]) == ["ops.m.f.params: written {'eps': {'choices': "
+                                                   f"{values!r}}}, 'alpha': 1e-07}}, read back "
+                                                   f"{yaml.safe_load(bad)['ops'][0]['params']!r}"]
+    # a float read from the user's file keeps its own spelling on the next init (round trip)
+    user = tmp_path / ".dl-gate.yml"
+    user.write_text("params: {eps: 1e-3, beta: 0.25}\n")
+    assert yamlio.dump(yamlio.load(user)) == "params: {eps: 1e-3, beta: 0.25}\n"

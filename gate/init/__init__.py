@@ -406,6 +406,10 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
         parse_config(text, path, repo)
     except ConfigError as exc:  # a bug of init, or a user's edit that was already invalid
         raise ConfigError(f"the config dl-gate init would write does not validate: {exc}") from None
+    wrong = yamlio.read_back_errors(text, [spec for spec, _ in final if spec["name"] in set(report.added)])
+    if wrong:  # the file, not the rows in memory, is what refresh and run will read
+        raise ConfigError(f"the config dl-gate init would write does not read back as probed ({len(wrong)} "
+                          f"value(s)), e.g. {wrong[0]}: a bug of dl-gate init, please report it")
     path.write_text(text, encoding="utf-8")
     return text, path
 

@@ -30,13 +30,56 @@ def skipped(text: str) -> set:
     return {n.strip(",") for m in SKIP.finditer(text) for n in m.group(1).split()}
 
 
+def float_text(value: float) -> str:
+    """``value`` as YAML 1.1 and 1.2 readers both take for a float: ``1e-07`` is a string to
+    PyYAML (YAML 1.1 wants a dot in the mantissa), so it is written ``1.0e-07``."""
+    if value != value:
+        return ".nan"
+    if value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    text = repr(float(value))
+    mant, _, exp = text.partition("e")
+    return f"{mant}.0e{exp}" if exp and "." not in mant else text
+
+
 def _yaml() -> YAML:
     y = YAML(typ="rt")
     y.indent(mapping=2, sequence=4, offset=2)
     y.width = 110
     y.preserve_quotes = True
     y.representer.add_representer(type(None), lambda r, d: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    # new values only: a float read from the user's file keeps its own spelling (ScalarFloat)
+    y.representer.add_representer(float, lambda r, d: r.represent_scalar("tag:yaml.org,2002:float", float_text(d)))
     return y
+
+
+def _same(want: Any, got: Any) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool):
+        return want is got or (isinstance(want, bool) and isinstance(got, bool) and want == got)
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+        return want == got or (want != want and got != got)
+    if isinstance(want, dict):
+        return isinstance(got, dict) and set(map(str, want)) == set(map(str, got)) and \
+            all(_same(v, got.get(k, got.get(str(k)))) for k, v in want.items())
+    if isinstance(want, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(want) == len(got) and all(map(_same, want, got))
+    return want == got
+
+
+def read_back_errors(text: str, rows: Sequence[dict]) -> List[str]:
+    """Each value of ``rows`` (operator rows as written) that the gate's own reader (PyYAML, YAML
+    1.1) reads back as something else: ``ops.NAME.KEY: written V, read back W``."""
+    import yaml
+
+    doc = yaml.safe_load(text) or {}
+    back = {r.get("name"): r for r in doc.get("ops") or [] if isinstance(r, dict)}
+    out = []
+    for row in rows:
+        got = back.get(row["name"]) or {}
+        for key, want in row.items():
+            if not _same(want, got.get(key)):
+                out.append(f"ops.{row['name']}.{key}: written {want!r}, read back {got.get(key)!r}")
+    return out
 
 
 def _flow(v: Any) -> Any:
