@@ -604,8 +604,9 @@ def _plan_line(opts: RunOptions, ctx: Context, run_tasks: List[Task], total: flo
     if opts.evals:
         fuzz = f"fuzz: {opts.evals} evaluations per variant"
     else:
-        fuzz = (f"fuzz: at most {min(total, per_op * len(ops)):g}s ({per_op:g}s per operator, each variant at least "
-                f"{ctx.settings.min_evals} evaluations within it)")
+        floor = ctx.settings.min_evals
+        fuzz = f"fuzz: {per_op:g}s per operator, at most {total:g}s in all" + (
+            f" (a variant goes past its operator's time only to reach {floor} evaluations)" if floor else "")
     loc = ctx.cfg.budget.get("localise")
     text = f"plan: {fuzz}; localisation at most {60.0 if loc is None else float(loc):g}s"
     at = os.environ.get("DL_GATE_DEADLINE_AT")
@@ -712,10 +713,12 @@ class _Pools:
     """The fuzz stage's time, spent as measured. Each operator has ``per_op`` seconds (and the run
     ``total``); a variant's share is what its operator has left over its variants still to run (at
     most what the allocation gave it), and its search may go past that share to reach
-    ``min_evals`` evaluations, never past what its operator (and the run) has left. A variant
-    whose evaluations cost more (a gradient: forward and backward, a loaded machine) is given the
-    time they take, at the expense of its operator's later variants, and the stage stays within
-    its budget. With an ``--evals`` budget nothing is timed (``min_evals`` None)."""
+    ``min_evals`` evaluations: up to what its operator has left, or, where that is less, its fair
+    part of what the run has left (the run's time over the variants still to run). ``per_op``
+    spreads the search over operators; it does not cut a variant below the evaluations a verdict
+    needs while the run's total has time for them (a slow gradient, CUDA variants beside the CPU
+    ones, a loaded machine), and no variant can take another's part of the total. The stage stays
+    within ``total``. With an ``--evals`` budget nothing is timed (``min_evals`` None)."""
 
     def __init__(self, planned: "Planned", min_evals: Optional[int]):
         self.min_evals = min_evals
@@ -731,10 +734,12 @@ class _Pools:
         if task.budget.seconds is None or self.min_evals is None:
             return task
         name = task.op.name
-        cap = max(0.0, min(self.op_left[name], self.total_left))
+        total = max(0.0, self.total_left)
+        cap = min(max(0.0, self.op_left[name]), total)
         share = min(task.budget.seconds, cap / max(self.todo[name], 1))
+        limit = max(cap, total / max(sum(self.todo.values()), 1))  # to reach min_evals, past the operator's cap
         return Task(op=task.op, variant=task.variant, seed=task.seed, strategy=task.strategy,
-                    budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=cap))
+                    budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=limit))
 
     def spend(self, task: Task, searched: float, wall: float) -> None:
         name = task.op.name

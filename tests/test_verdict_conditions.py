@@ -155,3 +155,37 @@ def test_a_search_past_its_share_reaches_its_minimum_within_the_time_its_operato
     assert res.evals <= 1
     res = search(slow, fresh, mutators, rng, seconds=1e-6, min_evals=1000, max_seconds=0.05)  # the hard limit holds
     assert res.evals < 1000 and res.seconds < 5.0
+
+
+def test_the_operator_cap_spreads_the_search_but_does_not_cut_a_variant_below_its_minimum():
+    """Seen on a GPU machine: the bundled example plans CPU and CUDA variants side by side (14 an
+    operator); two slow gradient variants spent their operator's 5 s reaching 20 evaluations and a
+    later gradient variant got one (under-searched: an error) while 50 of the run's 60 s were
+    unspent. A variant may go past its operator's cap to reach the minimum, by no more than its
+    part of what the run has left; the stage stays within the total."""
+    from types import SimpleNamespace
+
+    from gate.ops.catalog import load_builtin
+    from gate.pipeline import _Pools
+    from gate.plan import Budget, Task, Variant
+
+    specs = {s.name: s for s in load_builtin(("torch",))}
+    tasks = [Task(op=specs[name], variant=Variant("float32", "cpu"), budget=Budget(seconds=5.0), seed=0)
+             for name in ("torch.softmax", "torch.softmax", "torch.softmax", "torch.gelu")]
+    pools = _Pools(SimpleNamespace(total=60.0, per_op=5.0, run_tasks=tasks), min_evals=20)
+    first = pools.budget(tasks[0])
+    assert first.budget.seconds == 5.0 / 3 and first.budget.min_evals == 20
+    assert first.budget.max_seconds == 15.0  # 60 s left over 4 variants: more than softmax's 5 s
+    pools.spend(first, searched=6.0, wall=6.5)  # a slow gradient went past the operator's 5 s
+    second = pools.budget(tasks[1])
+    assert second.budget.seconds == 0.0  # the operator's time is spent: nothing past the minimum
+    assert second.budget.max_seconds == 54.0 / 3  # but the minimum may still be reached
+    pools.spend(second, searched=18.0, wall=18.0)
+    pools.spend(pools.budget(tasks[2]), searched=18.0, wall=18.0)
+    last = pools.budget(tasks[3])
+    assert last.budget.max_seconds == 18.0 and last.budget.seconds == 5.0  # gelu keeps its own 5 s
+    pools.spend(last, searched=18.0, wall=18.0)
+    assert sum(r["searched"] for r in pools.to_dict()["variants"]) <= 60.0  # within the run's total
+    # an --evals budget is untouched (nothing timed)
+    fixed = Task(op=specs["torch.gelu"], variant=Variant("float32", "cpu"), budget=Budget(evals=30), seed=0)
+    assert pools.budget(fixed) is fixed
