@@ -83,3 +83,25 @@ def test_the_param_forms_each_have_an_example():
     for form in ("choices", "range", "float", "value", "expr", "import", "default", "index_hi", "dtype",
                  "keyword", "layouts", "domain"):
         assert re.search(rf"\b{form}:", examples), f"no YAML example uses {form}"
+
+
+def test_the_verdict_page_states_the_numbers_and_outcomes_the_judge_uses():
+    """docs/verdicts.md in plain words, held to the code: multipliers, the gradient factor, the
+    minimum evaluations, the hang factor, and every outcome a verdict can have."""
+    from gate.backends.isolate import IsolateOptions
+    from gate.judge import decide as D
+    from gate.judge import verdict as V
+
+    text = (ROOT / "docs" / "verdicts.md").read_text()
+    flat = " ".join(text.split())
+    m = D.DEFAULT_MULTIPLIERS
+    assert m["float16"] == m["bfloat16"] == 3.0 and m["float32"] == m["float64"] == 2.0
+    assert "`m` is 3 for float16 and bfloat16, 2 for float32 and float64" in flat
+    assert f"and {D.GRAD_MULTIPLIER_FACTOR:g} times that for a gradient variant" in flat
+    assert f"`gate.min_evals` ({D.MIN_EVALS})" in flat
+    assert IsolateOptions().hang_factor == 10 and "ten times the operator's median call" in flat
+    for outcome in (V.PASS, V.IMPROVEMENT, V.NEEDS_BASELINE, V.NOT_COVERED, V.UNSUPPORTED):
+        assert outcome.replace("-", " ").lower() in flat.lower(), outcome
+    for outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE, V.UNDER_SEARCHED, V.NOT_MEASURED):
+        assert f"**{outcome.capitalize()}" in flat or f"**{outcome.replace('-', ' ').capitalize()}" in flat, outcome
+    assert "(2^(p/2) ulp" in flat and D.half_digits_ulps("float16") == 2.0 ** 5.5
