@@ -131,3 +131,56 @@ def test_a_keras_layer_left_at_its_float32_policy_is_not_measured_at_float16(tmp
     # pinned to float16 it runs its "float64 reference" in float16 too: neither side is a measurement
     # (the layer must be built in each run's dtype: issue 28's init)
     assert "reference returns float16" in (run(specs["k.norm16"]).metrics.unmeasured or "")
+
+
+@pytest.mark.tf
+def test_a_keras_layer_class_is_built_in_each_run_s_dtype(tmp_path, monkeypatch):
+    """Named by its class (what `dl-gate init` writes for a Layer), the gate builds the layer:
+    with ``dtype=`` the run's dtype, so float16 is measured against a float64 reference (issue 28:
+    argument-less layers kept float32 and a float16 regression passed)."""
+    (tmp_path / "keras_cls.py").write_text(
+        "import keras\n\n\nclass Norm(keras.layers.LayerNormalization):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = user_ops(tmp_path, """
+- name: k.Norm
+  framework: tensorflow
+  callable: keras_cls:Norm
+  dims: {N: [2, 2], D: [8, 8]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float16, bfloat16]
+""")
+    for dtype in ("float16", "bfloat16"):
+        ev = run(specs["k.Norm"], dtype)
+        assert ev.status == "ok" and ev.metrics.unmeasured is None, (dtype, ev.status, ev.metrics.unmeasured)
+        assert 0 < ev.metrics.ulp < 64, ev.metrics.ulp  # a real half-precision error, not float32's 0
+
+
+def test_a_torch_module_class_runs_one_set_of_weights_at_every_dtype(tmp_path, monkeypatch):
+    """A module with parameters named by its class: each dtype (the float64 reference too) runs a
+    copy of one instance moved to it, so the weights agree and float64 inputs are not refused by
+    float32 weights."""
+    (tmp_path / "torch_cls.py").write_text(
+        "import torch\n\n\nclass Proj(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(8, 8)\n\n    def forward(self, x):\n        return self.lin(x)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = user_ops(tmp_path, """
+- name: t.Proj
+  callable: torch_cls:Proj
+  dims: {N: [2, 2], D: [8, 8]}
+  inputs: [{name: x, shape: [N, D]}]
+  dtypes: [float16, float32]
+""")
+    for dtype in ("float16", "float32"):
+        ev = run(specs["t.Proj"], dtype)
+        assert ev.status == "ok" and ev.metrics.unmeasured is None, (dtype, ev.status, ev.error)
+        assert ev.metrics.ulp < 64, (dtype, ev.metrics.ulp)  # same weights: only rounding differs
+    from gate.backends.base import ClassOperator, resolve_callable
+
+    op = resolve_callable("torch_cls:Proj")
+    assert isinstance(op, ClassOperator)
+    w64 = op.at("float64").lin.weight
+    assert w64.dtype.is_floating_point and str(w64.dtype) == "torch.float64"
+    assert (w64.float() == op.default.lin.weight).all()
+    import inspect
+
+    assert list(inspect.signature(op).parameters) == ["x"]  # the forward's parameters (the instance says *args)

@@ -73,8 +73,9 @@ def test_classes_become_operators_or_a_one_line_error(lib):
     import torch
 
     assert resolve_callable(f"{lib}:LogSigmoid").__name__ == "apply"  # autograd.Function -> .apply
-    inst = resolve_callable(f"{lib}:Softmax")  # nn.Module built without arguments
-    assert isinstance(inst, torch.nn.Module) and torch.allclose(inst(torch.zeros(2)), torch.full((2,), 0.5))
+    inst = resolve_callable(f"{lib}:Softmax")  # nn.Module built without arguments (once per dtype it runs at)
+    assert isinstance(inst.default, torch.nn.Module) and torch.allclose(inst(torch.zeros(2)), torch.full((2,), 0.5))
+    assert torch.allclose(inst.at("float64")(torch.zeros(2, dtype=torch.float64)), torch.full((2,), 0.5).double())
     with pytest.raises(ConfigError, match="constructor needs arguments .* declare an instance"):
         resolve_callable(f"{lib}:Scaled")
     with pytest.raises(ConfigError, match="is a class, not an operator"):

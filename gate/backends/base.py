@@ -209,12 +209,53 @@ def _operator_of_class(path: str, cls: type) -> Callable:
         return cls.apply  # type: ignore[attr-defined]
     if any(b.endswith(".Module") and b.startswith("torch.nn.") or b.endswith(".Layer") for b in bases):
         try:
-            return cls()
+            return ClassOperator(cls, keras=not any(b.startswith("torch.nn.") for b in bases))
         except Exception as exc:
             raise ConfigError(f"{path} is a class whose constructor needs arguments ({type(exc).__name__}: {exc}): "
                               "declare an instance (module:INSTANCE) or a factory function instead") from None
     raise ConfigError(f"{path} is a class, not an operator: declare a function, an instance or, for an "
                       "autograd.Function, its .apply")
+
+
+class ClassOperator:
+    """A ``nn.Module`` / Keras ``Layer`` class named as an operator, built by the gate without
+    arguments: once as it is (a call without a dtype), and once per dtype it is run at
+    (:meth:`at`), so that it computes in the variant's dtype rather than in its float32 default.
+    A Keras layer is built with ``dtype=`` (its dtype policy: an argument-less layer keeps float32
+    and casts float16 inputs up, measuring float32 at every dtype); a torch module is a copy of
+    the one instance moved ``.to(dtype, device)``, so that every dtype, the float64 reference
+    included, runs the same weights. An instance the user declares is used as it is."""
+
+    def __init__(self, cls: type, keras: bool):
+        self.cls, self.keras = cls, keras
+        self.default = cls()
+        self._built: dict = {}
+        try:  # what inspect.signature reports: the instance's call (forward / call), not (*args, **kwargs)
+            self.__signature__ = inspect.signature(getattr(self.default, "call" if keras else "forward"))
+        except (TypeError, ValueError):
+            pass
+
+    def __call__(self, *args, **kwargs):
+        return self.default(*args, **kwargs)
+
+    def at(self, dtype: str, device: str = "cpu"):
+        key = (dtype, device)
+        if key not in self._built:
+            if self.keras:
+                self._built[key] = self.cls(dtype=dtype)
+            else:
+                import copy
+
+                import torch
+
+                self._built[key] = copy.deepcopy(self.default).to(device=device, dtype=getattr(torch, dtype))
+        return self._built[key]
+
+
+def at_dtype(fn: Callable, dtype: str, device: str = "cpu") -> Callable:
+    """``fn`` as it runs at ``dtype`` on ``device``: a :class:`ClassOperator` built for it,
+    anything else unchanged."""
+    return fn.at(dtype, device) if isinstance(fn, ClassOperator) else fn
 
 
 def flatten(result: Any) -> List[Any]:

@@ -36,6 +36,25 @@ def quantize(arr, dtype):
     return torch.from_numpy(np.asarray(arr, np.float64)).to(DTYPES[dtype]).to(torch.float64).numpy()
 
 
+_BUILT = {}
+
+
+def at_dtype(fn, dtype, mode="input"):
+    """As the gate runs a class named as the operator: an autograd.Function's apply; a module
+    built once without arguments and a copy of it moved to each dtype (float32 under autocast)."""
+    if not isinstance(fn, type):
+        return fn
+    if issubclass(fn, torch.autograd.Function):
+        return fn.apply
+    built = _BUILT.setdefault(fn, {"default": fn()})
+    dtype = "float32" if mode == "operator" and dtype in ("float16", "bfloat16") else dtype
+    if dtype not in built:
+        import copy
+
+        built[dtype] = copy.deepcopy(built["default"]).to(device=DEVICE, dtype=DTYPES[dtype])
+    return built[dtype]
+
+
 def call_grad(fn, args, kwargs, dtype):
     """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
     leaves = []
@@ -48,6 +67,7 @@ def call_grad(fn, args, kwargs, dtype):
 
     args = [leaf(a) for a in args]
     kwargs = {k: leaf(v) for k, v in kwargs.items()}
+    fn = at_dtype(fn, dtype)
     with torch.enable_grad():
         result = fn(*args, **kwargs)
     flat = []
@@ -76,6 +96,7 @@ def call_grad(fn, args, kwargs, dtype):
 
 def call(fn, args, kwargs, mode, dtype):
     ctx = torch.autocast(device_type=DEVICE, dtype=DTYPES[dtype]) if mode == "operator" and dtype in ("float16", "bfloat16") else contextlib.nullcontext()
+    fn = at_dtype(fn, dtype, mode)
     with torch.no_grad(), ctx:
         return fn(*args, **kwargs)
 
@@ -115,7 +136,20 @@ def to_native(arr, dtype, memory_format):
         return tf.cast(tf.constant(np.ascontiguousarray(arr, dtype=np.float64)), DTYPES[dtype])
 
 
+_BUILT = {}
+
+
+def at_dtype(fn, dtype):
+    """As the gate runs a Keras layer class named as the operator: built with dtype=, per dtype."""
+    if not isinstance(fn, type):
+        return fn
+    if (fn, dtype) not in _BUILT:
+        _BUILT[(fn, dtype)] = fn(dtype=dtype)
+    return _BUILT[(fn, dtype)]
+
+
 def call(fn, args, kwargs, mode, dtype):
+    fn = at_dtype(fn, dtype)
     with tf.device(DEV):
         if mode == "operator" and dtype != "float64":
             cast = lambda a: tf.cast(a, DTYPES[dtype]) if isinstance(a, tf.Tensor) and a.dtype.is_floating else a
@@ -130,6 +164,7 @@ def quantize(arr, dtype):
 
 def call_grad(fn, args, kwargs, dtype):
     """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
+    fn = at_dtype(fn, dtype)
     with tf.device(DEV):
         leaves = [a for a in list(args) + list(kwargs.values()) if isinstance(a, tf.Tensor) and a.dtype.is_floating]
         with tf.GradientTape() as tape:

@@ -14,7 +14,7 @@ from .base import before_tensorflow  # noqa: E402
 before_tensorflow()
 import tensorflow as tf  # noqa: E402
 
-from .base import Backend, Output, flatten, numpy_quantize  # noqa: E402
+from .base import Backend, Output, at_dtype, flatten, numpy_quantize  # noqa: E402
 
 DTYPES = {
     "float16": tf.float16,
@@ -99,6 +99,7 @@ class TFBackend(Backend):
         return outs
 
     def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
+        fn = at_dtype(fn, dtype, device)
         with tf.device(_device(device)):
             if mode == "operator" and dtype != "float64":
                 # computed at ``dtype`` from float32 inputs, result handed back as float32
@@ -120,6 +121,7 @@ class TFBackend(Backend):
     def vjp(self, fn: Callable, args: Sequence, kwargs: dict, upstream, *, dtype: str,
             device: str) -> Tuple[List[Output], List[Optional[Output]]]:
         leaves = [x for x in list(args) + list(kwargs.values()) if _is_float(x)]
+        fn = at_dtype(fn, dtype, device)
         with tf.device(_device(device)):
             with tf.GradientTape(persistent=False) as tape:
                 for x in leaves:

@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .base import Backend, NotDifferentiable, Output, flatten, numpy_quantize
+from .base import Backend, NotDifferentiable, Output, at_dtype, flatten, numpy_quantize
 
 DTYPES = {
     "float16": torch.float16,
@@ -158,7 +158,10 @@ class TorchBackend(Backend):
     def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
         ctx = contextlib.nullcontext()
         if mode == "operator" and dtype in ("float16", "bfloat16"):
-            ctx = torch.autocast(device_type=device, dtype=DTYPES[dtype])
+            ctx = torch.autocast(device_type=device, dtype=DTYPES[dtype])  # float32 weights, as autocast runs them
+            fn = at_dtype(fn, "float32", device)
+        else:
+            fn = at_dtype(fn, dtype, device)
         with torch.no_grad(), ctx, cuda_math(mode if device == "cuda" else None):
             out = fn(*args, **kwargs)
         if device == "cuda":
@@ -196,6 +199,7 @@ class TorchBackend(Backend):
 
         args = [leaf(a) for a in args]
         kwargs = {k: leaf(v) for k, v in kwargs.items()}
+        fn = at_dtype(fn, dtype, device)
         with torch.enable_grad():
             result = fn(*args, **kwargs)
         tensors = [r for r in flatten(result) if isinstance(r, torch.Tensor)]

@@ -1,0 +1,91 @@
+"""A Keras layer named by its class, gated end to end at float16 (issue 28: a layer built
+without arguments keeps its float32 dtype policy, so every run computed in float32 and a float16
+overflow regression passed). Modelled on the RMSNorm layers of keras-hub and transformers, which
+take the mean square in float32 whatever the layer's dtype; the pull request drops that upcast
+(x² overflows float16 above 256: the row's scale becomes 0). The gate builds the layer in each
+run's dtype, finds the regression, and the fix in the other direction passes; the repro script
+reproduces on head only."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_gate_run import gate, git, make_repo
+
+pytest.importorskip("tensorflow")
+
+UPCAST = '''import keras
+from keras import ops
+
+
+class RMSNorm(keras.layers.Layer):
+    def __init__(self, epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = epsilon
+
+    def call(self, x):
+        # the mean square in float32 whatever the layer's dtype: x*x overflows float16 above 256
+        x32 = ops.cast(x, "float32")
+        var = ops.mean(ops.square(x32), axis=-1, keepdims=True)
+        return ops.cast(x32 * ops.rsqrt(var + self.epsilon), x.dtype)
+'''
+
+NO_UPCAST = UPCAST.replace('''        # the mean square in float32 whatever the layer's dtype: x*x overflows float16 above 256
+        x32 = ops.cast(x, "float32")
+        var = ops.mean(ops.square(x32), axis=-1, keepdims=True)
+        return ops.cast(x32 * ops.rsqrt(var + self.epsilon), x.dtype)
+''', '''        var = ops.mean(ops.square(x), axis=-1, keepdims=True)
+        return x * ops.rsqrt(var + self.epsilon)
+''')
+
+CONFIG = '''version: 1
+framework: tensorflow
+python_path: ["."]
+builtin: false
+gate: {dtypes: [float16], modes: [input]}
+ops:
+  - name: mylib.RMSNorm
+    callable: mylib.ops:RMSNorm
+    kind: normalization
+    sources: [mylib/ops.py]
+    dims: {N: [1, 4], D: [2, 32]}
+    inputs: [{name: x, shape: [N, D]}]
+'''
+
+
+def _pr(tmp_path, base_src, head_src, name):
+    repo = make_repo(tmp_path / name, ops_src=base_src, config=CONFIG)
+    git(repo, "checkout", "-q", "-b", f"pr-{name}")
+    (repo / "mylib" / "ops.py").write_text(head_src)
+    git(repo, "commit", "-q", "-am", name)
+    return repo
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_dropping_the_float32_upcast_of_a_keras_layer_class_fails_at_float16(tmp_path):
+    repo = _pr(tmp_path, UPCAST, NO_UPCAST, "revert")
+    code, report = gate(repo, tmp_path, evals=60)
+    by_key = {v.key: v for v in report.verdicts}
+    v = by_key["float16/cpu/input"]
+    assert (code, v.outcome) == (1, "regression"), [(x.key, x.outcome, x.reason) for x in report.verdicts]
+    assert "ulp >" in v.reason or "new NaN/Inf" in v.reason, v.reason
+    assert not any(x.outcome == "not-measured" for x in report.verdicts), [(x.key, x.reason) for x in report.verdicts]
+    script = v.diagnosis["repro_script"]
+    on_head = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
+    assert on_head.returncode == 1, on_head.stdout + on_head.stderr
+    git(repo, "checkout", "-q", "main")
+    on_base = subprocess.run([sys.executable, "-W", "ignore", script, "--repo", str(repo)], capture_output=True,
+                             text=True)
+    assert on_base.returncode == 0, on_base.stdout + on_base.stderr
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_adding_the_upcast_passes(tmp_path):
+    repo = _pr(tmp_path, NO_UPCAST, UPCAST, "fix")
+    code, report = gate(repo, tmp_path, evals=60)
+    assert code == 0, [(x.key, x.outcome, x.reason) for x in report.verdicts]
+    assert {v.outcome for v in report.verdicts} <= {"pass", "improvement"}, [(x.key, x.outcome) for x in report.verdicts]
