@@ -7,11 +7,16 @@ from tests.test_gate_run import base_repo, clone, gate, open_pr  # noqa: F401  (
 SEEDS = range(20)
 
 
-@pytest.mark.slow
-def test_a_docs_only_change_selects_nothing_on_20_seeds(base_repo, tmp_path):
-    repo = clone(base_repo, tmp_path / "docs")
+@pytest.fixture(scope="module")
+def docs_pr(base_repo, tmp_path_factory):
+    repo = clone(base_repo, tmp_path_factory.mktemp("docs"))
     open_pr(repo, "docs")
-    runs = [gate(repo, tmp_path / "docs", seed=seed, evals=25) for seed in SEEDS]
-    assert all(code == 0 for code, _ in runs), [(c, r.outcome, r.reason) for c, r in runs if c]
-    assert all(r.verdicts == [] for _, r in runs)  # nothing selected
+    return repo
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_docs_only_change_selects_nothing_on_every_seed(docs_pr, tmp_path, seed):
+    code, report = gate(docs_pr, tmp_path, seed=seed, evals=25)
+    assert code == 0, (report.outcome, report.reason)
+    assert report.verdicts == []  # nothing selected
