@@ -210,6 +210,7 @@ class Supervisor:
         fd, self.state = tempfile.mkstemp(prefix="dl-gate-state-", suffix=".json")
         os.close(fd)
         env = run_env(self.state, env_names)
+        env["DL_GATE_DEADLINE_AT"] = f"{time.time() + deadline:.0f}"  # the run's plan line says when it ends
         self.mark = secrets.token_hex(12)
         env[RUN_MARK_ENV] = self.mark
         self.subreaper = set_subreaper(True)

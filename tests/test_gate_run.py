@@ -152,11 +152,14 @@ def by_op(report, op):
     ("nan", "mylib.softmax", "new NaN/Inf"),
     ("crash", "mylib.smooth", "new crash"),
 ])
-def test_real_regressions_fail(base_repo, tmp_path, pr, op, needle):
+def test_real_regressions_fail(base_repo, tmp_path, pr, op, needle, capfd):
     repo = clone(base_repo, tmp_path)
     open_pr(repo, pr)
     code, report = gate(repo, tmp_path)
     assert code == 1 and report.outcome == "regression"
+    said = "".join(capfd.readouterr())
+    # the plan, said at the start: each variant's evaluations, and when the run ends at the latest
+    assert "plan: fuzz: 40 evaluations per variant" in said and "(the run's deadline)" in said, said[-3000:]
     regs = [v for v in by_op(report, op) if v.outcome == "regression"]
     assert regs, [(v.id, v.outcome, v.reason) for v in report.verdicts]
     assert any(needle in v.reason for v in regs), [v.reason for v in regs]
