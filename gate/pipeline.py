@@ -297,18 +297,38 @@ class Planned:
 
 
 def _run(opts: RunOptions, report: V.GateReport, say) -> None:
-    """The stage list: each stage takes the previous one's output."""
-    ctx = setup_stage(opts, report)
-    names = select_stage(opts, ctx, report)
+    """The stage list: each stage takes the previous one's output. Each stage's wall time (and
+    the share the budget gave it, where it has one) goes to ``report.env["stages"]``."""
+    stages = report.env.setdefault("stages", {})
+
+    @contextlib.contextmanager
+    def stage(name, share=None):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = round(time.perf_counter() - t0 - stages.get("replay", {}).get("seconds", 0.0)
+                         if name == "fuzz" else time.perf_counter() - t0, 3)
+            stages[name] = {"seconds": took, **({"share": share} if share is not None else {})}
+
+    with stage("setup"):
+        ctx = setup_stage(opts, report)
+    with stage("select"):
+        names = select_stage(opts, ctx, report)
     if not names:
         return
-    planned = plan_stage(opts, ctx, names, report, say)
-    work = fuzz_stage(opts, ctx, planned, report, say)
-    judge_stage(opts, ctx, planned, work, report)
-    localise_stage(report, work, {"repo": ctx.repo, "merge_base": ctx.merge_base, "head_sha": ctx.head_sha,
-                                  "config": ctx.cfg, "base_config": ctx.bcfg, "selected": report.selected,
-                                  "settings": ctx.settings, "out": Path(opts.out), "say": say,
-                                  "isolate": planned.isolate})
+    with stage("plan"):
+        planned = plan_stage(opts, ctx, names, report, say)
+    with stage("fuzz", None if opts.evals else planned.total):  # the search, base's worktree included
+        work = fuzz_stage(opts, ctx, planned, report, say)
+    with stage("judge"):
+        judge_stage(opts, ctx, planned, work, report)
+    loc = ctx.cfg.budget.get("localise")
+    with stage("localise", 60.0 if loc is None else float(loc)):
+        localise_stage(report, work, {"repo": ctx.repo, "merge_base": ctx.merge_base, "head_sha": ctx.head_sha,
+                                      "config": ctx.cfg, "base_config": ctx.bcfg, "selected": report.selected,
+                                      "settings": ctx.settings, "out": Path(opts.out), "say": say,
+                                      "isolate": planned.isolate})
 
 
 def _checked_repo(opts: RunOptions) -> Tuple[Path, Path]:
@@ -703,7 +723,9 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
                 for w in work if w["spec"].origin == "user"]
         if jobs and tree is not None:
             say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}")
+            t0 = time.perf_counter()
             base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo)
+            report.env.setdefault("stages", {})["replay"] = {"seconds": round(time.perf_counter() - t0, 3)}
     for w in work:
         w["base"] = base_results.get(w["task"].id)
     return work

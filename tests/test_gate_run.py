@@ -160,6 +160,10 @@ def test_real_regressions_fail(base_repo, tmp_path, pr, op, needle, capfd):
     said = "".join(capfd.readouterr())
     # the plan, said at the start: each variant's evaluations, and when the run ends at the latest
     assert "plan: fuzz: 40 evaluations per variant" in said and "(the run's deadline)" in said, said[-3000:]
+    stages = report.env["stages"]  # each stage's wall time, and its share where the budget gives one
+    assert list(stages) == ["setup", "select", "plan", "replay", "fuzz", "judge", "localise"], stages
+    assert all(st["seconds"] >= 0 for st in stages.values()) and stages["localise"]["share"] == 60.0
+    assert "share" not in stages["fuzz"]  # an --evals budget: nothing timed
     regs = [v for v in by_op(report, op) if v.outcome == "regression"]
     assert regs, [(v.id, v.outcome, v.reason) for v in report.verdicts]
     assert any(needle in v.reason for v in regs), [v.reason for v in regs]
