@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# the end-to-end runs leave the PNG chart out (~0.7 s a run: matplotlib's import and drawing);
+# its own tests (tests/test_report_markdown.py) clear this and draw it
+os.environ.setdefault("DL_GATE_PLOT", "0")
 
 # tests import TensorFlow directly, and later tests (torch.export's dynamo path, Triton kernels)
 # import Triton: Triton must come first (gate.backends.base.before_tensorflow)

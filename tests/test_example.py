@@ -39,6 +39,15 @@ def test_the_regression_example_fails_and_localises_every_failing_row(tmp_path):
         assert "does not reproduce" not in notes and "undetermined" not in json.dumps(d), (v["op"], v["variant"], notes)
         assert any(c.get("file") == "oplib/_helpers.py" for c in d.get("changed_code") or []), (v["op"], d.get("changed_code"))
         assert d.get("repro_script") and Path(d["repro_script"]).exists()
+    # (merged from test_verdict_bed: one run of the bundled example holds both tests' checks)
+    for v in [v for v in report["verdicts"] if v["outcome"] in report["fail_outcomes"]]:
+        d, where = v.get("diagnosis") or {}, f"{v['op']}[{v['variant']}]"
+        assert d.get("kind") and d.get("minimal_input"), (where, d)
+        assert "undetermined" not in str(d.get("parameter")), (where, d.get("parameter"))
+        assert d.get("repro_script") and (tmp_path / "out" / "repro").exists(), where
+        # the row's NaN count is the rule's, as its reason says it
+        if "new NaN/Inf" in v["reason"]:
+            assert f"on {v['head_nonfinite']} elements" in v["reason"], (where, v["reason"], v["head_nonfinite"])
     # a new NaN where head's own float64 run is NaN too reproduces (against base's stored output)
     first = next((v for v in failing if "NaN/Inf" in v["reason"]), failing[0])
     res = subprocess.run([sys.executable, first["diagnosis"]["repro_script"]], capture_output=True, text=True,

@@ -144,8 +144,14 @@ def png_size(path):
     return struct.unpack(">II", data[16:24])
 
 
-def test_png_plot(tmp_path):
+def test_png_plot(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    from gate.report import plot
+
+    monkeypatch.setenv("DL_GATE_PLOT", "0")  # the switch the suite's end-to-end runs use
+    assert write_plot(rich_report(), tmp_path / "off.png") is None and "DL_GATE_PLOT=0" in plot.LAST_SKIP
+    assert not (tmp_path / "off.png").exists()
+    monkeypatch.delenv("DL_GATE_PLOT")
     path = write_plot(rich_report(), tmp_path / "errors.png")
     w, h = png_size(path)
     assert w >= 600 and h >= 200
@@ -157,6 +163,7 @@ def test_png_plot(tmp_path):
 def test_without_matplotlib_the_report_is_complete(tmp_path, monkeypatch):
     from gate.report import plot
 
+    monkeypatch.delenv("DL_GATE_PLOT", raising=False)
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
@@ -166,8 +173,9 @@ def test_without_matplotlib_the_report_is_complete(tmp_path, monkeypatch):
     assert sorted(paths) == ["junit", "markdown", "report"]
 
 
-def test_write_all_writes_every_file_and_lists_them(tmp_path):
+def test_write_all_writes_every_file_and_lists_them(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    monkeypatch.delenv("DL_GATE_PLOT", raising=False)
     paths = write_all(rich_report(), tmp_path / "out")
     assert {p.name for p in paths.values()} == {"junit.xml", "report.md", "report.json", "errors.png"}
     saved = json.loads(paths["report"].read_text())

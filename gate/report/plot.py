@@ -31,6 +31,9 @@ def write_plot(report: GateReport, path: os.PathLike, root: Optional[os.PathLike
     when there is nothing to plot or matplotlib is not installed. (``root``: unused, the chart
     names no source file; a file sink's writer takes it.)"""
     global LAST_SKIP
+    if os.environ.get("DL_GATE_PLOT", "").strip().lower() in ("0", "false", "no", "off"):
+        LAST_SKIP = "PNG plot off (DL_GATE_PLOT=0)"
+        return None
     rows = [v for v in ordered(report) if v.head_error is not None or v.base_error is not None]
     rows = rows[:MAX_VARIANTS]
     if not rows:
