@@ -18,6 +18,15 @@ from gate.backends.base import before_tensorflow  # noqa: E402
 before_tensorflow()
 REPO = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    # every end-to-end run starts several Python processes (supervisor, run, zygote, localisation
+    # workers) that import the gate from this tree: with PYTHONDONTWRITEBYTECODE set (CI images
+    # often set it) each compiled the gate's sources again, ~0.15 s a process. Written once here
+    # (timestamped .pyc files, rewritten when a source changes).
+    import compileall
+
+    compileall.compile_dir(str(REPO / "gate"), quiet=1)
+
 
 def _has_cuda() -> bool:
     try:
