@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import cpp_ext as C
+
 KERNEL_CU = r'''#include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -149,33 +151,8 @@ setup(
 )
 '''
 
-INIT = '''\
-from .ops import layer_norm, rms_norm
-'''
-
-OPS = '''\
-from . import _C
-
-
-def layer_norm(x, weight, bias, eps=1e-5):
-    return _C.layer_norm_forward(x, weight, bias, eps)
-
-
-def rms_norm(x, weight, eps=1e-6):
-    return _C.rms_norm_forward(x, weight, eps)
-'''
-
-REFERENCE = '''\
-import torch
-
-
-def layer_norm(x, weight, bias, eps=1e-5):
-    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
-
-
-def rms_norm(x, weight, eps=1e-6):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-'''
+# the Python side and the reference are the CPU bed's (tests/beds/cpp_ext.py), word for word
+INIT, OPS, REFERENCE = C.INIT, C.OPS, C.REFERENCE
 
 CONFIG = '''\
 version: 1
@@ -219,44 +196,8 @@ FILES = {
     ".dl-gate.yml": CONFIG,
 }
 
-_TWO_PASS = '''  acc_t sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    sum += static_cast<acc_t>(x[i]);
-  }
-  mean = sum / static_cast<acc_t>(n);
-  acc_t sq = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const acc_t d = static_cast<acc_t>(x[i]) - mean;
-    sq += d * d;
-  }
-  var = sq / static_cast<acc_t>(n);
-'''
-
-#: pull request -> (old text, new text) in csrc/layer_norm.cu; each old text occurs exactly once
-PRS = {
-    "one_pass_variance": (_TWO_PASS, '''  acc_t sum = 0;
-  acc_t sumsq = 0;
-  for (int64_t i = 0; i < n; ++i) {  // one pass over the row: the squared sum
-    const acc_t v = static_cast<acc_t>(x[i]);
-    sum += v;
-    sumsq += v * v;
-  }
-  mean = sum / static_cast<acc_t>(n);
-  var = sumsq / static_cast<acc_t>(n) - mean * mean;
-'''),
-    "benign": (_TWO_PASS, '''  acc_t total = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    total += load<acc_t>(x, j);
-  }
-  mean = total / static_cast<acc_t>(n);
-  acc_t squares = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const acc_t dev = load<acc_t>(x, j) - mean;
-    squares += dev * dev;
-  }
-  var = squares / static_cast<acc_t>(n);
-'''),
-}
+#: pull request -> (old text, new text) in csrc/layer_norm.cu: the CPU bed's row statistics edits
+PRS = {name: C.PRS[name] for name in ("one_pass_variance", "benign")}
 
 _LOAD_HELPER = '''template <typename acc_t, typename scalar_t>
 __device__ __forceinline__ acc_t load(const scalar_t* x, int64_t i) {
