@@ -26,6 +26,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") is None:
     import compileall
 
     compileall.compile_dir(str(REPO / "gate"), quiet=1)
+    # the fused scoring kernel compiled once into Numba's on-disk cache (~4 s), so that the
+    # workers and the gate's processes load it (~0.3 s) instead of each compiling it
+    from gate.oracles import fused
+
+    fused.warm()
 
 
 def _has_cuda() -> bool:

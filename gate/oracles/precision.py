@@ -22,6 +22,7 @@ import numpy as np
 
 from ..backends.base import FLOAT_FORMATS, Output
 from ..search.score import Metrics, fitness, ulp  # noqa: F401  (the score types the search sees)
+from . import fused
 
 
 def floor_value(mag: float, dtype: str, ulp_floor: str) -> float:
@@ -128,7 +129,8 @@ def _floor(mag: float, scale: float, dtype: str, ulp_floor: str) -> float:
 
 
 def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, ulp_floor: str = "output",
-            ftz: bool = True, figures: str = "all", scale: float = 0.0, check_dtypes: bool = True) -> Metrics:
+            ftz: bool = True, figures: str = "all", scale: float = 0.0, check_dtypes: bool = True,
+            kernel: str = "auto") -> Metrics:
     """Error figures of ``outputs`` against the float64 ``reference`` in units of ``dtype``.
     With ``ftz`` (the default: what the gate judges), an element whose output and reference are
     both below the smallest normal number of ``dtype`` counts as exact (:func:`below_normal`);
@@ -139,7 +141,11 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     Long on purpose: the batched twin (:func:`gate.oracles.batch.compare_segments`) follows it
     statement by statement. ``scale``: the scale of the computation (:func:`residue_magnitude`).
     ``check_dtypes``: say when the runs are not in the dtypes they claim (:func:`not_measured`;
-    off for autocast's operator mode, where the policy decides an operator's output dtype)."""
+    off for autocast's operator mode, where the policy decides an operator's output dtype).
+    ``kernel``: who computes the search's figures of a large output: ``"auto"`` the compiled
+    one-pass kernel (:mod:`gate.oracles.fused`) from :data:`gate.oracles.fused.MIN_ELEMENTS`
+    elements when Numba is there, ``"numpy"`` this function's own passes (the definition the
+    kernel is held to), ``"fused"`` the kernel at any size."""
     if figures not in ("all", "search"):
         raise ValueError(f"unknown figures {figures!r} (all or search)")
     search = figures == "search"
@@ -165,6 +171,28 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         if a.dtype != np.float64 and a.dtype != np.float32:  # numpy's float16 arithmetic is emulated
             a = a.astype(np.float64)
         b = b.astype(np.float64, copy=False).reshape(-1)
+        if search and kernel != "numpy" and (kernel == "fused" or a.size >= fused.MIN_ELEMENTS):
+            r = fused.scores(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ulp_floor, ftz)
+            if r is None and kernel == "fused":
+                raise RuntimeError("the fused scoring kernel is not available (Numba missing, or DL_GATE_FUSED=0)")
+            if r is not None and not (ulp_floor == "output" and r[10]):  # r[10]: references beyond the range
+                fast, e_max, e_idx, u_max, u_idx, s_err, s_ulp, nf, mag, judged, _ = r
+                nonfinite += nf
+                if not fast and judged == 0:  # nothing could be judged (as the NumPy path: no figure)
+                    continue
+                tot_abs = max(tot_abs, e_max)
+                tot_l1 += s_err
+                if ulp_floor == "output":
+                    div = _floor(mag, scale, dtype, ulp_floor)
+                    u, idx = e_max / div, e_idx
+                    tot_ulp_sum += s_err / div
+                else:
+                    u, idx = u_max, u_idx
+                    tot_ulp_sum += s_ulp
+                if u > worst[0]:
+                    worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+                max_ulp = max(max_ulp, u)
+                continue
         ovf = overflow_bound(dtype)
         # max/min propagate NaN: four reductions tell whether every value is finite (a search
         # skips the output's two: a NaN/Inf output makes its error NaN/Inf, checked below)
@@ -206,13 +234,23 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             ulp_err = np.divide(err, denom, out=denom)
         else:
             a = a.astype(np.float64, copy=False)
-            ulp_err, err, rel_max, nf, sp = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search, scale)
+            ulp_err, err, rel_max, nf, sp, div = _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search, scale)
             nonfinite += nf
             spread = max(spread, sp)
             if ulp_err is None:
                 continue
             tot_abs = max(tot_abs, float(err.max()))
             tot_rel = max(tot_rel, rel_max)
+            if div is not None:  # errors in ulps of one floor: as the fast path, scaled afterwards
+                idx = int(np.argmax(err))
+                u = float(err[idx]) / div
+                if u > worst[0]:
+                    worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+                max_ulp = max(max_ulp, u)
+                e_sum = float(err.sum())
+                tot_l1 += e_sum
+                tot_ulp_sum += e_sum / div
+                continue
         idx = int(np.argmax(ulp_err))
         u = float(ulp_err.flat[idx])
         if u > worst[0]:
@@ -241,8 +279,11 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
 def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False, scale=0.0):
     """Element errors when some values are non-finite or out of the dtype's range: (ulp errors,
     abs errors, max rel error, count of NaN/Inf outputs where the reference is representable,
-    spread of the finite outputs); ``None`` errors when no element can be judged. ``search``:
-    the relative error and the spread are not measured (NaN).
+    spread of the finite outputs, divisor); ``None`` errors when no element can be judged.
+    ``search``: the relative error and the spread are not measured (NaN). A divisor (not None):
+    every element is counted in ulps of that one floor, and the ulp errors are the abs errors,
+    to be divided after the max and the sum are taken (as the all-finite path does: the fused
+    kernel, :mod:`gate.oracles.fused`, follows that arithmetic bit for bit).
 
     An element is judged when both sides are finite (an infinity matching an overflowing
     reference, or the reference's own infinity, is exact; any other non-finite output is
@@ -265,27 +306,30 @@ def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False, scale=0.0):
                 small &= np.abs(a) < min_normal(dtype)
                 judged &= ~small
         if not judged.any():
-            return None, None, math.nan if search else 0.0, nonfinite, spread
+            return None, None, math.nan if search else 0.0, nonfinite, spread, None
         err = np.subtract(a, b, where=judged, out=np.zeros_like(b))
         np.abs(err, out=err)
         mag = float(np.max(absb, where=representable, initial=0.0))
         floor = _floor(mag, scale, dtype, ulp_floor)
+        div = None
         if ulp_floor == "output":
             # ulp(|ref|) <= floor wherever the reference is representable: err/floor there; a
             # judged reference beyond the range (a finite output where it overflows) takes its own
-            ulp_err = np.divide(err, floor)
             beyond = judged & ~representable
             if beyond.any():
+                ulp_err = np.divide(err, floor)
                 ulp_err[beyond] = err[beyond] / np.maximum(ulp(b[beyond], dtype), floor)
+            else:
+                ulp_err, div = err, floor
         else:
             denom = ulp(b, dtype)  # only judged (finite) elements matter: err is 0 elsewhere
             np.maximum(denom, floor, out=denom)
             ulp_err = np.divide(err, denom, out=denom)
         if search:
-            return ulp_err, err, math.nan, nonfinite, spread
+            return ulp_err, err, math.nan, nonfinite, spread, div
         rel_den = np.fmax(absb, max(floor, np.finfo(np.float64).tiny))  # fmax: NaN references give the floor
         rel_max = float(np.divide(err, rel_den, out=rel_den).max())
-    return ulp_err, err, rel_max, nonfinite, spread
+    return ulp_err, err, rel_max, nonfinite, spread, div
 
 
 def summary_metrics(ms: List[Metrics]) -> Metrics:

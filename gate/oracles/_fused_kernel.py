@@ -1,0 +1,292 @@
+"""The compiled loops of :mod:`gate.oracles.fused` (this module imports Numba; only
+``gate.oracles.fused`` imports it, lazily). Module-level functions, so that Numba's on-disk cache
+(``cache=True``) keeps the machine code between processes; no recursion (Numba's cache does not
+keep recursive functions safely: a cached one crashed the next process).
+
+Two passes share one traversal (:func:`traverse`), which visits the output in NumPy's pairwise
+order: blocks above 128 elements are halved at a multiple of 8, a block of at most 128 is summed
+in eight lanes (element i into lane i mod 8), the lanes combined as a tree, the remainder added
+in order (numpy/_core/src/umath/loops_utils.h.src, ``pairwise_sum``); so both sums are NumPy's
+bit for bit.
+
+* the all-finite pass (:func:`finite_leaf`): what almost every evaluation is. No branch and no
+  store per element: sums in eight registers, maxima and minima as trees of eight (exact in any
+  order, so compiled with ``fastmath`` for NaN-free max/min: their results are used only when
+  the sum says every error was finite); the block where the maximum first appears is recorded,
+  and only that block is scanned again for the maximum's first index (np.argmax's).
+* the general pass (:func:`general_leaf`): outputs with NaN/Inf, references beyond the dtype's
+  range or below its smallest normal that a flush to zero changes. Element by element, with
+  every rule of :func:`gate.oracles.precision._slow_errors`."""
+import math
+
+import numba
+import numpy as np
+
+_FM = {"nnan", "ninf", "nsz"}  # max/min only: exact in any order, NaN excluded by the caller
+_EXP = np.uint64(0x7FF0000000000000)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _max(x, y):
+    return x if x > y else y
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _min(x, y):
+    return x if x < y else y
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _max8(x0, x1, x2, x3, x4, x5, x6, x7):
+    return _max(_max(_max(x0, x1), _max(x2, x3)), _max(_max(x4, x5), _max(x6, x7)))
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _min8(x0, x1, x2, x3, x4, x5, x6, x7):
+    return _min(_min(_min(x0, x1), _min(x2, x3)), _min(_min(x4, x5), _min(x6, x7)))
+
+
+@numba.njit(cache=True, nogil=True)
+def ulp_of(bi, scl, lo_ulp, hi_ulp):
+    """gate.search.score.ulp of one value: its exponent bits as 2^e, scaled by 2^-(p-1), clamped
+    to the dtype's range (0 and subnormals: the smallest; inf and NaN: the largest)."""
+    bits = np.float64(bi).view(np.uint64) & _EXP
+    return min(max(np.uint64(bits).view(np.float64) * scl, lo_ulp), hi_ulp)
+
+
+@numba.njit(cache=True, nogil=True)
+def _u(e, bi, by_dtype, scl, lo_ulp, hi_ulp):
+    return e / ulp_of(bi, scl, lo_ulp, hi_ulp) if by_dtype else 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp):
+    """(sum err, sum ulp err, max err, max ulp err, max |b|, min |b|) of one block."""
+    r0 = r1 = r2 = r3 = r4 = r5 = r6 = r7 = 0.0
+    q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = 0.0
+    mx = mu = mb = 0.0
+    nb = np.inf
+    m = 0 if n < 8 else n - n % 8
+    for g in range(lo, lo + m, 8):
+        b0, b1, b2, b3, b4, b5, b6, b7 = b[g], b[g + 1], b[g + 2], b[g + 3], b[g + 4], b[g + 5], b[g + 6], b[g + 7]
+        e0, e1, e2, e3 = abs(a[g] - b0), abs(a[g + 1] - b1), abs(a[g + 2] - b2), abs(a[g + 3] - b3)
+        e4, e5, e6, e7 = abs(a[g + 4] - b4), abs(a[g + 5] - b5), abs(a[g + 6] - b6), abs(a[g + 7] - b7)
+        r0 += e0
+        r1 += e1
+        r2 += e2
+        r3 += e3
+        r4 += e4
+        r5 += e5
+        r6 += e6
+        r7 += e7
+        mx = _max(mx, _max8(e0, e1, e2, e3, e4, e5, e6, e7))
+        x0, x1, x2, x3 = abs(b0), abs(b1), abs(b2), abs(b3)
+        x4, x5, x6, x7 = abs(b4), abs(b5), abs(b6), abs(b7)
+        mb = _max(mb, _max8(x0, x1, x2, x3, x4, x5, x6, x7))
+        nb = _min(nb, _min8(x0, x1, x2, x3, x4, x5, x6, x7))
+        if by_dtype:
+            u0, u1 = _u(e0, b0, True, scl, lo_ulp, hi_ulp), _u(e1, b1, True, scl, lo_ulp, hi_ulp)
+            u2, u3 = _u(e2, b2, True, scl, lo_ulp, hi_ulp), _u(e3, b3, True, scl, lo_ulp, hi_ulp)
+            u4, u5 = _u(e4, b4, True, scl, lo_ulp, hi_ulp), _u(e5, b5, True, scl, lo_ulp, hi_ulp)
+            u6, u7 = _u(e6, b6, True, scl, lo_ulp, hi_ulp), _u(e7, b7, True, scl, lo_ulp, hi_ulp)
+            q0 += u0
+            q1 += u1
+            q2 += u2
+            q3 += u3
+            q4 += u4
+            q5 += u5
+            q6 += u6
+            q7 += u7
+            mu = _max(mu, _max8(u0, u1, u2, u3, u4, u5, u6, u7))
+    s1 = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) if m else 0.0
+    s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7)) if m else 0.0
+    for i in range(lo + m, lo + n):
+        e = abs(a[i] - b[i])
+        u = _u(e, b[i], by_dtype, scl, lo_ulp, hi_ulp)
+        s1 += e
+        s2 += u
+        mx = _max(mx, e)
+        mu = _max(mu, u)
+        mb = _max(mb, abs(b[i]))
+        nb = _min(nb, abs(b[i]))
+    return s1, s2, mx, mu, mb, nb
+
+
+@numba.njit(cache=True, nogil=True)
+def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it):
+    """Both sums of one block by every rule of the NumPy path's general branch; the block's
+    maxima (first index), NaN/Inf count, largest representable |b| and judged counts are kept in
+    locals and merged into ``st``/``it`` once (blocks come in order: strict > keeps the first)."""
+    r0 = r1 = r2 = r3 = r4 = r5 = r6 = r7 = 0.0
+    q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = 0.0
+    e_max = u_max = -1.0
+    e_idx = u_idx = lo
+    mag = 0.0
+    nonfinite = judged_n = beyond = 0
+    m = 0 if n < 8 else n - n % 8
+    s1 = s2 = 0.0
+    for t in range(n):
+        i = lo + t
+        ai = float(a[i])
+        bi = b[i]
+        absb = abs(bi)
+        rep = absb < ovf  # False for NaN
+        fin_a = math.isfinite(ai)
+        if rep:
+            if not fin_a:
+                nonfinite += 1
+            if absb > mag:
+                mag = absb
+        judged = fin_a and math.isfinite(bi)
+        if ftz and absb < mn and abs(ai) < mn:
+            judged = False
+        e = 0.0
+        if judged:
+            judged_n += 1
+            if not rep:
+                beyond += 1
+            e = abs(ai - bi)
+        if e > e_max:
+            e_max = e
+            e_idx = i
+        u = 0.0
+        if by_dtype:
+            u = e / ulp_of(bi, scl, lo_ulp, hi_ulp)
+            if u > u_max:
+                u_max = u
+                u_idx = i
+        if t >= m:  # the remainder, added in order after the lanes
+            if t == m and m:
+                s1 = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+                s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+            s1 += e
+            s2 += u
+            continue
+        j = t & 7
+        if j == 0:
+            r0 += e
+            q0 += u
+        elif j == 1:
+            r1 += e
+            q1 += u
+        elif j == 2:
+            r2 += e
+            q2 += u
+        elif j == 3:
+            r3 += e
+            q3 += u
+        elif j == 4:
+            r4 += e
+            q4 += u
+        elif j == 5:
+            r5 += e
+            q5 += u
+        elif j == 6:
+            r6 += e
+            q6 += u
+        else:
+            r7 += e
+            q7 += u
+    if m == n and m:
+        s1 = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+    if e_max > st[0]:
+        st[0] = e_max
+        it[0] = e_idx
+    if u_max > st[1]:
+        st[1] = u_max
+        it[1] = u_idx
+    st[2] = max(st[2], mag)
+    it[2] += nonfinite
+    it[3] += judged_n
+    it[4] += beyond
+    return s1, s2
+
+
+@numba.njit(cache=True, nogil=True)
+def traverse(a, b, general, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
+    """Both pairwise sums over the whole output (an explicit stack, not recursion).
+
+    All-finite pass (``general`` False): ``st`` = [max err, max ulp err, max |b|, min |b|],
+    ``it`` = [first block of the max err, first block of the max ulp err]. General pass:
+    ``st`` = [max err, max ulp err, max representable |b|], ``it`` = [index of the max err, index
+    of the max ulp err, NaN/Inf outputs where the reference is representable, judged elements,
+    judged elements whose reference is beyond the range]."""
+    scl = math.ldexp(1.0, -(p - 1))
+    lo_ulp = math.ldexp(1.0, emin - (p - 1))
+    hi_ulp = math.ldexp(1.0, emax - (p - 1))
+    st[0] = -1.0
+    st[1] = -1.0
+    st[2] = 0.0
+    st[3] = np.inf
+    los = np.zeros(128, dtype=np.int64)
+    ns = np.zeros(128, dtype=np.int64)
+    phase = np.zeros(128, dtype=np.int64)
+    v1 = np.zeros(128)
+    v2 = np.zeros(128)
+    sp = 1
+    vp = 0
+    ns[0] = a.shape[0]
+    while sp > 0:
+        top = sp - 1
+        lo = los[top]
+        n = ns[top]
+        if n <= 128:
+            if general:
+                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it)
+            else:
+                s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp)
+                if not (math.isfinite(s1) and math.isfinite(s2)):  # a NaN/Inf: the general pass's
+                    return s1 + s2, s1 + s2
+                if mx > st[0]:  # blocks come in order: the first block holding the max
+                    st[0] = mx
+                    it[0] = lo
+                if mu > st[1]:
+                    st[1] = mu
+                    it[1] = lo
+                st[2] = max(st[2], mb)
+                st[3] = min(st[3], nb)
+            sp -= 1
+            v1[vp] = s1
+            v2[vp] = s2
+            vp += 1
+            continue
+        n2 = n // 2
+        n2 -= n2 % 8
+        if phase[top] == 0:
+            phase[top] = 1
+            los[sp], ns[sp], phase[sp] = lo, n2, 0
+            sp += 1
+        elif phase[top] == 1:
+            phase[top] = 2
+            los[sp], ns[sp], phase[sp] = lo + n2, n - n2, 0
+            sp += 1
+        else:
+            sp -= 1
+            vp -= 1
+            v1[vp - 1] = v1[vp - 1] + v1[vp]
+            v2[vp - 1] = v2[vp - 1] + v2[vp]
+    return v1[0], v2[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def first_index(a, b, lo, target, by_dtype, p, emin, emax):
+    """The first element from ``lo`` whose error (ulp error with ``by_dtype``) is ``target``."""
+    scl = math.ldexp(1.0, -(p - 1))
+    lo_ulp = math.ldexp(1.0, emin - (p - 1))
+    hi_ulp = math.ldexp(1.0, emax - (p - 1))
+    for i in range(lo, a.shape[0]):
+        e = abs(a[i] - b[i])
+        if (_u(e, b[i], True, scl, lo_ulp, hi_ulp) if by_dtype else e) == target:
+            return i
+    return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def flush_changes(a, b, mn):
+    """Is there an element where the output and the reference are both below the smallest normal
+    number and differ (a flush to zero that changes the error)?"""
+    for i in range(a.shape[0]):
+        if abs(b[i]) < mn and abs(a[i]) < mn and a[i] != b[i]:
+            return True
+    return False

@@ -1,0 +1,115 @@
+"""The search's figures of one output in one compiled pass (Numba).
+
+:func:`gate.oracles.precision.compare` is the definition of every figure, written in NumPy: on a
+large finite output its ``figures="search"`` branch still makes six passes over the output and
+its float64 reference (subtract, abs, argmax, sum, the two range reductions, the below-normal
+check) and allocates a float64 array of the whole tensor; on an output holding NaN/Inf or values
+beyond the dtype's range it makes a dozen more, with masks. Here the same figures come out of one
+loop over the two arrays, with no temporary: the max error and its index, the ULP error's max and
+index (``ulp_floor='dtype'``), both sums in NumPy's own pairwise order (so they are bit for bit
+the NumPy path's: ``tests/test_fused_scoring.py`` holds them to it on adversarial outputs), the
+NaN/Inf count, the reference's largest representable magnitude, and the flags that tell which of
+``compare``'s branches the NumPy path would have taken.
+
+Why Numba: it ships as a wheel for every platform the gate runs on (no compiler on the user's
+machine, unlike a C extension), compiles the loop once per signature and caches it on disk, and
+is a well-kept library. Imported lazily and only for outputs of at least
+:data:`MIN_ELEMENTS` elements: below that NumPy's passes cost less than importing it. Without
+Numba (or with ``DL_GATE_FUSED=0``) :func:`available` is False and ``compare`` uses NumPy.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+#: outputs below this many elements are scored by NumPy (a few microseconds a pass there)
+MIN_ELEMENTS = 1 << 15
+
+_kernel = None
+_tried = False
+
+
+def available() -> bool:
+    """True when the compiled kernel can be used (Numba importable, not switched off)."""
+    return _load() is not None
+
+
+def _load():
+    global _kernel, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("DL_GATE_FUSED", "1") != "0":
+            try:
+                _kernel = _build()
+            except Exception:  # no Numba (or no wheel for this platform): NumPy scores everything
+                _kernel = None
+    return _kernel
+
+
+def warm() -> bool:
+    """Compile (or load from Numba's cache) every signature the gate uses; True when available."""
+    k = _load()
+    if k is None:
+        return False
+    b = np.zeros(16)
+    for a in (np.zeros(16), np.zeros(16, dtype=np.float32)):
+        for x in (a, np.full_like(a, np.nan)):  # the all-finite pass, and the general one
+            scores(x, b, "float32", "output", True)
+            scores(x, b, "float32", "dtype", True)
+    return True
+
+
+#: the result of :func:`scores`: figures of one output against its reference
+#: (fast, e_max, e_idx, u_max, u_idx, s_err, s_ulp, nonfinite, mag, judged, beyond)
+Scores = Tuple[bool, float, int, float, int, float, float, int, float, int, int]
+
+
+def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) -> Optional[Scores]:
+    """The figures of the flat output ``a`` (float64 or float32) against the flat float64
+    reference ``b`` in ``dtype``'s units, or None where the kernel is not available.
+
+    ``fast``: the NumPy path would take its all-finite branch (every reference value finite and
+    in range, every output finite, no element where a flush to zero changes the error);
+    ``e_max``/``e_idx``: the largest |a - b| over judged elements (0 elsewhere) and its first
+    index; ``u_max``/``u_idx``: with ``ulp_floor='dtype'``, the largest error in ulps of each
+    reference value and its first index (``'output'``: the same as ``e_*``, scaled later by the
+    floor, which needs ``mag``); ``s_err``, ``s_ulp``: the pairwise sums of both; ``nonfinite``:
+    NaN/Inf outputs where the reference is representable; ``mag``: the largest representable
+    |reference|; ``judged``: elements judged; ``beyond``: judged elements whose reference is
+    beyond the dtype's range (``ulp_floor='output'`` scores those in NumPy)."""
+    from ..backends.base import FLOAT_FORMATS
+    from .precision import min_normal, overflow_bound
+
+    k = _load()
+    if k is None:
+        return None
+    p, emin, emax = FLOAT_FORMATS[dtype]
+    ovf = overflow_bound(dtype)
+    by_dtype = ulp_floor == "dtype"
+    mn = float(min_normal(dtype))
+    args = (float(ovf), mn, bool(ftz), by_dtype, int(p), int(emin), int(emax))
+    st = np.zeros(4)
+    it = np.zeros(8, dtype=np.int64)
+    # the all-finite pass first; where its conditions fail (a NaN/Inf, a reference beyond the
+    # range, a flush to zero that changes an error), the general one
+    s_err, s_ulp = k.traverse(a, b, False, *args, st, it)
+    if (math.isfinite(s_err) and math.isfinite(s_ulp) and st[2] < ovf
+            and not (ftz and st[3] < mn and k.flush_changes(a, b, mn))):
+        e_max, u_max = float(st[0]), float(st[1])
+        e_idx = int(k.first_index(a, b, int(it[0]), e_max, False, *args[4:]))
+        u_idx = int(k.first_index(a, b, int(it[1]), u_max, True, *args[4:])) if by_dtype else e_idx
+        return True, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), 0, float(st[2]), a.size, 0
+    it[:] = 0
+    s_err, s_ulp = k.traverse(a, b, True, *args, st, it)
+    e_max, u_max, mag = float(st[0]), float(st[1]), float(st[2])
+    e_idx, u_idx, nonfinite, judged, beyond = (int(x) for x in it[:5])
+    return False, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), nonfinite, mag, judged, beyond
+
+
+def _build():
+    from . import _fused_kernel  # imports Numba: only here
+
+    return _fused_kernel

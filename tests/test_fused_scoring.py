@@ -1,0 +1,127 @@
+"""The fused scoring kernel (gate/oracles/fused.py) against the NumPy path it replaces
+(gate.oracles.precision.compare with kernel="numpy"), bit for bit, on adversarial outputs:
+subnormals of float64 and of the dtype, signed zeros, NaN, both infinities, references beyond the
+dtype's range, ties of the largest error, outputs that are all zero, and every dtype, floor and
+flush setting the search uses."""
+import math
+import struct
+
+import numpy as np
+import pytest
+
+from gate.backends.base import Output, numpy_quantize
+from gate.oracles import fused
+from gate.oracles.precision import compare, min_normal, overflow_bound
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason="Numba is not installed: NumPy scores every output")
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def same(x, y) -> bool:
+    """Equal to the bit (NaN equal to NaN, -0.0 not equal to 0.0); tuples element by element."""
+    if isinstance(x, tuple):
+        return len(x) == len(y) and all(same(p, q) for p, q in zip(x, y))
+    if isinstance(x, float) or isinstance(y, float):
+        return _bits(float(x)) == _bits(float(y))
+    return x == y
+
+
+def adversarial(rng, n, dtype):
+    """A reference and an output of ``n`` elements with the values that break scoring code."""
+    mn, big = min_normal(dtype), overflow_bound(dtype)
+    kind = rng.integers(0, 12, n)
+    b = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)
+    b[kind == 1] = rng.uniform(-mn, mn, (kind == 1).sum())                 # below the dtype's normal range
+    b[kind == 2] = rng.choice([0.0, -0.0], (kind == 2).sum())
+    b[kind == 3] = rng.choice([5e-324, -1e-310, 2.2e-308], (kind == 3).sum())  # float64 subnormals
+    b[kind == 4] = rng.choice([big * 0.999, big * 2, -big * 4], (kind == 4).sum())  # at and beyond the range
+    b[kind == 5] = rng.choice([np.nan, np.inf, -np.inf], (kind == 5).sum())
+    a = numpy_quantize(b * (1 + rng.standard_normal(n) * 2.0 ** -10), dtype)
+    a[kind == 6] = rng.choice([np.nan, np.inf, -np.inf], (kind == 6).sum())
+    a[kind == 7] = b[kind == 7]                                            # exact
+    a[kind == 8] = rng.choice([0.0, -0.0, 1e-45, -mn / 3], (kind == 8).sum())
+    return a, b
+
+
+def metrics_pair(a, b, dtype, floor, ftz, scale=0.0):
+    args = dict(figures="search", ulp_floor=floor, ftz=ftz, scale=scale)
+    out, ref = [Output(a, dtype)], [Output(b, "float64")]
+    return compare(out, ref, dtype, kernel="numpy", **args), compare(out, ref, dtype, kernel="fused", **args)
+
+
+def assert_same(m_np, m_fu):
+    for field in m_np.__dataclass_fields__:
+        x, y = getattr(m_np, field), getattr(m_fu, field)
+        assert same(x, y), f"{field}: numpy {x!r} fused {y!r}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("floor", ["output", "dtype"])
+@pytest.mark.parametrize("ftz", [True, False])
+def test_fused_matches_numpy_bit_for_bit(dtype, floor, ftz):
+    rng = np.random.default_rng(hash((dtype, floor, ftz)) % 2**32)
+    for trial in range(40):
+        n = int(rng.choice([1, 7, 8, 9, 127, 128, 129, 1000, 4096 + 3, 70001]))
+        a, b = adversarial(rng, n, dtype)
+        if trial % 5 == 0:  # all finite, in range (the NumPy path's fast branch)
+            fin = np.isfinite(a) & np.isfinite(b) & (np.abs(b) < overflow_bound(dtype))
+            a, b = np.where(fin, a, 1.0), np.where(fin, b, 1.0)
+        if trial % 7 == 0:
+            a = a.astype(np.float32)  # a float32 output as the backend hands it over
+            b = b.astype(np.float32).astype(np.float64)
+        scale = float(rng.choice([0.0, 1.0, 1e6]))
+        assert_same(*metrics_pair(a, b, dtype, floor, ftz, scale))
+
+
+@pytest.mark.parametrize("floor", ["output", "dtype"])
+def test_degenerate_outputs(floor):
+    n = 1 << 15
+    cases = {
+        "all zero": (np.zeros(n), np.zeros(n)),
+        "all tiny, equal": (np.full(n, 1e-40), np.full(n, 1e-40)),
+        "all tiny, different (flushed)": (np.zeros(n), np.full(n, 1e-40)),
+        "all NaN output": (np.full(n, np.nan), np.ones(n)),
+        "all NaN reference": (np.ones(n), np.full(n, np.nan)),
+        "ties of the max error": (np.tile([1.0, 2.0], n // 2), np.tile([2.0, 1.0], n // 2)),
+        "one inf output": (np.where(np.arange(n) == n - 1, np.inf, 1.0), np.ones(n)),
+        "negative zeros": (np.full(n, -0.0), np.zeros(n)),
+        "float64 overflow of the difference": (np.full(n, 1e308), np.full(n, -1e308)),
+    }
+    for name, (a, b) in cases.items():
+        for dtype in DTYPES:
+            for ftz in (True, False):
+                m_np, m_fu = metrics_pair(a, b, dtype, floor, ftz)
+                try:
+                    assert_same(m_np, m_fu)
+                except AssertionError as exc:
+                    raise AssertionError(f"{name}, {dtype}, ftz={ftz}: {exc}") from None
+
+
+def test_several_outputs_and_the_worst_one():
+    rng = np.random.default_rng(3)
+    outs, refs = [], []
+    for _ in range(3):
+        a, b = adversarial(rng, 40000, "float16")
+        outs.append(Output(a, "float16"))
+        refs.append(Output(b, "float64"))
+    for floor in ("output", "dtype"):
+        m_np = compare(outs, refs, "float16", floor, figures="search", kernel="numpy")
+        m_fu = compare(outs, refs, "float16", floor, figures="search", kernel="fused")
+        assert_same(m_np, m_fu)
+        assert m_fu.nonfinite > 0 and math.isfinite(m_fu.ulp)
+
+
+def test_large_outputs_take_the_kernel_by_default(monkeypatch):
+    calls = []
+    real = fused.scores
+    monkeypatch.setattr(fused, "scores", lambda *a, **k: calls.append(a[0].size) or real(*a, **k))
+    out = [Output(np.ones(fused.MIN_ELEMENTS), "float32")]
+    compare(out, out, "float32", figures="search")
+    compare([Output(np.ones(10), "float32")], [Output(np.ones(10), "float64")], "float32", figures="search")
+    compare(out, out, "float32", figures="all")  # every figure, for a finding: NumPy
+    assert calls == [fused.MIN_ELEMENTS]
