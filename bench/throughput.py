@@ -16,16 +16,33 @@ the search's figures; no mutation, no coverage) over op+ref on that input - how 
 loop could go if mutation and coverage cost nothing; ``batched/(op+ref)``: the same search with the default
 batching (8 children of one parent in one call for ``batch_dim`` rows), evaluations/s over the
 single-candidate op+ref rate (``-`` for rows that cannot batch). Target: fuzz >= 50% of the raw rate for ops that take
-> 1 ms. Usage: python bench/throughput.py [--seconds 3] [--dtype float32] [--device cuda]
+> 1 ms.
+
+Gradient rows (``grad``, the gradient oracle: backward at the dtype vs backward in float64 on
+the same input and upstream gradient): ``op+ref`` is then forward+backward at the dtype plus
+forward+backward in float64 (``fuzz/(fwd+bwd+ref)``).
+
+``--baseline REV``: every row is measured twice, alternately, in two processes: once with the
+gate of this tree and once with the gate of ``REV`` (a temporary ``git worktree``), and printed
+side by side (before -> after) - the same machine, the same minute, the same inputs.
+
+Usage: python bench/throughput.py [--seconds 3] [--dtype float32] [--device cuda] [--no-grad]
+                                  [--baseline REV]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+HERE = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# --tree DIR: measure the gate found in DIR (a baseline worktree) instead of this one
+_TREE = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else HERE
+sys.path.insert(0, _TREE)
 
 import numpy as np  # noqa: E402
 
@@ -94,16 +111,98 @@ class ClockedBackend:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def call(self, fn, args, kwargs, *, mode, dtype, device):
-        t0 = time.perf_counter()
-        out = self._inner.call(fn, args, kwargs, mode=mode, dtype=dtype, device=device)
+    def _clock(self, dtype, t0):
         dt = time.perf_counter() - t0
         if dtype == "float64":
             self.ref_s += dt
         else:
             self.op_s += dt
             self.op_n += 1
+
+    def call(self, fn, args, kwargs, *, mode, dtype, device):
+        t0 = time.perf_counter()
+        out = self._inner.call(fn, args, kwargs, mode=mode, dtype=dtype, device=device)
+        self._clock(dtype, t0)
         return out
+
+    def vjp(self, fn, args, kwargs, upstream, *, dtype, device):
+        t0 = time.perf_counter()
+        out = self._inner.vjp(fn, args, kwargs, upstream, dtype=dtype, device=device)
+        self._clock(dtype, t0)
+        return out
+
+
+def measure(name: str, grad: bool, seconds: float, dtype: str, device: str) -> dict:
+    """One row: rates of the operator (forward, or forward+backward for ``grad``), of the oracle
+    alone and of the whole search loop, on the same pinned shapes."""
+    cat = load_catalog(builtin=("torch",))
+    spec = pinned(cat.get(name), CASES[name])
+    if grad:
+        from gate.oracles.registry import build_runner
+
+        v = Variant(dtype, device, oracle="grad")
+        runner = build_runner(spec, v)
+    else:
+        v = Variant(dtype, device)
+        runner = VariantRunner(spec, v)
+    raw = draw(spec, np.random.default_rng(0))
+    cand = runner.quantize(raw)
+    b = runner.backend
+    if grad:
+        runner.evaluate(cand, quantized=True)  # stores the upstream gradient in the candidate
+
+        def op():
+            runner._vjp(cand, dtype, runner.fn, dtype)
+
+        def op_ref():
+            op()
+            runner._vjp(cand, "float64", runner.ref_fn, dtype)
+    else:
+        low_args, low_kw = runner.build_call(cand, v.dtype, low=True)
+        ref_args, ref_kw = runner.build_call(cand, "float64", low=False)
+
+        def op():
+            b.call(runner.fn, low_args, low_kw, mode="input", dtype=v.dtype, device=device)
+
+        def op_ref():
+            op()
+            b.call(runner.ref_fn, ref_args, ref_kw, mode="input", dtype="float64", device=device)
+
+    normal = rate(op, seconds / 2)
+    runner.figures = "search"
+    with np.errstate(all="ignore"):
+        oracle = ratio(lambda: runner.evaluate(raw), op_ref, seconds)
+    runner.figures = "all"
+    clocked = ClockedBackend(b)
+    runner.backend = clocked
+    # batch=1: one operator call per evaluation, so fuzz/op compares like with like
+    # (batched evaluation is measured by bench/batched_eval.py)
+    f = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=seconds), seed=0), runner=runner, batch=1)
+    fz = f.evals / f.seconds
+    op_rate = clocked.op_n / max(clocked.op_s, 1e-9)
+    op_ref_rate = clocked.op_n / max(clocked.op_s + clocked.ref_s, 1e-9)
+    runner.backend = b
+    batched = "-"
+    if not grad:
+        fb = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=seconds), seed=0), runner=runner)
+        width = (fb.coverage.get("batch") or {}).get("width", 1)
+        batched = f"{fb.evals / fb.seconds / op_ref_rate:.2f} (x{width})" if width > 1 else "-"
+    return {"op": name, "grad": grad, "ms": 1000 / op_rate, "op_rate": op_rate, "op_ref_rate": op_ref_rate,
+            "fuzz": fz, "fuzz_op": fz / op_rate, "fuzz_op_ref": fz / op_ref_rate, "oracle": oracle,
+            "batched": batched, "normal": normal, "evals": f.evals}
+
+
+def _row_in(tree: str, name: str, grad: bool, args) -> dict:
+    """One row measured by a fresh process on the gate of ``tree``."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--tree", tree, "--row", name, "--seconds", str(args.seconds),
+           "--dtype", args.dtype, "--device", args.device] + (["--grad-row"] if grad else [])
+    env = dict(os.environ, DL_GATE_PLOT="0")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _label(r: dict) -> str:
+    return r["op"] + (" (grad)" if r["grad"] else "")
 
 
 def main() -> int:
@@ -112,50 +211,50 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--ops", nargs="*", default=list(CASES))
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the backend synchronises after each CUDA call)")
+    ap.add_argument("--no-grad", action="store_true", help="forward rows only")
+    ap.add_argument("--baseline", metavar="REV", help="measure every row on REV's gate too, side by side")
+    ap.add_argument("--tree", help=argparse.SUPPRESS)
+    ap.add_argument("--row", help=argparse.SUPPRESS)
+    ap.add_argument("--grad-row", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    cat = load_catalog(builtin=("torch",))
+    if args.row:  # one row, as JSON (a process of --baseline)
+        print(json.dumps(measure(args.row, args.grad_row, args.seconds, args.dtype, args.device)))
+        return 0
     from gate.backends import get_backend
 
     print(f"CPU threads per operator call: {get_backend('torch').threads()} (the gate's default 1; "
           "DL_GATE_THREADS=0 for the framework's own)")
-    print(f"{'operator':36} {'ms/call':>8} {'op/s':>8} {'op+ref/s':>9} {'fuzz/s':>8} {'fuzz/op':>8} "
+    from gate.oracles import fused
+
+    print(f"scoring of outputs of {fused.MIN_ELEMENTS}+ elements: "
+          f"{'the fused kernel (Numba)' if fused.available() else 'NumPy (Numba not available)'}")
+    rows = [(n, g) for n in args.ops for g in ((False,) if args.no_grad else (False, True))]
+    if args.baseline:
+        return _side_by_side(rows, args)
+    print(f"{'operator':44} {'ms/call':>8} {'op/s':>8} {'op+ref/s':>9} {'fuzz/s':>8} {'fuzz/op':>8} "
           f"{'fuzz/(op+ref)':>13} {'oracle/(op+ref)':>15} {'batched/(op+ref)':>16} {'normal op/s':>11}")
-    for name in args.ops:
-        spec = pinned(cat.get(name), CASES[name])
-        v = Variant(args.dtype, args.device)
-        runner = VariantRunner(spec, v)
-        raw = draw(spec, np.random.default_rng(0))
-        cand = runner.quantize(raw)
-        low_args, low_kw = runner.build_call(cand, v.dtype, low=True)
-        ref_args, ref_kw = runner.build_call(cand, "float64", low=False)
-        b = runner.backend
+    for name, grad in rows:
+        r = measure(name, grad, args.seconds, args.dtype, args.device)
+        print(f"{_label(r):44} {r['ms']:8.2f} {r['op_rate']:8.1f} {r['op_ref_rate']:9.1f} {r['fuzz']:8.1f} "
+              f"{r['fuzz_op']:8.2f} {r['fuzz_op_ref']:13.2f} {r['oracle']:15.2f} {r['batched']:>16} {r['normal']:11.1f}")
+    return 0
 
-        def op():
-            b.call(runner.fn, low_args, low_kw, mode="input", dtype=v.dtype, device=args.device)
 
-        def op_ref():
-            op()
-            b.call(runner.ref_fn, ref_args, ref_kw, mode="input", dtype="float64", device=args.device)
-
-        normal = rate(op, args.seconds / 2)
-        runner.figures = "search"
-        with np.errstate(all="ignore"):
-            oracle = ratio(lambda: runner.evaluate(raw), op_ref, args.seconds)
-        runner.figures = "all"
-        clocked = ClockedBackend(b)
-        runner.backend = clocked
-        # batch=1: one operator call per evaluation, so fuzz/op compares like with like
-        # (batched evaluation is measured by bench/batched_eval.py)
-        f = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=args.seconds), seed=0), runner=runner, batch=1)
-        fz = f.evals / f.seconds
-        op_rate = clocked.op_n / clocked.op_s
-        op_ref_rate = clocked.op_n / (clocked.op_s + clocked.ref_s)
-        runner.backend = b
-        fb = fuzz_task(Task(op=spec, variant=v, budget=Budget(seconds=args.seconds), seed=0), runner=runner)
-        width = (fb.coverage.get("batch") or {}).get("width", 1)
-        batched = f"{fb.evals / fb.seconds / op_ref_rate:.2f} (x{width})" if width > 1 else "-"
-        print(f"{name:36} {1000 / op_rate:8.2f} {op_rate:8.1f} {op_ref_rate:9.1f} {fz:8.1f} {fz / op_rate:8.2f} "
-              f"{fz / op_ref_rate:13.2f} {oracle:15.2f} {batched:>16} {normal:11.1f}")
+def _side_by_side(rows, args) -> int:
+    tmp = tempfile.mkdtemp(prefix="dl-gate-baseline-")
+    base = os.path.join(tmp, "tree")
+    subprocess.run(["git", "-C", HERE, "worktree", "add", "--detach", "-q", base, args.baseline], check=True)
+    try:
+        print(f"before: {args.baseline}, after: this tree; each row measured alternately in two processes")
+        print(f"{'operator':44} {'op+ref/s':>17} {'fuzz/s':>15} {'fuzz/(op+ref)':>15} {'oracle/(op+ref)':>16}")
+        for name, grad in rows:
+            b = _row_in(base, name, grad, args)
+            a = _row_in(HERE, name, grad, args)
+            print(f"{_label(a):44} {b['op_ref_rate']:7.1f} -> {a['op_ref_rate']:6.1f} {b['fuzz']:6.1f} -> "
+                  f"{a['fuzz']:5.1f} {b['fuzz_op_ref']:6.2f} -> {a['fuzz_op_ref']:5.2f} "
+                  f"{b['oracle']:7.2f} -> {a['oracle']:5.2f}", flush=True)
+    finally:
+        subprocess.run(["git", "-C", HERE, "worktree", "remove", "--force", base], check=False)
     return 0
 
 

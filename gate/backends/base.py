@@ -68,7 +68,8 @@ class NotDifferentiable(NotImplementedError):
 
 
 class Output:
-    """One output array of an operator, as float64 (floats) or int64/bool (exact types)."""
+    """One output array of an operator, as float64 (floats; float32 where a run asked for narrow
+    outputs, Backend.to_outputs) or int64/bool (exact types)."""
 
     __slots__ = ("array", "dtype")
 
@@ -121,7 +122,11 @@ class Backend(ABC):
     def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any: ...
 
     @abstractmethod
-    def to_outputs(self, result: Any) -> List[Output]: ...
+    def to_outputs(self, result: Any, narrow: bool = False) -> List[Output]:
+        """The result's tensors and numbers as arrays: float ones as float64, or with ``narrow``
+        in the narrowest NumPy dtype that holds them exactly (float32 for float32 and the 16-bit
+        formats, float64 for float64; no conversion pass where the tensor is one already):
+        what the scoring reads, which widens each element as it goes."""
 
     # -- running ------------------------------------------------------------------------
     @abstractmethod

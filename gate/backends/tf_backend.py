@@ -81,7 +81,7 @@ class TFBackend(Backend):
                 return tf.constant(arr)
             return tf.cast(tf.constant(arr.astype(np.float64, copy=False)), DTYPES[dtype])
 
-    def to_outputs(self, result: Any) -> List[Output]:
+    def to_outputs(self, result: Any, narrow: bool = False) -> List[Output]:  # narrow: float64 all the same
         outs: List[Output] = []
         for r in flatten(result):
             if isinstance(r, (tf.Tensor, tf.Variable)) or hasattr(r, "numpy"):

@@ -138,7 +138,7 @@ class TorchBackend(Backend):
             t = view
         return t
 
-    def to_outputs(self, result: Any) -> List[Output]:
+    def to_outputs(self, result: Any, narrow: bool = False) -> List[Output]:
         outs: List[Output] = []
         for r in flatten(result):
             if isinstance(r, torch.Tensor):
@@ -146,7 +146,9 @@ class TorchBackend(Backend):
                 if r.is_complex():
                     outs.append(Output(torch.view_as_real(r).to("cpu", torch.float64).numpy(), "complex"))
                 elif r.is_floating_point():
-                    outs.append(Output(r.to("cpu", torch.float64).numpy(), NAMES.get(r.dtype, str(r.dtype))))
+                    wide = r.dtype if narrow and r.dtype in (torch.float32, torch.float64) else \
+                        torch.float32 if narrow else torch.float64
+                    outs.append(Output(r.to("cpu", wide).numpy(), NAMES.get(r.dtype, str(r.dtype))))
                 else:
                     outs.append(Output(r.to("cpu").numpy().astype(np.int64), str(r.dtype).replace("torch.", "")))
             elif isinstance(r, (bool, int)):

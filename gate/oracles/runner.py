@@ -49,6 +49,8 @@ def within_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     if dtype not in FLOAT_FORMATS or dtype == "float64" or a.size == 0:
         return a
     big = _largest_finite(dtype)
+    if -big <= float(a.min()) and float(a.max()) <= big:  # two reductions, no temporary (NaN: False)
+        return a
     if not (np.abs(a[np.isfinite(a)]) > big).any():
         return a
     out = a.copy()
@@ -157,8 +159,8 @@ class VariantRunner:
                 args.append(native)
         return args, kwargs
 
-    def _outputs(self, result: Any, low: bool) -> List[Output]:
-        outs = self.backend.to_outputs(result)
+    def _outputs(self, result: Any, low: bool, narrow: bool = False) -> List[Output]:
+        outs = self.backend.to_outputs(result, narrow=narrow)
         if low and self.layout is not None and self.layout.out_permute is not None and outs:
             inv = np.argsort(self.layout.out_permute)
             outs[0] = Output(np.transpose(outs[0].array, inv), outs[0].dtype)
@@ -176,11 +178,12 @@ class VariantRunner:
             self.backend.call(self.ref_fn, args, kwargs, mode="input", dtype="float64", device=self.variant.device)
         )
 
-    def run_low(self, cand: Candidate) -> List[Output]:
+    def run_low(self, cand: Candidate, narrow: bool = False) -> List[Output]:
+        """The low-precision run's outputs (``narrow``: as :meth:`Backend.to_outputs` says)."""
         args, kwargs = self.build_call(cand, self.input_dtype, low=True)
         result = self.backend.call(self.fn, args, kwargs, mode=self.variant.mode,
                                    dtype=self.variant.dtype, device=self.variant.device)
-        return self._outputs(result, low=True)
+        return self._outputs(result, low=True, narrow=narrow)
 
     def evaluate(self, cand: Candidate, keep_outputs: bool = False, quantized: bool = False) -> Tuple[Candidate, Evaluation]:
         """Score ``cand``; returns the quantised candidate that was actually run. ``keep_outputs``:
@@ -200,7 +203,7 @@ class VariantRunner:
             return q, Evaluation(INVALID, error="the operator returned no tensor or number to compare",
                                  seconds=time.perf_counter() - t0)
         try:
-            out = self.run_low(q)
+            out = self.run_low(q, narrow=True)  # scored as they are; widened only if kept
         except SystemExit as exc:
             sig, short = exit_signature(exc)
             return q, Evaluation(CRASH, error=short, signature=sig, seconds=time.perf_counter() - t0)
@@ -221,7 +224,9 @@ class VariantRunner:
         if keep_outputs == "nonfinite":
             keep_outputs = any(o.is_float and not np.isfinite(o.array).all() for o in out)
         if keep_outputs:
-            ev.outputs, ev.reference = out, ref
+            ev.outputs = [Output(o.array.astype(np.float64), o.dtype) if o.is_float and o.array.dtype != np.float64 else o
+                          for o in out]
+            ev.reference = ref
         return q, ev
 
 
