@@ -418,3 +418,18 @@ def test_a_comment_edited_beside_the_change_is_not_named_as_the_changed_code(tmp
     run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "revert")
     [ch] = changed_code(repo, "HEAD~1", "HEAD")
     assert ch.symbol == "normalize" and ch.lines == [8, 9], (ch.lines, ch.text)
+
+
+def test_a_base_that_did_not_answer_leaves_the_finding_untold_not_held():
+    """A shrink step checked while base's worker did not answer is not accepted on the baseline
+    row's word (it kept x=[inf], where base is NaN too); with no base at all the row stands in."""
+    from gate.judge.replay import UNAVAILABLE, ReplayResult
+    from gate.localise.target import NONFINITE, RowLimit, Target
+    from gate.search.score import Metrics
+
+    spec = next(o for o in load_builtin(("torch",)) if o.name == "torch.exp")
+    target = Target(spec, GateSettings(), NONFINITE, row_limit=lambda v: RowLimit(threshold=2.0, nonfinite=0))
+    head = ReplayResult("ok", metrics=Metrics(nonfinite=1, numel=1))
+    assert target.holds(head, ReplayResult(UNAVAILABLE, error="timeout"), Variant("float16")) is None
+    assert target.holds(head, None, Variant("float16")) is True  # no base run: the baseline row's limit
+    assert target.holds(head, ReplayResult("ok", metrics=Metrics(nonfinite=1, numel=1)), Variant("float16")) is False

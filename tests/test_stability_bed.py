@@ -183,6 +183,14 @@ def box_area_fixed(boxes):
 
 def box_area_buggy(boxes):
     return (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+
+
+def area_share(boxes):  # each box's area over itself: NaN (inf / inf) once float16 overflows
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return area / area
+
+
+area_share_base = area_share  # the same code on base (a repro run against base)
 '''
 
 
@@ -248,6 +256,9 @@ def test_in_float32_the_t5_upcast_changes_nothing_and_neither_direction_claims_o
 @pytest.mark.parametrize("head_fn, base_fn, reproduces", [
     ("t5_norm_fixed", "t5_norm_buggy", 0),  # head's -inf is the answer: not a new NaN/Inf
     ("box_area_buggy", "box_area_fixed", 1),  # base's float32 area was right: it is one
+    # the repro run against base: the NaN is base's own too (stored beside the input), not the
+    # finding; it counted every NaN where the float64 run was finite (1.0) and exited 1 on base
+    ("area_share", "area_share_base", 0),
 ])
 def test_the_repro_script_counts_new_nan_as_the_judge_does(tmp_path, monkeypatch, head_fn, base_fn, reproduces):
     import os

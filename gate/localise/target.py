@@ -124,7 +124,12 @@ class Target:
         dtype = variant.dtype
         if not self.head_suspect(h, dtype):
             return False
-        if b is None or b.status == UNAVAILABLE:
+        if b is not None and b.status == UNAVAILABLE:
+            # base was asked and did not answer (a timeout, a dead worker): the finding cannot be
+            # told on this input. A baseline row stands in for base only where no base runs at
+            # all: a shrink accepted on it kept inputs where base fails the same way (x=[inf])
+            return None
+        if b is None:
             limit = self.row_limit(variant) if self.row_limit is not None else None
             if limit is None or self.kind == BEHAVIOUR:
                 return None
