@@ -433,3 +433,62 @@ def test_a_base_that_did_not_answer_leaves_the_finding_untold_not_held():
     assert target.holds(head, ReplayResult(UNAVAILABLE, error="timeout"), Variant("float16")) is None
     assert target.holds(head, None, Variant("float16")) is True  # no base run: the baseline row's limit
     assert target.holds(head, ReplayResult("ok", metrics=Metrics(nonfinite=1, numel=1)), Variant("float16")) is False
+
+
+def test_a_deleted_line_is_named_as_a_deletion_not_as_the_unchanged_line_after_it(tmp_path):
+    # the max-shift dropped from a softmax (what the bundled example's regression PR and many a
+    # real "simplification" do): the hunk deletes one line and adds none. The line named is the
+    # one that now follows the deletion (the traced exp), and it says what was deleted there
+    from gate.localise.code import changed_code
+    from gate.report.common import code_ref_text
+
+    before = textwrap.dedent('''\
+        import torch
+
+
+        def softmax(x, dim=-1):
+            x = x - x.amax(dim=dim, keepdim=True)  # shift: exp never overflows
+            e = torch.exp(x)
+            return e / e.sum(dim=dim, keepdim=True)
+        ''')
+    after = before.replace("    x = x - x.amax(dim=dim, keepdim=True)  # shift: exp never overflows\n", "")
+    repo = tmp_path / "r"
+    repo.mkdir()
+    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)  # noqa: E731
+    run("init", "-q", "-b", "main")
+    (repo / "m.py").write_text(before)
+    run("add", "-A")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    (repo / "m.py").write_text(after)
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "drop the shift")
+    [ch] = changed_code(repo, "HEAD~1", "HEAD")
+    assert ch.symbol == "softmax" and ch.lines == [5]
+    [row] = rank([ch], ["m.py:5 softmax"], [])
+    assert row["line"] == 5 and row["why"] == "the sub-operation's own line"
+    assert row["deleted"] == ["x = x - x.amax(dim=dim, keepdim=True)  # shift: exp never overflows"]
+    assert row["text"].startswith("deleted above this line: x = x - x.amax")  # not "e = torch.exp(x)"
+    assert "code deleted above it: x = x - x.amax" in code_ref_text(row)
+    # a comment deleted on its own is no code change: its line is not named as a deletion
+    (repo / "m.py").write_text(after.replace("import torch\n", "import torch\n# ops\n"))
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "comment")
+    (repo / "m.py").write_text(after)
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "uncomment")
+    assert all(not c.deleted for c in changed_code(repo, "HEAD~1", "HEAD"))
+
+
+def test_a_dtype_that_failed_in_the_run_is_never_called_out_by_only():
+    # the float32 finding's input passes at float16 and bfloat16 (each dtype overflows on inputs
+    # of its own), but the run failed those rows too: "dtype=float32 only" would send the user
+    # after the wrong cause
+    from gate.localise.vary import Variation, conclude
+
+    v32 = Variant("float32")
+    rows = [Variation("dtype", "float32", True, v32, [None], results=[True]),
+            Variation("dtype", "float16", False, Variant("float16"), [None], results=[False]),
+            Variation("dtype", "bfloat16", False, Variant("bfloat16"), [None], results=[False])]
+    assert conclude(rows, v32, {})[0] == "dtype=float32 only"
+    param, evidence = conclude(rows, v32, {}, failed_in_run=["float16/cpu/input"])
+    assert param == "dtype in {float32, float16} (not bfloat16)", param
+    assert "float16 yes (failed in this run)" in evidence
+    param, _ = conclude(rows, v32, {}, failed_in_run=["float16/cpu/input", "bfloat16/cpu/input"])
+    assert param.startswith("no single parameter"), param

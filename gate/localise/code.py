@@ -34,6 +34,8 @@ class Change:
     start: int = 0  # the definition's line range on head
     end: int = 0
     text: Dict[int, str] = field(default_factory=dict)
+    #: a pure deletion's line (the one that now follows it) -> the code removed just above it
+    deleted: Dict[int, List[str]] = field(default_factory=dict)
 
 
 def _git(repo: Path, *args: str) -> Optional[str]:
@@ -112,8 +114,11 @@ def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]
             # code lines first: a docstring, comment or blank line is named only when nothing else changed
             code = [n for n in lines if is_code(n)]
             lines = code or lines
-            if not lines:  # a pure deletion: point at the line that now follows it
+            removed: List[str] = []
+            if not lines:  # a pure deletion: point at the line that now follows it, with what was removed
                 lines = [max(1, h.target_start + (1 if h.target_length == 0 else 0))]
+                removed = [ln.value.strip() for ln in h if ln.is_removed]
+                removed = [t for t in removed if t and not t.startswith("#")]  # a comment removed: no code change
             for ln in lines:
                 enclosing = [d for d in defs if d[0] <= ln <= d[1]]
                 d = enclosing[-1] if enclosing else (0, 0, None)
@@ -125,8 +130,10 @@ def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]
                     ch.lines.append(ln)
                     if 0 < ln <= len(src_lines):
                         ch.text[ln] = src_lines[ln - 1].strip()
+                if removed:
+                    ch.deleted.setdefault(ln, []).extend(removed)
         for ch in by_def.values():  # and across hunks: a comment edited beside the code is not named
-            code = [n for n in ch.lines if is_code(n)]
+            code = [n for n in ch.lines if is_code(n) or n in ch.deleted]
             if code and len(code) < len(ch.lines):
                 ch.lines, ch.text = code, {n: t for n, t in ch.text.items() if n in code}
         out.extend(by_def.values())
@@ -214,6 +221,9 @@ def rank(changes: Sequence[Change], stack: Sequence[str], reasons: Sequence[dict
             best = (dist, 0, ch.lines[0], why)
         row = {"file": ch.file, "line": best[2], "symbol": ch.symbol or "<module>", "distance": best[0], "why": best[3],
                "lines": sorted(ch.lines)[:50], "text": ch.text.get(best[2], "")}
+        if best[2] in ch.deleted:  # the line names where code was removed, not a change of its own
+            row["deleted"] = ch.deleted[best[2]][:20]
+            row["text"] = "deleted above this line: " + "; ".join(ch.deleted[best[2]])[:300]
         if path:
             row["path"] = path
         rows.append(row)

@@ -12,6 +12,7 @@ from ..search.inputs import Candidate, project
 from ..oracles.runner import OK
 from ..judge.decide import BEHAVIOUR_TOLERANCE_ULP
 from ..judge.replay import UNAVAILABLE, ReplayResult
+from ..judge.verdict import BEHAVIOUR_CHANGE, REGRESSION
 from .evaluate import Check, Session
 from .model import Deadline, Diagnosis, fmt, jsonable, safe_id
 from .target import (BEHAVIOUR, CRASH_KIND, PRECISION, RowLimit, Target, classify, element_ulps,
@@ -237,7 +238,9 @@ class Localiser:
                 r.head, r.base = describe(firsts[ri], self.target.kind)
                 if not self.use_base and r.holds is None:
                     r.base = "no baseline row"
-        diag.parameter, diag.parameter_evidence = conclude(rows, self.variant, cands[0].params)
+        failed = [v.key for v in self.report.verdicts
+                  if v.op == self.spec.name and v.outcome in (REGRESSION, BEHAVIOUR_CHANGE) and v is not self.vv]
+        diag.parameter, diag.parameter_evidence = conclude(rows, self.variant, cands[0].params, failed)
         self.details["variations"] = [r.to_dict() for r in rows]
 
     # -- 2-3. worst element and base vs head ------------------------------------------------------

@@ -125,8 +125,18 @@ def variations(spec: OpSpec, variant: Variant, cands: Sequence[Candidate], devic
     return out
 
 
-def conclude(rows: Sequence[Variation], variant: Variant, params: dict) -> Tuple[str, str]:
-    """(parameter, evidence): the driving values, and one line of what was tried."""
+def conclude(rows: Sequence[Variation], variant: Variant, params: dict,
+             failed_in_run: Sequence[str] = ()) -> Tuple[str, str]:
+    """(parameter, evidence): the driving values, and one line of what was tried.
+
+    ``failed_in_run``: keys of the operator's variants that the run failed on their own inputs:
+    such a variant holds whatever this input does there (a float16 row that failed is no
+    evidence for "dtype=float32 only", even where the float32 finding's input passes at float16)."""
+    failed = set(failed_in_run)
+
+    def held(r: Variation) -> Optional[bool]:
+        return True if (not r.current and r.axis in VARIANT_AXES and r.variant.key in failed) else r.holds
+
     current = next((r for r in rows if r.current), None)
     cur_holds = current.holds if current is not None else None
     axes: List[str] = []
@@ -134,15 +144,21 @@ def conclude(rows: Sequence[Variation], variant: Variant, params: dict) -> Tuple
         if not r.current and r.axis not in axes:
             axes.append(r.axis)
     mark = lambda h: "yes" if h else "no" if h is False else "?"  # noqa: E731
+
+    def mark_row(r: Variation) -> str:
+        if held(r) and not r.holds:
+            return "yes (failed in this run)"
+        return mark(r.holds)
+
     drivers, evidence, neutral = [], [], []
     for axis in axes:
         cur = getattr(variant, axis) if axis in VARIANT_AXES else params.get(axis)
         vals = [r for r in rows if r.axis == axis and not r.current]
-        holds = [r for r in vals if r.holds]
-        fails = [r for r in vals if r.holds is False]
-        unknown = [r for r in vals if r.holds is None]
+        holds = [r for r in vals if held(r)]
+        fails = [r for r in vals if held(r) is False]
+        unknown = [r for r in vals if held(r) is None]
         evidence.append(f"{axis}: " + ", ".join([f"{show(axis, cur)} {mark(cur_holds)}"]
-                                                + [f"{show(axis, r.value)} {mark(r.holds)}" for r in vals]))
+                                                + [f"{show(axis, r.value)} {mark_row(r)}" for r in vals]))
         if not cur_holds:
             continue
         if fails and not holds:

@@ -278,7 +278,15 @@ def code_ref_text(c: Dict[str, Any]) -> str:
     s = f"{c.get('file')}:{c.get('line') or 1}"
     if c.get("symbol"):
         s += f" ({c['symbol']})"
+    if c.get("deleted"):
+        s += " - " + deleted_text(c)
     return s
+
+
+def deleted_text(c: Dict[str, Any]) -> str:
+    """What a pure deletion's row says: its line is where code was removed, not a change."""
+    gone = list(c.get("deleted") or [])
+    return f"code deleted above it: {one_line('; '.join(gone), 160)}" if gone else ""
 
 
 def has_news(report: GateReport) -> bool:

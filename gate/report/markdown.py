@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..judge.verdict import PASS, GateReport, VariantVerdict
-from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, diag, fmt_num, fmt_value, head_for_chart,
+from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, deleted_text, diag, fmt_num, fmt_value, head_for_chart,
                      icon, is_failing, md_code, md_fence, md_text, minimal_input, one_line, ordered, repro_command,
                      short_sha, suboperation_text, verdict_ratio)
 
@@ -230,7 +230,8 @@ def details_block(report: GateReport, v: VariantVerdict, repo_url: Optional[str]
             ref = f"{c.get('file')}:{c.get('line') or 1}"
             url = _link(repo_url, report.head_sha, str(c.get("file")), c.get("line"))
             sym = f" {md_code(c['symbol'])}" if c.get("symbol") else ""
-            lines.append(f"{i}. " + (f"[{md_text(ref)}]({url})" if url else md_code(ref)) + sym)
+            gone = f" ({md_text(deleted_text(c), 200)})" if c.get("deleted") else ""
+            lines.append(f"{i}. " + (f"[{md_text(ref)}]({url})" if url else md_code(ref)) + sym + gone)
     bvh = d.get("base_vs_head")
     if isinstance(bvh, list) and bvh:
         lines += ["", f"**Base vs head on the {'minimal' if shrunk else 'same'} input:**", "", _table_rows(bvh)]
@@ -409,7 +410,8 @@ def cause_line(report: GateReport, v: VariantVerdict, repo_url: Optional[str] = 
         ref = f"{c.get('file')}:{c.get('line') or 1}"
         url = _link(repo_url, report.head_sha, str(c.get("file")), c.get("line"))
         sym = f" ({md_code(c['symbol'], 60)})" if c.get("symbol") else ""
-        parts.append("changed " + (f"[{md_text(ref, 120)}]({url})" if url else md_code(ref, 120)) + sym)
+        verb = "deleted code above " if c.get("deleted") else "changed "
+        parts.append(verb + (f"[{md_text(ref, 120)}]({url})" if url else md_code(ref, 120)) + sym)
     elif v.source_file:
         parts.append(f"operator at {md_code(f'{v.source_file}:{v.source_line or 1}', 120)}")
     mi = minimal_input(v)
