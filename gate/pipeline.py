@@ -25,8 +25,8 @@ from .config import Config, load_config, parse_config
 from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
-from .judge.decide import (GateSettings, base_side, decide, judged_row, overall, recheck_determinism, stability_fixes,
-                           under_searched)
+from .judge.decide import (GateSettings, base_side, decide, judged_row, overall, recheck_determinism, refinements,
+                           stability_fixes, under_searched)
 from .judge.replay import ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
@@ -793,6 +793,7 @@ def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dic
             op=p["spec"].name, framework=p["spec"].framework, variant=p["task"].variant.to_dict(),
             outcome=V.NOT_COVERED, reason="the total budget ran out before this variant (raise budget.total)"))
     report.warnings += stability_fixes(report.verdicts)  # an operator's changes that came with its fix: not failed
+    report.warnings += refinements(report.verdicts)  # a refined forward's gradient change: not failed
     report.outcome, report.reason = overall(report.verdicts, report.errors, ctx.settings)
     if ctx.settings.behaviour_change == "fail":  # the reporters mark these as failures too
         report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]

@@ -105,3 +105,7 @@ def test_the_verdict_page_states_the_numbers_and_outcomes_the_judge_uses():
     for outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE, V.UNDER_SEARCHED, V.NOT_MEASURED):
         assert f"**{outcome.capitalize()}" in flat or f"**{outcome.replace('-', ' ').capitalize()}" in flat, outcome
     assert "(2^(p/2) ulp" in flat and D.half_digits_ulps("float16") == 2.0 ** 5.5
+    # the refinement's bound, as the docs spell it out per dtype
+    halves = {d: D.half_digits_ulps(d) for d in ("float32", "float16", "bfloat16")}
+    assert (f"(2^(p/2) ulp: {halves['float32']:.0f} for float32, {halves['float16']:.0f} for float16, "
+            f"{halves['bfloat16']:.0f} for bfloat16)") in flat, halves

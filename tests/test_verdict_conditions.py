@@ -189,3 +189,61 @@ def test_the_operator_cap_spreads_the_search_but_does_not_cut_a_variant_below_it
     # an --evals budget is untouched (nothing timed)
     fixed = Task(op=specs["torch.gelu"], variant=Variant("float32", "cpu"), budget=Budget(evals=30), seed=0)
     assert pools.budget(fixed) is fixed
+
+
+def _vv(op, oracle, outcome, **details):
+    from gate.judge.verdict import VariantVerdict
+
+    variant = {"dtype": "float32", "device": "cpu", "mode": "input", "layout": "default", "oracle": oracle}
+    return VariantVerdict(op=op, framework="torch", variant=variant, outcome=outcome, reason="r", details=dict(details))
+
+
+def test_the_gradient_of_a_refined_forward_is_reported_not_failed():
+    """An approximation replaced by the exact function moved the forward by 1.7 ulp ("reference
+    moved") and its gradient by 2.94e5 ulp: the derivative of an approximation is a worse
+    approximation of the derivative. Reported; a gradient that changed while the forward did not
+    move (a wrong backward) or beside a forward that changed behaviour still fails."""
+    from gate.judge.decide import GateSettings, failing, overall, refinements
+
+    refined = [_vv("lib.gelu", "precision", "pass", ref_moved_ulp=1.7),
+               _vv("lib.gelu", "grad", "behaviour-change", divergence_ulp=2.94e5)]
+    assert len(refinements(refined)) == 1
+    grad = refined[1]
+    assert grad.reported_only and not failing(grad, GateSettings()) and grad.details["refinement"]["forward_moved_ulp"] == 1.7
+    assert grad.reason.startswith("the gradient of a refinement")
+    assert overall(refined, [], GateSettings())[0] == "pass" and "1 refinement(s)" in overall(refined, [], GateSettings())[1]
+    wrong_backward = [_vv("lib.f", "precision", "pass"), _vv("lib.f", "grad", "behaviour-change", divergence_ulp=2e5)]
+    assert refinements(wrong_backward) == [] and failing(wrong_backward[1], GateSettings())
+    new_function = [_vv("lib.g", "precision", "behaviour-change", divergence_ulp=1e7, ref_moved_ulp=3.0),
+                    _vv("lib.g", "grad", "behaviour-change", divergence_ulp=1e7)]
+    assert refinements(new_function) == [] and failing(new_function[1], GateSettings())
+
+
+def test_a_behaviour_change_within_half_the_digits_is_a_refinement():
+    """head and base agree to within 2^(p/2) ulps (4096 in float32, 45 in float16): reported;
+    beyond (a wrong scale, a wrong axis): a behaviour change that fails."""
+    import numpy as np
+
+    from gate.judge.decide import GateSettings, decide, failing
+    from gate.judge.replay import ReplayResult
+    from gate.ops.catalog import load_builtin
+    from gate.plan import Variant
+    from gate.search.score import Metrics
+
+    spec = next(o for o in load_builtin(("torch",)) if o.name == "torch.softmax")
+    x = np.linspace(0.5, 1.0, 64)
+
+    def verdict(scale, dtype="float32"):
+        ulp1 = 2.0 ** -23 if dtype == "float32" else 2.0 ** -10
+        r = lambda ref: ReplayResult("ok", Metrics(ulp=0.5, numel=64), outputs=[np.float32(ref) if dtype == "float32" else ref],
+                                     reference=[ref])  # noqa: E731
+        head, base = [r(x * (1 + scale * ulp1))], [r(x)]
+        return decide(spec, Variant(dtype), head, base, None, "ok", None, GateSettings(), inputs=["x"], controls=[True])
+
+    refined = verdict(300.0)  # 300 ulps apart: within half the float32 digits
+    assert refined.outcome == "behaviour-change" and refined.reported_only, refined.reason
+    assert refined.reason.startswith("refinement:") and not failing(refined, GateSettings())
+    wrong = verdict(2 ** 23 * 0.5)  # a 1.5x scale: the leading digits differ
+    assert wrong.outcome == "behaviour-change" and not wrong.reported_only and failing(wrong, GateSettings())
+    beyond = verdict(300.0, "float16")  # 300 float16 ulps: beyond its 45
+    assert beyond.outcome == "behaviour-change" and not beyond.reported_only, beyond.reason

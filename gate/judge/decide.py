@@ -363,6 +363,7 @@ class _Tally:
     worst: Tuple[float, int, str] = (-1.0, -1, "")  # (severity, input, reason) of the worst regression
     behaviour: Tuple[float, int] = (-1.0, -1)  # (float64 divergence, input) of the largest behaviour change
     base_max: float = 0.0
+    base_judged_max: float = 0.0  # base's largest error over the inputs judged for precision
     head_max_same: float = 0.0
     fixed: int = 0
     gained: int = 0  # inputs where head has a gradient and base's output had none (a detach removed)
@@ -490,7 +491,9 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
     thr = max(floor, m * bm.ulp)
     if base_unreliable(bm.ulp, dtype):
         t.garbage += 1  # base kept fewer than half its digits here: not judged (NaN/Inf, crashes still count)
-    elif hm.ulp > thr:
+    else:
+        t.base_judged_max = max(t.base_judged_max, bm.ulp)
+    if not base_unreliable(bm.ulp, dtype) and hm.ulp > thr:
         sev = hm.ulp / thr
         if sev > t.worst[0]:
             t.worst = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x base {_f(bm.ulp)})) on the same input")
@@ -523,6 +526,10 @@ def _behaviour(t: _Tally, i: int, h, b, spec, dtype: str, thr: float, controls) 
 
 def _tally_details(vv: V.VariantVerdict, t: _Tally, dtype: str) -> None:
     vv.details["pairs"] = t.pairs
+    if t.ref_moved:  # the float64 run moved within the threshold (read by refinements)
+        vv.details["ref_moved_ulp"] = t.ref_moved
+    if t.behaviour[1] >= 0:  # and beyond it, on control inputs (whatever the verdict)
+        vv.details["divergence_ulp"] = t.behaviour[0]
     vv.details["identical_outputs"] = t.identical
     if t.shared:
         vv.details["shared_failures"] = t.shared
@@ -607,8 +614,12 @@ def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, f
     vv.threshold = max(floor, m * (vv.base_error or 0.0))
     vv.head_crash = h.error if _failed(h) else None
     vv.details["input_index"] = i
-    if kind == "precision" and t.changed_at is not None and t.changed_at[0] == i:
-        vv.details["function_changed_ulp"] = round(t.changed_at[1], 3)
+    if kind == "precision":
+        if t.changed_at is not None and t.changed_at[0] == i:
+            vv.details["function_changed_ulp"] = round(t.changed_at[1], 3)
+        # where the function was refined, base's error on this input is another function's: the
+        # yardstick over every judged input (read by refinements)
+        vv.details["threshold_over_inputs"] = max(floor, m * t.base_judged_max)
     if i < len(inputs):
         vv.input_summary = inputs[i]
     return vv
@@ -617,11 +628,21 @@ def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, f
 def _behaviour_change(vv: V.VariantVerdict, t: _Tally, dtype: str, settings, inputs) -> V.VariantVerdict:
     i = t.behaviour[1]
     vv.outcome = V.BEHAVIOUR_CHANGE
-    if math.isinf(t.behaviour[0]):
+    d = t.behaviour[0]
+    vv.details["divergence_ulp"] = d
+    if math.isinf(d):
         vv.reason = ("head's float64 run returns different integer outputs or shapes than base's on the same "
                      "input (the function changed; precision did not worsen)")
+    elif d <= half_digits_ulps(dtype):
+        # a refinement: head and base agree to half the dtype's digits (an approximation replaced
+        # by the exact function, a coefficient refined) and precision did not worsen. A different
+        # function (a wrong scale, a wrong axis) differs in its leading digits and still fails
+        vv.details["refinement"] = {"divergence_ulp": d, "within_ulp": half_digits_ulps(dtype)}
+        vv.reason = (f"refinement: head's float64 output differs from base's by {_f(d)} {dtype} ulp on the same "
+                     f"input, within half the {dtype} digits ({_f(half_digits_ulps(dtype))} ulp), and precision did "
+                     "not worsen: reported, not failed")
     else:
-        vv.reason = (f"head's float64 output differs from base's by {_f(t.behaviour[0])} {dtype} ulp on the same "
+        vv.reason = (f"head's float64 output differs from base's by {_f(d)} {dtype} ulp on the same "
                      "input (the function changed; precision did not worsen)")
     vv.details["input_index"] = i
     vv.details["behaviour_change"] = settings.behaviour_change
@@ -809,11 +830,65 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
             f"{fixes[op][1]} input(s) of {fixes[op][0]}): reported, not failed" for op, k in marked.items()]
 
 
+def refinements(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
+    """Changes that come with a refined function are reported, not failed.
+
+    An operator is *refined* when its forward variants' float64 runs moved (by more than
+    rounding) but agree with base's to within half the dtype's digits on every control input
+    (an approximation replaced by the exact function, a constant written to more digits). Then:
+
+    * a gradient variant's behaviour change: the derivative of an approximation is a worse
+      approximation of the derivative (precision did not worsen, or it would be a regression);
+    * a precision regression on an input where head and base compute (slightly) different
+      functions: base's error there is another function's, so head's error is held to base's
+      largest error over every judged input instead of the one input.
+
+    A gradient that changed while the forward did not move (a wrong backward), a function that
+    changed beyond half the digits, a precision loss above base's whole distribution, new
+    NaN/Inf and crashes still fail. Returns one warning line per operator it marked."""
+    fwd: Dict[str, Tuple[str, float]] = {}
+    changed_fwd = set()
+    for v in verdicts:
+        if v.variant.get("oracle", "precision") != "precision":
+            continue
+        d = v.details.get("divergence_ulp")
+        if d is not None and float(d) > half_digits_ulps(v.variant.get("dtype", "float32")):
+            changed_fwd.add(v.op)  # a different function: nothing here is a refinement
+        moved = max(float(v.details.get("ref_moved_ulp") or 0.0), float(d or 0.0))
+        if moved > BEHAVIOUR_TOLERANCE_ULP and moved > fwd.get(v.op, ("", 0.0))[1]:
+            fwd[v.op] = (v.key, moved)
+    marked: Dict[str, int] = {}
+    for v in verdicts:
+        if v.op not in fwd or v.op in changed_fwd or v.reported_only:
+            continue
+        key, moved = fwd[v.op]
+        dtype = v.variant.get("dtype", "float32")
+        changed = v.details.get("function_changed_ulp")
+        bar = v.details.get("threshold_over_inputs")
+        if (v.outcome == V.REGRESSION and v.details.get("kind") == "precision" and bar is not None
+                and (changed is None or float(changed) <= half_digits_ulps(dtype))
+                and v.head_error is not None and v.head_error <= float(bar)):
+            v.outcome = V.BEHAVIOUR_CHANGE
+            v.details["refinement"] = {"forward": key, "forward_moved_ulp": moved}
+            v.reason = (f"a refined function's precision: {v.reason}, but within base's largest error over every "
+                        f"judged input ({_f(float(bar))} ulp with the multiplier; the forward's float64 run moved by up "
+                        f"to {_f(moved)} ulp in {key}, within half its digits): reported, not failed")
+        elif v.variant.get("oracle") == "grad" and v.outcome == V.BEHAVIOUR_CHANGE:
+            v.details["refinement"] = {"forward": key, "forward_moved_ulp": moved}
+            v.reason = (f"the gradient of a refinement (the forward's float64 run moved by up to {_f(moved)} ulp in "
+                        f"{key}, within half its digits): reported, not failed. {v.reason}")
+        else:
+            continue
+        marked[v.op] = marked.get(v.op, 0) + 1
+    return [f"{op}: {k} change(s) that come with a refined forward ({fwd[op][0]} moved by up to "
+            f"{_f(fwd[op][1])} ulp, within half its digits): reported, not failed" for op, k in marked.items()]
+
+
 def failing(v: V.VariantVerdict, settings: GateSettings) -> bool:
     """Whether this verdict fails the gate."""
     if v.outcome == V.REGRESSION:
         return True
-    return v.outcome == V.BEHAVIOUR_CHANGE and settings.behaviour_change == "fail" and not v.details.get("with_fix")
+    return v.outcome == V.BEHAVIOUR_CHANGE and settings.behaviour_change == "fail" and not v.reported_only
 
 
 def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], settings: GateSettings) -> Tuple[str, str]:
@@ -848,8 +923,9 @@ def overall(verdicts: Sequence[V.VariantVerdict], errors: Sequence[str], setting
     imp = sum(v.outcome == V.IMPROVEMENT for v in verdicts)
     beh = [v for v in verdicts if v.outcome == V.BEHAVIOUR_CHANGE]
     fix = sum(bool(v.details.get("with_fix")) for v in beh)
-    warn = (f", {len(beh)} behaviour change(s) (" + (f"{fix} alongside a stability fix" if fix == len(beh) else
-                                                     f"{fix} alongside a stability fix, warn" if fix else "warn") + ")"
-            if beh else "")
+    ref = sum(bool(v.details.get("refinement")) and not v.details.get("with_fix") for v in beh)
+    why = [f"{fix} alongside a stability fix"] * bool(fix) + [f"{ref} refinement(s)"] * bool(ref)
+    why += ["warn"] * (fix + ref < len(beh))
+    warn = f", {len(beh)} behaviour change(s) ({', '.join(why)})" if beh else ""
     return Outcome.PASS.value, (f"{n} variant(s) checked, no regression" + (f", {imp} improved" if imp else "") + warn
                                 + (f"; {nc} not covered by the budget" if nc else ""))

@@ -62,6 +62,13 @@ class VariantVerdict:
         return Variant.from_dict({"dtype": "?", **self.variant}).key
 
     @property
+    def reported_only(self) -> bool:
+        """A behaviour change that is reported, never failed: it came with a stability fix of the
+        same operator (``with_fix``), or it is a refinement (``refinement``: head and base agree
+        to within half the dtype's digits, or a gradient that moved with a refined forward)."""
+        return self.outcome == BEHAVIOUR_CHANGE and bool(self.details.get("with_fix") or self.details.get("refinement"))
+
+    @property
     def id(self) -> str:
         return f"{self.op}[{self.key}]"
 

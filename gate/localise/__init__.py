@@ -35,7 +35,7 @@ FAILING = ("regression", "behaviour-change")
 def localise_all(report, work: List[dict], ctx: dict) -> None:
     """Diagnose every failing verdict in ``work`` (see :mod:`gate.pipeline`) within the budget."""
     items = [w for w in work if w.get("verdict") is not None and w["verdict"].outcome in FAILING
-             and not w["verdict"].details.get("with_fix")]  # changed alongside a stability fix: not failed
+             and not w["verdict"].reported_only]  # changed alongside a stability fix, a refinement: not failed
     if not items:
         return
     t0 = time.perf_counter()

@@ -64,8 +64,8 @@ def fmt_value(v: Any, max_len: int = 200) -> str:
 
 
 def is_failing(report: GateReport, v: VariantVerdict) -> bool:
-    # a behaviour change that came with a stability fix of the same operator is reported, not failed
-    return v.outcome in fail_set(report) and not (v.outcome == BEHAVIOUR_CHANGE and v.details.get("with_fix"))
+    # a behaviour change that came with a stability fix, or a refinement, is reported, not failed
+    return v.outcome in fail_set(report) and not v.reported_only
 
 
 def icon(report: GateReport, v: VariantVerdict) -> str:
