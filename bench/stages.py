@@ -86,11 +86,12 @@ class Hog:
             p.join()
 
 
-def run(repo: Path, out: Path, budget: float) -> dict:
+def run(repo: Path, out: Path, budget: float, base: str = "main", extra=()) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.time()
-    res = subprocess.run([sys.executable, "-m", "gate.cli", "run", "--base", "main", "--out", str(out),
-                          "--budget", f"{budget:g}", "--seed", "0"], cwd=repo, env=env, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "run", "--base", base, "--out", str(out),
+                          "--budget", f"{budget:g}", "--seed", "0", *extra], cwd=repo, env=env, capture_output=True,
+                         text=True)
     wall = time.time() - t0
     text = res.stdout + res.stderr
     m = re.search(r"ends by (\d\d:\d\d:\d\d)", text)
