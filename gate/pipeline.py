@@ -208,41 +208,21 @@ def run_gate(opts: RunOptions) -> V.GateReport:
         make_output_dir(opts.out)
         _run(opts, report, say)
     except GateError as exc:
-        _stopped(report, str(exc))
+        report.stopped(str(exc))
         if isinstance(exc, SetupError):
             report.env["setup_error"] = True
     except Terminated as exc:
-        _stopped(report, str(exc))
+        report.stopped(str(exc))
     except SystemExit as exc:  # code the gate imported ended the process (a sys.exit at import or in a runner)
-        _stopped(report, f"the operator library called sys.exit({exc.code!r}) outside an evaluation; run with "
+        report.stopped(f"the operator library called sys.exit({exc.code!r}) outside an evaluation; run with "
                          "--isolate to contain it")
     except Exception as exc:  # a harness fault: still an `error` report, with what was computed
         import traceback
 
         traceback.print_exc()
-        _stopped(report, f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        report.stopped(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
     report.seconds = round(time.perf_counter() - t0, 2)
     return report
-
-
-def _stopped(report: V.GateReport, why: str) -> None:
-    """The run stopped early (an error, SIGTERM at the deadline, an exit): the error is recorded,
-    and a failing verdict already reached stands. A regression found before localisation was cut
-    short is still a regression (exit 1), said with "localisation incomplete" on its row; only
-    when nothing failed is the run's outcome ``error``."""
-    report.errors.append(why)
-    failing = [v for v in report.verdicts if v.outcome in (report.fail_outcomes or [V.REGRESSION])]
-    if not failing:
-        report.outcome, report.reason = Outcome.ERROR.value, why
-        return
-    for v in failing:
-        if v.diagnosis is None:  # not reached by localisation
-            v.diagnosis = {**dict(v.diagnosis or {}), "error": f"localisation incomplete: {why}"}
-            v.details["localisation"] = "incomplete"
-    first = failing[0]
-    more = f" (+{len(failing) - 1} more)" if len(failing) > 1 else ""
-    report.outcome = Outcome.REGRESSION.value
-    report.reason = f"{first.id}: {first.reason}{more}; localisation incomplete ({why})"
 
 
 #: what a run writes under its output directory; an earlier run's copies are removed first, so

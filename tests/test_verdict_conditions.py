@@ -112,14 +112,12 @@ def test_enough_evaluations_pass_and_an_evals_budget_sets_its_own_minimum():
 
 
 def test_a_regression_reached_before_the_run_was_stopped_stands():
-    from gate.pipeline import _stopped
-
     report = V.GateReport(outcome="regression", reason="")
     reg = verdict(outcome=V.REGRESSION, evals=40)
     done = verdict(outcome=V.REGRESSION, evals=40)
     done.diagnosis = {"minimal_input": "x[1][0.5, 0.5]"}
     report.verdicts = [verdict(evals=40), reg, done]
-    _stopped(report, "terminated by SIGTERM (a CI time limit?)")
+    report.stopped("terminated by SIGTERM (a CI time limit?)")
     assert report.outcome == Outcome.REGRESSION.value and report.exit_code == 1
     assert "localisation incomplete" in report.reason and report.errors
     assert reg.details["localisation"] == "incomplete" and "localisation incomplete" in reg.diagnosis["error"]
@@ -127,7 +125,7 @@ def test_a_regression_reached_before_the_run_was_stopped_stands():
     # nothing failing: the stop is the run's error
     report = V.GateReport(outcome="pass", reason="")
     report.verdicts = [verdict(evals=40)]
-    _stopped(report, "the run passed its deadline")
+    report.stopped("the run passed its deadline")
     assert report.outcome == Outcome.ERROR.value and report.exit_code == 2
 
 

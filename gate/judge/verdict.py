@@ -113,6 +113,25 @@ class GateReport:
     def exit_code(self) -> int:
         return Outcome(self.outcome).exit_code
 
+    def stopped(self, why: str) -> None:
+        """The run stopped early (an error, SIGTERM at the deadline, an exit): the error is
+        recorded, and a failing verdict already reached stands. A regression found before
+        localisation was cut short is still a regression (exit 1), said with "localisation
+        incomplete" on its row; only when nothing failed is the run's outcome ``error``."""
+        self.errors.append(why)
+        failing = [v for v in self.verdicts if v.outcome in (self.fail_outcomes or [REGRESSION]) and not v.reported_only]
+        if not failing:
+            self.outcome, self.reason = Outcome.ERROR.value, why
+            return
+        for v in failing:
+            if v.diagnosis is None:  # not reached by localisation
+                v.diagnosis = {"error": f"localisation incomplete: {why}"}
+                v.details["localisation"] = "incomplete"
+        first = failing[0]
+        more = f" (+{len(failing) - 1} more)" if len(failing) > 1 else ""
+        self.outcome = Outcome.REGRESSION.value
+        self.reason = f"{first.id}: {first.reason}{more}; localisation incomplete ({why})"
+
     def counts(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
         for v in self.verdicts:
