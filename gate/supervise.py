@@ -485,8 +485,12 @@ def verdict_of_run(result: dict, out: Path):
                "worker, the out-of-memory killer)")
     if last and last != "done":
         why += f"; its last step: {last}"
-    report.outcome, report.reason = Outcome.ERROR.value, why
-    report.errors.append(why)
+    # a regression judged before the run was stopped or ended stands (exit 1, "localisation
+    # incomplete" on its row); with none, the run is an error. Safe to take from an untrusted
+    # report: a failing verdict can only turn the check red, and without one it is red anyway
+    report.stopped(why)
+    if report.outcome != Outcome.REGRESSION.value:
+        report.outcome, report.reason = Outcome.ERROR.value, why
     # nothing was judged to the end: like a setup error, this fails the Action's step whatever
     # its fail-on input says (the code under test must not be able to make it green)
     report.env["run_incomplete"] = True

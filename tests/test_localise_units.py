@@ -492,3 +492,31 @@ def test_a_dtype_that_failed_in_the_run_is_never_called_out_by_only():
     assert "float16 yes (failed in this run)" in evidence
     param, _ = conclude(rows, v32, {}, failed_in_run=["float16/cpu/input", "bfloat16/cpu/input"])
     assert param.startswith("no single parameter"), param
+
+
+def test_long_traces_align_in_linear_time_call_by_call(monkeypatch):
+    """A running log-sum-exp written as a loop over 8,192 steps traces ~50K calls a side; difflib
+    (quadratic, worse on repetitive traces) held localisation for minutes past its budget. Long
+    traces align their common prefix and suffix, then the k-th call of a function to its k-th."""
+    import difflib
+
+    from gate.localise import trace
+
+    steps = 8192
+    head = ["select"] + ["maximum", "sub", "exp", "mul", "sub", "exp", "add", "log", "add"] * steps + ["stack"]
+    base = ["select"] + ["sub", "exp", "add", "log", "add"] * steps + ["stack"]
+
+    def refuse(*a, **k):
+        raise AssertionError("difflib on traces beyond the limit")
+
+    monkeypatch.setattr(difflib, "SequenceMatcher", refuse)
+    m = trace.align(head, base)
+    assert m[0] == 0 and m[len(head) - 1] == len(base) - 1  # common prefix and suffix
+    exps_h = [i for i, x in enumerate(head) if x == "exp"]
+    exps_b = [j for j, x in enumerate(base) if x == "exp"]
+    # the k-th exp of head is the k-th of base (the last step's last exp is the common suffix's)
+    assert [m[i] for i in exps_h[:steps - 1]] == exps_b[:steps - 1] and m[exps_h[-1]] == exps_b[-1]
+    assert all(m.get(i) is None for i in exps_h[steps - 1:-1])  # head has twice base's exps
+    assert "maximum" not in [base[m[i]] for i in m]
+    monkeypatch.undo()
+    assert trace.align(["a", "b", "c"], ["a", "c"]) == {0: 0, 2: 1}  # short traces: difflib as before

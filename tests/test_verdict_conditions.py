@@ -245,3 +245,30 @@ def test_a_behaviour_change_within_half_the_digits_is_a_refinement():
     assert wrong.outcome == "behaviour-change" and not wrong.reported_only and failing(wrong, GateSettings())
     beyond = verdict(300.0, "float16")  # 300 float16 ulps: beyond its 45
     assert beyond.outcome == "behaviour-change" and not beyond.reported_only, beyond.reason
+
+
+def test_the_supervisor_keeps_a_regression_the_run_reached_before_its_deadline(tmp_path):
+    """Seen in bench/load_bed.py: a slow operator's localisation ran past the run's deadline; the
+    run wrote a report holding a judged regression, but the supervisor, which had stopped it,
+    called the whole run an error (exit 2): a check a default `fail-on: regression` would pass
+    had the step not failed on its own. The regression stands (exit 1); with none, an error."""
+    from gate.supervise import verdict_of_run
+
+    reg = verdict(outcome=V.REGRESSION, evals=40)
+    final = V.GateReport(outcome="regression", reason="r", verdicts=[verdict(evals=40), reg])
+    result = {"state": {"done": True, "final": final.to_dict(), "exit_code": 1, "outcome": "regression", "last": "localise"},
+              "returncode": -15, "stopped_by": "the run passed its deadline of 240s", "seconds": 241.6}
+    report, trusted = verdict_of_run(result, tmp_path)
+    assert not trusted and report.outcome == Outcome.REGRESSION.value and report.exit_code == 1, report.reason
+    assert "localisation incomplete" in report.reason and report.env["run_incomplete"]
+    assert any("passed its deadline" in e for e in report.errors)
+    # nothing failing in what the run left: the stop is an error
+    calm = V.GateReport(outcome="pass", reason="r", verdicts=[verdict(evals=40)])
+    result["state"]["final"] = calm.to_dict()
+    report, _ = verdict_of_run(result, tmp_path)
+    assert report.outcome == Outcome.ERROR.value and report.exit_code == 2
+    # a run that died before its report: the last checkpoint's regression stands too
+    result = {"state": {"report": final.to_dict(), "last": "localise"}, "returncode": -9, "stopped_by": None,
+              "seconds": 10.0}
+    report, _ = verdict_of_run(result, tmp_path)
+    assert report.outcome == Outcome.REGRESSION.value
