@@ -720,7 +720,8 @@ class _Pools:
     spreads the search over operators; it does not cut a variant below the evaluations a verdict
     needs while the run's total has time for them (a slow gradient, CUDA variants beside the CPU
     ones, a loaded machine), and no variant can take another's part of the total. The stage stays
-    within ``total``. With an ``--evals`` budget nothing is timed (``min_evals`` None)."""
+    within ``total``: each variant is booked at its wall time. With an ``--evals`` budget nothing is
+    timed (``min_evals`` None)."""
 
     def __init__(self, planned: "Planned", min_evals: Optional[int]):
         self.min_evals = min_evals
@@ -744,11 +745,14 @@ class _Pools:
                     budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=limit))
 
     def spend(self, task: Task, searched: float, wall: float) -> None:
+        """Book a variant's fuzz-stage time: its wall time, not only its search (the replays, the
+        controls and the determinism recheck around a search are the stage's time too: counting
+        the search alone let a slow operator's stage run 17 % past its share)."""
         name = task.op.name
         self.todo[name] -= 1
         if task.budget.seconds is not None:
-            self.op_left[name] -= searched
-            self.total_left -= searched
+            self.op_left[name] -= wall
+            self.total_left -= wall
         self.rows.append({"task": task.id, "share": task.budget.seconds, "searched": round(searched, 3),
                           "wall": round(wall, 3)})
 

@@ -170,10 +170,15 @@ def test_a_torch_module_class_runs_one_set_of_weights_at_every_dtype(tmp_path, m
   inputs: [{name: x, shape: [N, D]}]
   dtypes: [float16, float32]
 """)
+    import torch
+
+    torch.manual_seed(0)  # the Linear's initial weights (its error in ulps of small outputs depends on them)
     for dtype in ("float16", "float32"):
         ev = run(specs["t.Proj"], dtype)
         assert ev.status == "ok" and ev.metrics.unmeasured is None, (dtype, ev.status, ev.error)
-        assert ev.metrics.ulp < 64, (dtype, ev.metrics.ulp)  # same weights: only rounding differs
+        # same weights: only rounding differs (a few to ~100 ulps of outputs that cancel; another
+        # set of weights would differ in the leading digits: 1e5 ulps and more)
+        assert ev.metrics.ulp < 1024, (dtype, ev.metrics.ulp)
     from gate.backends.base import ClassOperator, resolve_callable
 
     op = resolve_callable("torch_cls:Proj")
