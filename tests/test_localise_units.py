@@ -378,6 +378,26 @@ def test_the_worst_element_of_a_new_nan_is_the_element_that_became_nan():
     assert focus_element(target, head, base, "float32") == (0, (1, 0))
 
 
+def _module_history(tmp_path, first: str):
+    """A git repository whose m.py starts as ``first``; ``commit(text)`` commits the next version."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+
+    def git(*a):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *a], check=True,
+                       capture_output=True)
+
+    git("init", "-q", "-b", "main")
+
+    def commit(text: str) -> None:
+        (repo / "m.py").write_text(text)
+        git("add", "-A")
+        git("commit", "-qm", "next")
+
+    commit(first)
+    return repo, commit
+
+
 def test_a_comment_edited_beside_the_change_is_not_named_as_the_changed_code(tmp_path):
     # keras #23093 (normalize's rsqrt clamp): the fix's revert edits the comment above the code
     # in a hunk of its own; the changed code named for the finding is the rsqrt line, not the comment
@@ -407,15 +427,8 @@ def test_a_comment_edited_beside_the_change_is_not_named_as_the_changed_code(tmp
             inv_norm = torch.clamp_max(inv_norm, 1.0 / epsilon)
             return x * inv_norm
         ''')
-    repo = tmp_path / "r"
-    repo.mkdir()
-    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)  # noqa: E731
-    run("init", "-q", "-b", "main")
-    (repo / "m.py").write_text(before)
-    run("add", "-A")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "fix")
-    (repo / "m.py").write_text(after)
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "revert")
+    repo, commit = _module_history(tmp_path, before)
+    commit(after)
     [ch] = changed_code(repo, "HEAD~1", "HEAD")
     assert ch.symbol == "normalize" and ch.lines == [8, 9], (ch.lines, ch.text)
 
@@ -452,15 +465,8 @@ def test_a_deleted_line_is_named_as_a_deletion_not_as_the_unchanged_line_after_i
             return e / e.sum(dim=dim, keepdim=True)
         ''')
     after = before.replace("    x = x - x.amax(dim=dim, keepdim=True)  # shift: exp never overflows\n", "")
-    repo = tmp_path / "r"
-    repo.mkdir()
-    run = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)  # noqa: E731
-    run("init", "-q", "-b", "main")
-    (repo / "m.py").write_text(before)
-    run("add", "-A")
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
-    (repo / "m.py").write_text(after)
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "drop the shift")
+    repo, commit = _module_history(tmp_path, before)
+    commit(after)
     [ch] = changed_code(repo, "HEAD~1", "HEAD")
     assert ch.symbol == "softmax" and ch.lines == [5]
     [row] = rank([ch], ["m.py:5 softmax"], [])
@@ -469,10 +475,8 @@ def test_a_deleted_line_is_named_as_a_deletion_not_as_the_unchanged_line_after_i
     assert row["text"].startswith("deleted above this line: x = x - x.amax")  # not "e = torch.exp(x)"
     assert "code deleted above it: x = x - x.amax" in code_ref_text(row)
     # a comment deleted on its own is no code change: its line is not named as a deletion
-    (repo / "m.py").write_text(after.replace("import torch\n", "import torch\n# ops\n"))
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "comment")
-    (repo / "m.py").write_text(after)
-    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "uncomment")
+    commit(after.replace("import torch\n", "import torch\n# ops\n"))
+    commit(after)
     assert all(not c.deleted for c in changed_code(repo, "HEAD~1", "HEAD"))
 
 

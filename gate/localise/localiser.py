@@ -239,7 +239,8 @@ class Localiser:
                 if not self.use_base and r.holds is None:
                     r.base = "no baseline row"
         failed = [v.key for v in self.report.verdicts
-                  if v.op == self.spec.name and v.outcome in (REGRESSION, BEHAVIOUR_CHANGE) and v is not self.vv]
+                  if v.op == self.spec.name and v.outcome in (REGRESSION, BEHAVIOUR_CHANGE) and not v.reported_only
+                  and v is not self.vv]
         diag.parameter, diag.parameter_evidence = conclude(rows, self.variant, cands[0].params, failed)
         self.details["variations"] = [r.to_dict() for r in rows]
 

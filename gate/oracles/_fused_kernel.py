@@ -47,6 +47,18 @@ def _min8(x0, x1, x2, x3, x4, x5, x6, x7):
 
 
 @numba.njit(cache=True, nogil=True)
+def _scales(p, emin, emax):
+    """(2^-(p-1), the smallest ulp, the largest ulp) of a format of p bits and exponents emin..emax."""
+    return math.ldexp(1.0, -(p - 1)), math.ldexp(1.0, emin - (p - 1)), math.ldexp(1.0, emax - (p - 1))
+
+
+@numba.njit(cache=True, nogil=True)
+def _tree8(r):
+    """NumPy's combination of its eight pairwise lanes."""
+    return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+
+
+@numba.njit(cache=True, nogil=True)
 def ulp_of(bi, scl, lo_ulp, hi_ulp):
     """gate.search.score.ulp of one value: its exponent bits as 2^e, scaled by 2^-(p-1), clamped
     to the dtype's range (0 and subnormals: the smallest; inf and NaN: the largest)."""
@@ -113,12 +125,13 @@ def finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp):
 
 
 @numba.njit(cache=True, nogil=True)
-def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it):
+def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q):
     """Both sums of one block by every rule of the NumPy path's general branch; the block's
     maxima (first index), NaN/Inf count, largest representable |b| and judged counts are kept in
-    locals and merged into ``st``/``it`` once (blocks come in order: strict > keeps the first)."""
-    r0 = r1 = r2 = r3 = r4 = r5 = r6 = r7 = 0.0
-    q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = 0.0
+    locals and merged into ``st``/``it`` once (blocks come in order: strict > keeps the first);
+    ``r``, ``q``: the eight lanes of each sum (reused from block to block)."""
+    r[:] = 0.0
+    q[:] = 0.0
     e_max = u_max = -1.0
     e_idx = u_idx = lo
     mag = 0.0
@@ -157,39 +170,14 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
                 u_idx = i
         if t >= m:  # the remainder, added in order after the lanes
             if t == m and m:
-                s1 = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-                s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+                s1, s2 = _tree8(r), _tree8(q)
             s1 += e
             s2 += u
             continue
-        j = t & 7
-        if j == 0:
-            r0 += e
-            q0 += u
-        elif j == 1:
-            r1 += e
-            q1 += u
-        elif j == 2:
-            r2 += e
-            q2 += u
-        elif j == 3:
-            r3 += e
-            q3 += u
-        elif j == 4:
-            r4 += e
-            q4 += u
-        elif j == 5:
-            r5 += e
-            q5 += u
-        elif j == 6:
-            r6 += e
-            q6 += u
-        else:
-            r7 += e
-            q7 += u
+        r[t & 7] += e  # lane t mod 8 (the first eight start from 0.0: 0.0 + e is e)
+        q[t & 7] += u
     if m == n and m:
-        s1 = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))
+        s1, s2 = _tree8(r), _tree8(q)
     if e_max > st[0]:
         st[0] = e_max
         it[0] = e_idx
@@ -212,9 +200,9 @@ def traverse(a, b, general, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
     ``st`` = [max err, max ulp err, max representable |b|], ``it`` = [index of the max err, index
     of the max ulp err, NaN/Inf outputs where the reference is representable, judged elements,
     judged elements whose reference is beyond the range]."""
-    scl = math.ldexp(1.0, -(p - 1))
-    lo_ulp = math.ldexp(1.0, emin - (p - 1))
-    hi_ulp = math.ldexp(1.0, emax - (p - 1))
+    scl, lo_ulp, hi_ulp = _scales(p, emin, emax)
+    r = np.zeros(8)
+    q = np.zeros(8)
     st[0] = -1.0
     st[1] = -1.0
     st[2] = 0.0
@@ -233,7 +221,7 @@ def traverse(a, b, general, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
         n = ns[top]
         if n <= 128:
             if general:
-                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it)
+                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q)
             else:
                 s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp)
                 if not (math.isfinite(s1) and math.isfinite(s2)):  # a NaN/Inf: the general pass's
@@ -272,9 +260,7 @@ def traverse(a, b, general, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
 @numba.njit(cache=True, nogil=True)
 def first_index(a, b, lo, target, by_dtype, p, emin, emax):
     """The first element from ``lo`` whose error (ulp error with ``by_dtype``) is ``target``."""
-    scl = math.ldexp(1.0, -(p - 1))
-    lo_ulp = math.ldexp(1.0, emin - (p - 1))
-    hi_ulp = math.ldexp(1.0, emax - (p - 1))
+    scl, lo_ulp, hi_ulp = _scales(p, emin, emax)
     for i in range(lo, a.shape[0]):
         e = abs(a[i] - b[i])
         if (_u(e, b[i], True, scl, lo_ulp, hi_ulp) if by_dtype else e) == target:

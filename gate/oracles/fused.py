@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -62,9 +62,20 @@ def warm() -> bool:
     return True
 
 
-#: the result of :func:`scores`: figures of one output against its reference
-#: (fast, e_max, e_idx, u_max, u_idx, s_err, s_ulp, nonfinite, mag, judged, beyond)
-Scores = Tuple[bool, float, int, float, int, float, float, int, float, int, int]
+class Scores(NamedTuple):
+    """The figures of one output against its reference (see :func:`scores`)."""
+
+    fast: bool
+    e_max: float
+    e_idx: int
+    u_max: float
+    u_idx: int
+    s_err: float
+    s_ulp: float
+    nonfinite: int
+    mag: float
+    judged: int
+    beyond: int
 
 
 def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) -> Optional[Scores]:
@@ -101,12 +112,12 @@ def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) 
         e_max, u_max = float(st[0]), float(st[1])
         e_idx = int(k.first_index(a, b, int(it[0]), e_max, False, *args[4:]))
         u_idx = int(k.first_index(a, b, int(it[1]), u_max, True, *args[4:])) if by_dtype else e_idx
-        return True, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), 0, float(st[2]), a.size, 0
+        return Scores(True, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), 0, float(st[2]), a.size, 0)
     it[:] = 0
     s_err, s_ulp = k.traverse(a, b, True, *args, st, it)
     e_max, u_max, mag = float(st[0]), float(st[1]), float(st[2])
     e_idx, u_idx, nonfinite, judged, beyond = (int(x) for x in it[:5])
-    return False, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), nonfinite, mag, judged, beyond
+    return Scores(False, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), nonfinite, mag, judged, beyond)
 
 
 def _build():

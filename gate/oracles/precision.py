@@ -175,22 +175,22 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             r = fused.scores(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ulp_floor, ftz)
             if r is None and kernel == "fused":
                 raise RuntimeError("the fused scoring kernel is not available (Numba missing, or DL_GATE_FUSED=0)")
-            if r is not None and not (ulp_floor == "output" and r[10]):  # r[10]: references beyond the range
-                fast, e_max, e_idx, u_max, u_idx, s_err, s_ulp, nf, mag, judged, _ = r
-                nonfinite += nf
-                if not fast and judged == 0:  # nothing could be judged (as the NumPy path: no figure)
+            # references beyond the range with one floor: each takes its own ulp (the NumPy path's)
+            if r is not None and not (ulp_floor == "output" and r.beyond):
+                nonfinite += r.nonfinite
+                if not r.fast and r.judged == 0:  # nothing could be judged (as the NumPy path: no figure)
                     continue
-                tot_abs = max(tot_abs, e_max)
-                tot_l1 += s_err
+                tot_abs = max(tot_abs, r.e_max)
+                tot_l1 += r.s_err
                 if ulp_floor == "output":
-                    div = _floor(mag, scale, dtype, ulp_floor)
-                    u, idx = e_max / div, e_idx
-                    tot_ulp_sum += s_err / div
+                    div = _floor(r.mag, scale, dtype, ulp_floor)
+                    u, idx = r.e_max / div, r.e_idx
+                    tot_ulp_sum += r.s_err / div
                 else:
-                    u, idx = u_max, u_idx
-                    tot_ulp_sum += s_ulp
+                    u, idx = r.u_max, r.u_idx
+                    tot_ulp_sum += r.s_ulp
                 if u > worst[0]:
-                    worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+                    worst = _worst(u, k, idx, shape, a, b)
                 max_ulp = max(max_ulp, u)
                 continue
         ovf = overflow_bound(dtype)
@@ -223,7 +223,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
                 e_sum = float(err.sum())
                 u = e_max / floor
                 if u > worst[0]:
-                    worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+                    worst = _worst(u, k, idx, shape, a, b)
                 max_ulp = max(max_ulp, u)
                 tot_abs = max(tot_abs, e_max)
                 tot_l1 += e_sum
@@ -245,7 +245,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
                 idx = int(np.argmax(err))
                 u = float(err[idx]) / div
                 if u > worst[0]:
-                    worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+                    worst = _worst(u, k, idx, shape, a, b)
                 max_ulp = max(max_ulp, u)
                 e_sum = float(err.sum())
                 tot_l1 += e_sum
@@ -254,7 +254,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         idx = int(np.argmax(ulp_err))
         u = float(ulp_err.flat[idx])
         if u > worst[0]:
-            worst = (u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx]))
+            worst = _worst(u, k, idx, shape, a, b)
         max_ulp = max(max_ulp, u)
         tot_l1 += float(err.sum())
         tot_ulp_sum += float(ulp_err.sum())
@@ -274,6 +274,11 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         spread=math.nan if search else spread,
         unmeasured=unmeasured,
     )
+
+
+def _worst(u: float, k: int, idx: int, shape, a: np.ndarray, b: np.ndarray) -> tuple:
+    """(ulp error, output, index, output value, reference value) of the worst element so far."""
+    return u, k, tuple(int(i) for i in np.unravel_index(idx, shape)), float(a[idx]), float(b[idx])
 
 
 def _slow_errors(a, b, dtype, ulp_floor, ftz, ovf, search=False, scale=0.0):
