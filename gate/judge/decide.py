@@ -273,6 +273,8 @@ def decide(
     )
     vv.details["floor_ulp"] = floor
     vv.details["multiplier"] = m
+    if finding is not None and finding.warmup > 0.5 * max(finding.seconds, 1e-9):
+        vv.details["warmup"] = round(finding.warmup, 3)  # most of the search's time was its first call
     vv.details["baseline"] = row_status
     lost = [i for i, (h, b) in enumerate(zip(head, base or ()))
             if h.status == UNSUPPORTED and str(h.error or "").startswith(NOT_DIFFERENTIABLE) and b.status == OK]
@@ -745,7 +747,9 @@ def under_searched(vv: V.VariantVerdict, settings: GateSettings, asked_evals: Op
     vv.details["would_be"] = vv.outcome
     vv.details["min_evals"] = need
     vv.outcome = V.UNDER_SEARCHED
-    vv.reason = (f"under-searched: {vv.evals} evaluation(s) in {vv.seconds:.3g}s, fewer than the {need} a pass needs "
+    warm = vv.details.get("warmup")
+    took = f"{vv.seconds:.3g}s" + (f", {warm:.3g}s of them the first call's warm-up" if warm else "")
+    vv.reason = (f"under-searched: {vv.evals} evaluation(s) in {took}, fewer than the {need} a pass needs "
                  f"(raise budget.total / per_op, or narrow --dtype/--mode); it would have been: {vv.reason}")
 
 

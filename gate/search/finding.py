@@ -42,6 +42,8 @@ class Finding:
     seed: int = 0
     evals: int = 0
     seconds: float = 0.0
+    #: of ``seconds``, the first evaluation's (a worker's warm-up: not counted by the time budget)
+    warmup: float = 0.0
     status: str = "ok"  # ok | unsupported | no-valid-input | error
     metrics: Optional[Metrics] = None
     best: Optional[Candidate] = None
@@ -89,6 +91,7 @@ class Finding:
             "seed": self.seed,
             "evals": self.evals,
             "seconds": round(self.seconds, 4),
+            "warmup": round(self.warmup, 4),
             "status": self.status,
             "metrics": self.metrics.to_dict() if self.metrics else None,
             "best_summary": self.best.summary() if self.best else None,
@@ -120,6 +123,7 @@ class Finding:
             seed=int(raw.get("seed", 0)),
             evals=int(raw.get("evals", 0)),
             seconds=float(raw.get("seconds", 0.0)),
+            warmup=float(raw.get("warmup", 0.0)),
             status=raw.get("status", "ok"),
             metrics=Metrics.from_dict(raw["metrics"]) if raw.get("metrics") else None,
             best=best,
