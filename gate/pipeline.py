@@ -94,7 +94,7 @@ def op_source(spec: OpSpec, repo: Path) -> Tuple[Optional[str], Optional[int]]:
     if spec.framework not in sys.modules:
         return _worker_source(spec, repo)
     try:
-        fn = get_backend(spec.framework).resolve(spec.callable)
+        fn = get_backend(spec.framework).resolve(spec.callable, spec.construct)
         fn = inspect.unwrap(fn)
         path = inspect.getsourcefile(fn)
         line = inspect.getsourcelines(fn)[1]

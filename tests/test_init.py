@@ -55,7 +55,7 @@ def binary_focal_loss_with_logits(input, target, alpha: float = 0.25, gamma: flo
 
 
 class BinaryFocalLossWithLogits(torch.nn.Module):
-    def __init__(self, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "none"):
+    def __init__(self, alpha: float, gamma: float = 2.0, reduction: str = "none"):  # kornia: alpha required
         super().__init__()
         self.alpha, self.gamma, self.reduction = alpha, gamma, reduction
 
@@ -70,6 +70,28 @@ class WeightedFocal(torch.nn.Module):
 
     def forward(self, input, target):
         return self.weight * binary_focal_loss_with_logits(input, target)
+
+
+class ClassWeighted(torch.nn.Module):
+    """Built from a tensor (kornia's FocalLoss(weight=...)): not written down as a row."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, input):
+        return input * self.weight
+
+
+class Projection(torch.nn.Module):
+    """A layer with a size and random weights: two sizes in the tests, each called at its own."""
+
+    def __init__(self, dim: int, bias: bool = True):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
 
 
 def _private_helper(x):
@@ -147,6 +169,17 @@ def test_focal():
 def test_module():
     m = BinaryFocalLossWithLogits(alpha=0.25)
     assert m(torch.rand(2, 3), torch.rand(2, 3)).shape == (2, 3)
+    assert BinaryFocalLossWithLogits(0.75, reduction="mean")(torch.rand(4, 3), torch.rand(4, 3)).dim() == 0
+
+
+def test_built_modules():
+    from focallib.focal import ClassWeighted, Projection
+
+    assert ClassWeighted(torch.ones(3))(torch.rand(2, 3)).shape == (2, 3)
+    small, big = Projection(4), Projection(8, bias=False)
+    for n in (1, 3):
+        assert small(torch.randn(n, 4)).shape == (n, 4)
+    assert big(torch.randn(2, 8)).shape == (2, 8)
 
 
 def test_softplus():
@@ -199,7 +232,7 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     ops = {o.name: o for o in cfg.ops}
     assert set(ops) == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
                         "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh",
-                        "focallib.normalize"}, sorted(ops)
+                        "focallib.normalize", "focallib.Projection"}, sorted(ops)
     focal = ops["focallib.binary_focal_loss_with_logits"]
     # from the tests' calls: the batch size varies (2, 5), the 3 never does
     assert [t.name for t in focal.inputs] == ["input", "target"]
@@ -207,7 +240,7 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     # the tests draw torch.rand logits; real values run, so the row is not narrowed to (0, 1)
     assert focal.inputs[0].domain.name == "real"
     params = {p.name: p for p in focal.params}
-    assert params["alpha"].choices == (0.5, 0.25) and set(params["reduction"].choices) == {"none", "mean"}
+    assert params["alpha"].choices == (0.5, 0.25, 0.75) and set(params["reduction"].choices) == {"none", "mean"}
     # probed: no test calls it, the first shape it accepts has 3 channels
     gray = ops["focallib.rgb_to_gray"]
     assert gray.inputs[0].shape[-3] == 3
@@ -222,10 +255,17 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     # the torch.library custom op: its callable is the op; no autograd registered: no gradient row
     assert ops["focallib.scaled_tanh"].callable == "focallib.extra:scaled_tanh"
     assert ops["focallib.scaled_tanh"].grad is False and "gradient check off" in text
-    # 4 calls from the tests, 1 from the module's forward (recorded too: a library's own calls count)
-    assert "# focallib.binary_focal_loss_with_logits: from 5 test call(s) in tests/test_focal.py" in text
+    # 4 calls from the tests, 2 from the module's forward (recorded too: a library's own calls count)
+    assert "# focallib.binary_focal_loss_with_logits: from 6 test call(s) in tests/test_focal.py" in text
     left = dict(rep.left_out)
-    assert "constructor needs weight" in left["focallib.WeightedFocal"]
+    assert "constructor needs weight and no test constructs it" in left["focallib.WeightedFocal"]
+    assert "construct it with a tensor (weight)" in left["focallib.ClassWeighted"]
+    # classes built as the tests build them: kornia's required alpha, the instance called most
+    # (its calls' shapes, not the other instance's: a Linear(4, 4) is never given 8 features)
+    assert ops["focallib.BinaryFocalLossWithLogits"].construct == (("alpha", 0.25),)
+    proj = ops["focallib.Projection"]
+    assert proj.construct == (("dim", 4),) and proj.inputs[0].shape == ("N", 4) and proj.dims == (("N", (1, 3)),)
+    assert "built as Projection(dim=4)" in text
     assert "path" in left["focallib.save_tensor"]
     assert "name: str" in left["focallib.describe"]
     assert not any("_private_helper" in n for n in left)
@@ -461,8 +501,10 @@ def _cli(repo, *args, timeout=900):
 @pytest.mark.parametrize("base_fixed", [True, False])
 def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tmp_path, base_fixed):
     repo = make_lib(tmp_path, fixed=base_fixed)
-    res = _cli(repo, "init", "--ops", "focallib.binary_focal_loss_with_logits")
+    # the function, and kornia's class whose constructor needs alpha (built as the tests build it)
+    res = _cli(repo, "init", "--ops", "focallib.binary_focal_loss_with_logits", "--ops", "focallib.BinaryFocalLossWithLogits")
     assert res.returncode == 0, res.stderr
+    assert "construct: {alpha: 0.25}" in (repo / ".dl-gate.yml").read_text()
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "dl-gate init")
     res = _cli(repo, "baseline", "refresh", "--evals", "150")
@@ -479,6 +521,11 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
     assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
     if base_fixed:
         assert "new NaN/Inf" in (tmp_path / "out" / "report.md").read_text()
+        import json
+
+        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        failed = {v["op"] for v in report["verdicts"] if v["outcome"] == "regression"}
+        assert failed == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits"}, failed
 
 
 @pytest.mark.tf

@@ -82,6 +82,31 @@ def test_classes_become_operators_or_a_one_line_error(lib):
         resolve_callable(f"{lib}:NotAnOp")
 
 
+
+def test_a_class_is_built_with_the_rows_constructor_arguments(lib):
+    """``construct``: what init records from the tests; a torch module's weights come from a
+    fixed seed, so head's and base's processes (and every dtype) run the same ones."""
+    import torch
+
+    inst = resolve_callable(f"{lib}:Scaled", (("scale", 3.0),))
+    assert torch.equal(inst(torch.ones(2)), torch.full((2,), 3.0))
+    lin = [resolve_callable("torch.nn:Linear", (("in_features", 4), ("out_features", 2))) for _ in range(2)]
+    torch.rand(100)  # the global generator moves on: the weights do not
+    again = resolve_callable("torch.nn:Linear", (("in_features", 4), ("out_features", 2)))
+    assert torch.equal(lin[0].default.weight, lin[1].default.weight) and torch.equal(lin[0].default.weight, again.default.weight)
+    assert torch.equal(inst.at("float64").scale * torch.ones(1, dtype=torch.float64), torch.full((1,), 3.0).double())
+    with pytest.raises(ConfigError, match=r"Scaled\(scale='x', bogus=1\) fails: TypeError"):
+        resolve_callable(f"{lib}:Scaled", (("scale", "x"), ("bogus", 1)))
+    with pytest.raises(ConfigError, match="construct is for a class"):
+        resolve_callable(f"{lib}:stats", (("scale", 1.0),))
+    row = {"name": "t.scaled", "framework": "torch", "callable": f"{lib}:Scaled",
+           "inputs": [{"name": "x", "shape": [3]}], "construct": {"scale": 2.0, "sizes": [1, 2]}}
+    spec = OpSpec.from_dict(row, origin="user")
+    assert spec.construct == (("scale", 2.0), ("sizes", (1, 2))) and spec.to_dict()["construct"]["scale"] == 2.0
+    with pytest.raises(ConfigError, match="construct.scale must be a number"):
+        OpSpec.from_dict({**row, "construct": {"scale": {"t": 1}}}, origin="user")
+
+
 def test_dict_outputs_are_compared(lib):
     spec = OpSpec.from_dict({"name": "t.stats", "framework": "torch", "callable": f"{lib}:stats",
                              "inputs": [{"name": "x", "shape": ["N", "D"]}], "dims": {"N": [1, 4], "D": [2, 8]}},

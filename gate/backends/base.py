@@ -9,7 +9,7 @@ import os
 import re
 import traceback
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -154,8 +154,9 @@ class Backend(ABC):
         """Seed the framework's own RNG (for ops with internal randomness)."""
 
     # -- helpers ------------------------------------------------------------------------
-    def resolve(self, path: str) -> Callable:
-        return resolve_callable(path)
+    def resolve(self, path: str, construct: Sequence[Tuple[str, Any]] = ()) -> Callable:
+        """The operator ``path`` names (``construct``: a class's constructor arguments)."""
+        return resolve_callable(path, construct)
 
     def is_unsupported(self, exc: BaseException) -> bool:
         if isinstance(exc, NotDifferentiable):
@@ -164,8 +165,10 @@ class Backend(ABC):
         return any(re.search(p, msg) for p in self.unsupported_patterns)
 
 
-def resolve_callable(path: str) -> Callable:
-    """Import ``pkg.mod:obj.attr`` or ``pkg.mod.func``; one-line error if that fails."""
+def resolve_callable(path: str, construct: Sequence[Tuple[str, Any]] = ()) -> Callable:
+    """Import ``pkg.mod:obj.attr`` or ``pkg.mod.func``; one-line error if that fails. A class is
+    built (with ``construct``'s arguments: an ``nn.Module`` / Keras ``Layer`` the library's
+    tests construct with them)."""
     if ":" in path:
         mod_name, attr = path.split(":", 1)
         candidates: List[Tuple[str, str]] = [(mod_name, attr)]
@@ -198,42 +201,62 @@ def resolve_callable(path: str) -> Callable:
             last_err = AttributeError(f"{exc} (imported from {where})" if where else str(exc))
             continue
         if inspect.isclass(obj):
-            return _operator_of_class(path, obj)
+            return _operator_of_class(path, obj, dict(construct))
+        if construct:
+            raise ConfigError(f"{path}: construct is for a class (an nn.Module or Keras Layer), and this is "
+                              f"{type(obj).__name__}")
         if not callable(obj):
             raise ConfigError(f"{path} is not callable")
         return obj
     raise ConfigError(f"cannot import callable {path!r}: {last_err}")
 
 
-def _operator_of_class(path: str, cls: type) -> Callable:
+def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]] = None) -> Callable:
     """What calling the class ``path`` names means as an operator: an ``autograd.Function``'s
-    ``apply``; an instance of a ``nn.Module`` / Keras ``Layer`` built without arguments; anything
-    else (or a constructor that needs arguments) is a one-line error saying what to declare."""
+    ``apply``; an instance of a ``nn.Module`` / Keras ``Layer`` built with ``construct``'s
+    arguments (none by default); anything else (or a constructor that fails) is a one-line error
+    saying what to declare."""
     bases = {f"{c.__module__}.{c.__name__}" for c in cls.__mro__[1:]}
     if any(b.startswith("torch.autograd.function.") and b.endswith(".Function") for b in bases):
+        if construct:
+            raise ConfigError(f"{path} is an autograd.Function: construct is for an nn.Module or Keras Layer")
         return cls.apply  # type: ignore[attr-defined]
     if any(b.endswith(".Module") and b.startswith("torch.nn.") or b.endswith(".Layer") for b in bases):
         try:
-            return ClassOperator(cls, keras=not any(b.startswith("torch.nn.") for b in bases))
+            return ClassOperator(cls, keras=not any(b.startswith("torch.nn.") for b in bases), kwargs=construct)
         except Exception as exc:
+            if construct:
+                raise ConfigError(f"{path}({', '.join(f'{k}={v!r}' for k, v in construct.items())}) fails: "
+                                  f"{type(exc).__name__}: {exc}") from None
             raise ConfigError(f"{path} is a class whose constructor needs arguments ({type(exc).__name__}: {exc}): "
-                              "declare an instance (module:INSTANCE) or a factory function instead") from None
+                              "give them as the row's construct: {name: value}, or declare an instance "
+                              "(module:INSTANCE) or a factory function") from None
     raise ConfigError(f"{path} is a class, not an operator: declare a function, an instance or, for an "
                       "autograd.Function, its .apply")
 
 
 class ClassOperator:
-    """A ``nn.Module`` / Keras ``Layer`` class named as an operator, built by the gate without
-    arguments: once as it is (a call without a dtype), and once per dtype it is run at
-    (:meth:`at`), so that it computes in the variant's dtype rather than in its float32 default.
-    A Keras layer is built with ``dtype=`` (its dtype policy: an argument-less layer keeps float32
-    and casts float16 inputs up, measuring float32 at every dtype); a torch module is a copy of
-    the one instance moved ``.to(dtype, device)``, so that every dtype, the float64 reference
-    included, runs the same weights. An instance the user declares is used as it is."""
+    """A ``nn.Module`` / Keras ``Layer`` class named as an operator, built by the gate with the
+    row's ``construct`` arguments (none by default): once as it is (a call without a dtype), and
+    once per dtype it is run at (:meth:`at`), so that it computes in the variant's dtype rather
+    than in its float32 default. A Keras layer is built with ``dtype=`` (its dtype policy: a
+    layer built without it keeps float32 and casts float16 inputs up, measuring float32 at every
+    dtype) and given the first instance's weights; a torch module is a copy of the one instance
+    moved ``.to(dtype, device)``. Every dtype, the float64 reference included, runs the same
+    weights, and a torch module's initial weights come from a fixed seed, so that head and base
+    (separate processes) run the same weights too. An instance the user declares is used as it is."""
 
-    def __init__(self, cls: type, keras: bool):
+    def __init__(self, cls: type, keras: bool, kwargs: Optional[Dict[str, Any]] = None):
         self.cls, self.keras = cls, keras
-        self.default = cls()
+        self.kwargs = dict(kwargs or {})
+        if keras:
+            self.default = cls(**self.kwargs)
+        else:
+            import torch
+
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                self.default = cls(**self.kwargs)
         self._built: dict = {}
         try:  # what inspect.signature reports: the instance's call (forward / call), not (*args, **kwargs)
             self.__signature__ = inspect.signature(getattr(self.default, "call" if keras else "forward"))
@@ -247,7 +270,7 @@ class ClassOperator:
         key = (dtype, device)
         if key not in self._built:
             if self.keras:
-                self._built[key] = self.cls(dtype=dtype)
+                self._built[key] = _KerasAt(self.cls(dtype=dtype, **self.kwargs), self.default)
             else:
                 import copy
 
@@ -255,6 +278,26 @@ class ClassOperator:
 
                 self._built[key] = copy.deepcopy(self.default).to(device=device, dtype=getattr(torch, dtype))
         return self._built[key]
+
+
+class _KerasAt:
+    """A Keras layer built at a dtype, given ``default``'s weights when it builds them (Keras
+    creates weights at the first call, each instance its own random draw)."""
+
+    def __init__(self, layer: Any, default: Any):
+        self.layer, self.default, self.ready = layer, default, False
+
+    def __call__(self, *args, **kwargs):
+        if not self.ready:
+            out = self.layer(*args, **kwargs)  # builds the layer's weights
+            if self.layer.weights:
+                if not self.default.built:
+                    self.default(*args, **kwargs)
+                self.layer.set_weights(self.default.get_weights())
+                out = self.layer(*args, **kwargs)
+            self.ready = True
+            return out
+        return self.layer(*args, **kwargs)
 
 
 def at_dtype(fn: Callable, dtype: str, device: str = "cpu") -> Callable:

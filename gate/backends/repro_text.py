@@ -41,12 +41,17 @@ _BUILT = {}
 
 def at_dtype(fn, dtype, mode="input"):
     """As the gate runs a class named as the operator: an autograd.Function's apply; a module
-    built once without arguments and a copy of it moved to each dtype (float32 under autocast)."""
+    built once with the row's constructor arguments (its initial weights from seed 0) and a copy
+    of it moved to each dtype (float32 under autocast)."""
     if not isinstance(fn, type):
         return fn
     if issubclass(fn, torch.autograd.Function):
         return fn.apply
-    built = _BUILT.setdefault(fn, {"default": fn()})
+    if fn not in _BUILT:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            _BUILT[fn] = {"default": fn(**CONSTRUCT)}
+    built = _BUILT[fn]
     dtype = "float32" if mode == "operator" and dtype in ("float16", "bfloat16") else dtype
     if dtype not in built:
         import copy
@@ -140,11 +145,25 @@ _BUILT = {}
 
 
 def at_dtype(fn, dtype):
-    """As the gate runs a Keras layer class named as the operator: built with dtype=, per dtype."""
+    """As the gate runs a Keras layer class named as the operator: built with dtype= and the
+    row's constructor arguments, per dtype, each given one default instance's weights."""
     if not isinstance(fn, type):
         return fn
     if (fn, dtype) not in _BUILT:
-        _BUILT[(fn, dtype)] = fn(dtype=dtype)
+        default = _BUILT.setdefault((fn, None), fn(**CONSTRUCT))
+        layer = fn(dtype=dtype, **CONSTRUCT)
+
+        def first(*args, **kwargs):
+            out = layer(*args, **kwargs)
+            if layer.weights:
+                if not default.built:
+                    default(*args, **kwargs)
+                layer.set_weights(default.get_weights())
+                out = layer(*args, **kwargs)
+            _BUILT[(fn, dtype)] = layer
+            return out
+
+        _BUILT[(fn, dtype)] = first
     return _BUILT[(fn, dtype)]
 
 

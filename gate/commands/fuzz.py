@@ -102,7 +102,7 @@ def run(args) -> int:
     from ..oracles.references import is_true_reference
 
     for spec in specs:  # fail fast, before any work, on an un-importable callable
-        get_backend(spec.framework).resolve(spec.callable)
+        get_backend(spec.framework).resolve(spec.callable, spec.construct)
         if spec.reference and not is_true_reference(spec.reference):
             get_backend(spec.framework).resolve(spec.reference)
     if args.exhaustive and any(t.variant.dtype == "float32" for t in tasks):

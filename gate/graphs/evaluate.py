@@ -152,7 +152,7 @@ class GraphRunner:
         self.r_threshold = r_threshold
         self.specs = [specs[n.op] for n in graph.nodes]
         self.backend = get_backend(graph.framework)
-        self.fns = [self.backend.resolve(s.callable) for s in self.specs]
+        self.fns = [self.backend.resolve(s.callable, s.construct) for s in self.specs]
         self.ref_fns = [self.backend.resolve(s.reference) if s.reference else f for s, f in zip(self.specs, self.fns)]
         self.spec = self._free_tensors()
 

@@ -303,7 +303,7 @@ class ShapeProbe:
                 kwargs[t.name] = native
             else:
                 args.append(native)
-        fn = backend.resolve(spec.callable)
+        fn = backend.resolve(spec.callable, spec.construct)
         result = backend.call(fn, args, kwargs, mode="input", dtype="float64", device=self.device)
         first = flatten(result)[:1]
         outs = backend.to_outputs(first)

@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SetupError
 from .discover import Symbol, default_tests, find_package, run_worker, scan, uses_framework
-from .infer import Operator, from_records, hinted_options, probe_specs, widen
+from .infer import Operator, constructed, from_records, hinted_options, probe_specs, widen
 
 CONFIG = ".dl-gate.yml"
 LOW = ("float16", "bfloat16", "float32")
@@ -92,7 +92,9 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     if argv and argv[0] in ("pytest", "py.test"):
         argv = [sys.executable, "-m", "pytest"] + argv[1:]
     argv = ["timeout", "-s", "INT", "-k", "30", str(int(timeout))] + argv
-    targets = [SimpleNamespace(name=o.name, callable=o.harvest_target) for o in ops]
+    # a class's constructor is recorded too: the arguments the tests build it with
+    targets = [SimpleNamespace(name=o.name, callable=o.harvest_target,
+                               construct_of=o.callable if o.kind in ("module", "layer") else None) for o in ops]
     with tempfile.TemporaryDirectory(prefix="dl-gate-init-harvest-") as tmp:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(list(sys_path) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -107,8 +109,8 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
         if not r.source.startswith("error: "):
             by.setdefault(r.op, []).append(r)
     what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
-            f" in {time.monotonic() - t0:.0f}s; {sum(len(v) for v in by.values())} distinct calls of "
-            f"{len(by)} operators recorded")
+            f" in {time.monotonic() - t0:.0f}s; {sum(r.kind == 'call' for v in by.values() for r in v)} distinct "
+            f"calls of {sum(any(r.kind == 'call' for r in v) for v in by.values())} operators recorded")
     return by, what
 
 
@@ -128,6 +130,16 @@ def _run_quiet(fn, out):
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
+
+
+def _after(row: dict, key: str, new: str, value) -> dict:
+    """``row`` with ``new: value`` placed right after ``key`` (the row reads in that order)."""
+    out = {}
+    for k, v in row.items():
+        out[k] = v
+        if k == key:
+            out[new] = value
+    return out
 
 
 def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_rec: int = 1
@@ -217,7 +229,7 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
         log(report.harvest)
     plans = _candidate_specs(ops, records, report)
     final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report)
-    text, path = _write_config(repo, pkg, framework, syms, config, final, report)
+    text, path = _write_config(repo, pkg, framework, syms, config, final, report, ops)
     if workflows:
         _write_workflows(repo, config, framework, report)
     if records:
@@ -271,11 +283,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
             op = Operator(name=name, module=m, qualname=s.name, kind=r["kind"], file=s.file, line=s.line,
                           framework=r.get("framework", framework), params=r.get("params") or [],
                           init=r.get("init") or [])
-            if op.kind in ("module", "layer") and op.required_init():
-                report.left_out.append((name, f"its constructor needs {', '.join(op.required_init())} "
-                                              "(a row whose callable builds it: docs/config.md, 'A module whose constructor needs arguments')"))
-                continue
-            ops.append(op)
+            ops.append(op)  # a constructor that needs arguments: built as the tests build it, if they do
             by_sym[name] = s
     if not ops:
         raise SetupError(f"no operator candidates in {pkg.name}: " +
@@ -294,6 +302,13 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         origin = ""
         n_rec = 0
         recs = records.get(op.name, [])
+        construct: Optional[dict] = None
+        if op.kind in ("module", "layer") and op.required_init():
+            construct, recs, why = constructed(op, recs)
+            if construct is None:
+                report.left_out.append((op.name, why))
+                continue
+        recs = [r for r in recs if r.kind == "call"]
         if recs:
             inf = from_records(op, recs, op.framework, sources)
             if inf.spec is not None:
@@ -313,6 +328,9 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         if not cands:
             report.left_out.append((op.name, why if not origin else f"{origin}; {why}"))
             continue
+        if construct is not None:  # every candidate builds the instance the tests built
+            cands = [_after(c, "callable", "construct", construct) for c in cands]
+            origin = f"{origin}; built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in construct.items())})"
         plans[op.name] = (op, cands, origin, n_rec)
 
     return plans
@@ -350,7 +368,7 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
 
 
 def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: List[Tuple[dict, str]],
-                  report: InitReport) -> Tuple[str, Path]:
+                  report: InitReport, ops: Sequence[Operator] = ()) -> Tuple[str, Path]:
     """Write a new config, or merge the rows into the existing one; returns (its text, its path)."""
     from .. import __version__
     from ..config import parse_config
@@ -378,9 +396,11 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
             return c not in scanned and (":" in c or mod not in known_mods)
 
         keep_out = yamlio.skipped(path.read_text(encoding="utf-8"))
-        for spec, _ in final:
-            if spec["name"] in keep_out:
-                report.left_out.append((spec["name"], "kept out by a `# dl-gate init: skip` line"))
+        rows = {r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict)}
+        # what this run could not build but the file has (a row the user wrote or kept) or keeps out
+        report.left_out = [(n, w) for n, w in report.left_out if n not in rows and n not in keep_out]
+        for name in sorted(keep_out & ({spec["name"] for spec, _ in final} | {o.name for o in ops})):
+            report.left_out.append((name, "kept out by a `# dl-gate init: skip` line"))
         report.added, report.kept, _ = yamlio.merge(doc, [r for r in final if r[0]["name"] not in keep_out], [])
         report.removed = [r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict) and gone(r)]
     else:
@@ -438,12 +458,14 @@ def _store_seeds(cfg, records: Dict[str, list], plans) -> int:
     for n, recs in records.items():
         op = plans.get(n, (None,))[0]
         for r in recs:
+            if r.kind != "call":
+                continue
             args = list(r.args)
             if op is not None and op.kind in ("module", "layer") and args and isinstance(args[0], Opaque):
                 args = args[1:]
             flat.append(CallRecord(op=n, args=args, kwargs=r.kwargs, source=r.source))
     by_callable = {s.callable: sigs.get(s.name) for s in specs}
-    rep = store_records(flat, specs, store, resolve=lambda c: by_callable.get(c))
+    rep = store_records(flat, specs, store, resolve=lambda c, construct=(): by_callable.get(c))
     return sum(rep.stored.values())
 
 

@@ -70,6 +70,57 @@ class Operator:
         return [p["name"] for p in self.init if not p["has_default"] and p["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
 
 
+def _literal(v: Any) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    return isinstance(v, (list, tuple)) and all(_literal(x) for x in v)
+
+
+def _yaml_value(v: Any) -> Any:
+    return [_yaml_value(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def bind_init(op: Operator, rec: CallRecord) -> Tuple[Optional[Dict[str, Any]], str]:
+    """A recorded construction's arguments by name, as a row's ``construct`` (None, why) when
+    one cannot be written down: a tensor or an object, or extra positional arguments."""
+    names = [p["name"] for p in op.init if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    if len(rec.args) > len(names):
+        return None, f"{op.qualname}(...) takes {len(rec.args) - len(names)} positional argument(s) beyond its named ones"
+    kw = dict(zip(names, rec.args))
+    kw.update(rec.kwargs)
+    for k, v in kw.items():
+        if isinstance(v, TensorArg):
+            return None, f"the tests construct it with a tensor ({k})"
+        if not _literal(v):
+            return None, f"the tests construct it with an object ({k}={v!r})"
+    return {k: _yaml_value(v) for k, v in kw.items()}, ""
+
+
+def constructed(op: Operator, records: Sequence[CallRecord]) -> Tuple[Optional[Dict[str, Any]], List[CallRecord], str]:
+    """A class operator whose constructor needs arguments, built as the library's tests build it:
+    the recorded construction whose instances the tests called most that can be written down
+    (literal arguments), with the calls of those instances; (None, [], why) when there is none."""
+    need = ", ".join(op.required_init())
+    inits = [r for r in records if r.kind == "init"]
+    calls = [r for r in records if r.kind == "call"]
+    how = ("give it a row with construct: {name: value}: docs/config.md, 'A module whose constructor "
+           "needs arguments'")
+    if not inits:
+        return None, [], f"its constructor needs {need} and no test constructs it ({how})"
+    uses = collections.Counter(r.ctor for r in calls if r.ctor)
+    why = ""
+    for rec in sorted(inits, key=lambda r: -uses.get(r.ctor, 0)):  # stable: the tests' order among equals
+        kw, bad = bind_init(op, rec)
+        if kw is None:
+            why = why or bad
+            continue
+        mine = [r for r in calls if r.ctor == rec.ctor]
+        if mine:
+            return kw, mine, ""
+        why = why or "the tests construct it but never call what they built"
+    return None, [], f"its constructor needs {need}: {why} ({how})"
+
+
 def _positional_names(op: Operator) -> List[str]:
     return [p["name"] for p in op.params if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
 

@@ -286,7 +286,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
     np.savez_compressed(data, **arrays)
     lay = spec.layout(variant.layout)
     header = {
-        "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "REFERENCE": spec.reference,
+        "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "CONSTRUCT": dict(spec.construct), "REFERENCE": spec.reference,
         "INPUTS": [(t.name, t.keyword) for t in spec.inputs if t.name in cand.arrays],
         "FLOAT_INPUTS": float_input_names(spec),
         "INPUT_DTYPES": {t.name: t.dtype for t in spec.inputs if t.dtype and t.kind == "float"},

@@ -295,6 +295,9 @@ class OpSpec:
     grad: bool = False
     oracles: Optional[tuple] = None  # explicit oracle list; None: the rules table decides
     oracle_args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-oracle options
+    #: a class's constructor arguments ((name, value), ...): ``callable`` names an ``nn.Module`` /
+    #: Keras ``Layer`` the gate builds with them (what the library's tests construct)
+    construct: tuple = ()
     tags: tuple = ()
     description: str = ""
     origin: str = "builtin"  # builtin | user
@@ -353,6 +356,7 @@ class OpSpec:
             "grad": self.grad,
             "oracles": list(self.oracles) if self.oracles is not None else None,
             "oracle_args": {k: dict(v) for k, v in self.oracle_args.items()},
+            **({"construct": dict(self.construct)} if self.construct else {}),
             "tags": list(self.tags),
             "description": self.description,
             "origin": self.origin,
@@ -412,6 +416,7 @@ class OpSpec:
                 grad=bool(merged.get("grad", user_torch)),
                 oracles=tuple(merged["oracles"]) if merged.get("oracles") is not None else None,
                 oracle_args={str(k): dict(v or {}) for k, v in dict(merged.get("oracle_args") or {}).items()},
+                construct=_construct(name, merged.get("construct")),
                 tags=tuple(merged.get("tags", ())),
                 description=str(merged.get("description", "")),
                 origin=origin,
@@ -432,3 +437,29 @@ class OpSpec:
 
     def replace(self, **changes) -> "OpSpec":
         return dataclasses.replace(self, **changes)
+
+
+def _literal(v: Any) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    return isinstance(v, (list, tuple)) and all(_literal(x) for x in v)
+
+
+def _construct(name: str, raw: Any) -> tuple:
+    """A row's ``construct`` mapping as ((argument, value), ...): literal values only (numbers,
+    strings, booleans, null and lists of them; a list is passed as a tuple, as sizes are)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"operator {name}: construct must map constructor arguments to values, not {raw!r}")
+    out = []
+    for k, v in raw.items():
+        if not _literal(v):
+            raise ConfigError(f"operator {name}: construct.{k} must be a number, string, boolean, null or a list "
+                              f"of them, not {v!r} (a tensor argument needs a function that builds the module)")
+        out.append((str(k), _frozen(v)))
+    return tuple(out)
+
+
+def _frozen(v: Any) -> Any:
+    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v

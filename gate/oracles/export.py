@@ -71,7 +71,7 @@ class Exportable:
 def op_exportable(spec: OpSpec, backend: Backend, rng: np.random.Generator) -> Tuple[Exportable, Candidate]:
     """A single-operator model of ``spec`` (parameters baked in, every tensor an input) at one
     drawn shape and parameter set, and the example input it is exported from."""
-    fn = backend.resolve(spec.callable)
+    fn = backend.resolve(spec.callable, spec.construct)
     ref = backend.resolve(spec.reference) if spec.reference else fn
     example = draw(spec, rng)
     params = dict(example.params)

@@ -120,7 +120,7 @@ class VariantRunner:
         self.backend = backend or get_backend(spec.framework)
         if variant.device not in self.backend.devices():
             raise UnsupportedVariant(f"device {variant.device} is not available to {self.backend.name}")
-        self.fn = fn or self.backend.resolve(spec.callable)
+        self.fn = fn or self.backend.resolve(spec.callable, spec.construct)
         check_imports(spec)
         from .references import resolve as resolve_truth
 

@@ -72,7 +72,8 @@ def run_harvest(command: Sequence[str], ops: Sequence[OpSpec], raw_dir: Path, *,
     site.mkdir(exist_ok=True)
     hook = Path(__file__).with_name("harvest_hook.py").resolve()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(hook=str(hook)))
-    cfg = {"ops": [{"name": s.name, "callable": s.callable} for s in ops], "out": str(raw_dir / "records"),
+    cfg = {"ops": [{"name": s.name, "callable": s.callable, "construct": getattr(s, "construct_of", None)}
+                   for s in ops], "out": str(raw_dir / "records"),
            "max_calls": max_calls, "max_elems": max_elems}
     cfg_path = raw_dir / "harvest.json"
     cfg_path.write_text(json.dumps(cfg))
@@ -117,9 +118,11 @@ def load_records(raw_dir: Path) -> List[CallRecord]:
                 if "error" in r:
                     out.append(CallRecord(op=r["op"], args=[], kwargs={}, source=f"error: {r['error']}"))
                     continue
+                kind = r.get("kind", "call")
                 out.append(CallRecord(op=r["op"], args=[_decode(a, arrays) for a in r["args"]],
                                       kwargs={k: _decode(v, arrays) for k, v in r["kwargs"].items()},
-                                      source=r.get("source", "")))
+                                      source=r.get("source", ""), kind=kind,
+                                      ctor=r.get("ctor_id") if kind == "init" else r.get("ctor")))
     return out
 
 
@@ -132,7 +135,7 @@ def store_records(records: Sequence[CallRecord], specs: Sequence[OpSpec], store:
     fns: Dict[str, Any] = {}
     for rec in records:
         spec = by_name.get(rec.op)
-        if spec is None:
+        if spec is None or rec.kind != "call":  # a construction is no input
             continue
         if rec.source.startswith("error: "):
             report.errors.append(f"{rec.op}: {rec.source[7:]}")
@@ -140,7 +143,7 @@ def store_records(records: Sequence[CallRecord], specs: Sequence[OpSpec], store:
         report.recorded[rec.op] = report.recorded.get(rec.op, 0) + 1
         if rec.op not in fns:
             try:
-                fns[rec.op] = resolve(spec.callable) if resolve else None
+                fns[rec.op] = resolve(spec.callable, spec.construct) if resolve else None
             except Exception:
                 fns[rec.op] = None
         rec.fn = fns[rec.op]

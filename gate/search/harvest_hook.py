@@ -8,6 +8,11 @@ through the module, reach the wrapper. Each call is recorded once per distinct c
 (operator, argument values, tensor shapes, dtypes and, up to a size limit, tensor values) with
 the test that made it (``PYTEST_CURRENT_TEST``); at exit the records are written to
 ``<out>/raw-<pid>.json`` + ``.npz``.
+
+A class operator (an ``nn.Module`` / Keras ``Layer``, configured with ``construct``: its import
+path) has its constructor recorded too (``"kind": "init"``): the arguments a test built the
+instance with, and each call of the instance names that construction (``"ctor"``), so that a
+spec can be built from one instance's arguments and the inputs that instance was called with.
 """
 from __future__ import annotations
 
@@ -19,10 +24,13 @@ import json
 import os
 import sys
 import threading
+import weakref
 
 ENV = "DL_GATE_HARVEST"
 
 _state = {"records": [], "arrays": {}, "seen": set(), "counts": {}, "cfg": None, "busy": threading.local()}
+#: instance -> the id of the construction it came from (its recorded constructor call)
+_made = weakref.WeakKeyDictionary()
 
 
 def _split(path):
@@ -96,30 +104,46 @@ def _digest(enc, arrays):
     return h.hexdigest()
 
 
-def _record(op, args, kwargs):
+def _made_by(obj):
+    try:
+        return _made.get(obj)
+    except TypeError:  # not weak-referenceable
+        return None
+
+
+def _record(op, args, kwargs, kind="call"):
     cfg = _state["cfg"]
     busy = _state["busy"]
     if getattr(busy, "on", False):
         return
     counts = _state["counts"]
-    if counts.get(op, 0) >= cfg.get("max_calls", 256):
+    slot = op if kind == "call" else f"{op}#{kind}"
+    if counts.get(slot, 0) >= cfg.get("max_calls", 256):
         return
     busy.on = True
     try:
         arrays = {}
         enc = {"args": [_encode(a, arrays, cfg.get("max_elems", 65536)) for a in args],
                "kwargs": {k: _encode(v, arrays, cfg.get("max_elems", 65536)) for k, v in kwargs.items()}}
-        key = (op, _digest(enc, arrays))
+        if kind != "call":
+            enc["kind"] = kind
+        ctor = _made_by(args[0]) if kind == "call" and args else None
+        if ctor is not None:
+            enc["ctor"] = ctor
+        digest = _digest(enc, arrays)
+        key = (slot, digest)
         if key in _state["seen"]:
-            return
+            return {"op": op, "ctor_id": digest, "seen": True}
         _state["seen"].add(key)
-        counts[op] = counts.get(op, 0) + 1
+        counts[slot] = counts.get(slot, 0) + 1
         prefix = f"r{len(_state['records'])}_"
         for k, arr in arrays.items():
             _state["arrays"][prefix + k] = arr
         _rename(enc, prefix)
         source = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
         rec = {"op": op, "source": source, **enc}
+        if kind == "init":
+            rec["ctor_id"] = digest
         _state["records"].append(rec)
         return rec
     except Exception as exc:  # recording must never break the test run
@@ -157,6 +181,32 @@ def _wrap(op, fn):
     return wrapper
 
 
+def _wrap_init(op, fn, owner):
+    """``owner.__init__`` recording its arguments when it builds an ``owner`` itself (not a
+    subclass's ``super().__init__``), and tagging the instance with that construction."""
+    if getattr(fn, "__dl_gate_harvest__", None):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        rec = _record(op, args, kwargs, kind="init") if type(self) is owner else None
+        try:
+            out = fn(self, *args, **kwargs)
+        except BaseException:
+            if rec is not None and not rec.get("seen"):
+                rec["raised"] = True
+            raise
+        if rec is not None:
+            try:
+                _made[self] = rec["ctor_id"]
+            except TypeError:
+                pass
+        return out
+
+    wrapper.__dl_gate_harvest__ = op
+    return wrapper
+
+
 def _patch(module, attr, op):
     obj = module
     parts = attr.split(".")
@@ -167,7 +217,10 @@ def _patch(module, attr, op):
     fn = getattr(obj, parts[-1], None)
     if fn is None or not callable(fn):
         return False
-    setattr(obj, parts[-1], _wrap(op, fn))
+    if parts[-1] == "__init__" and isinstance(obj, type):
+        setattr(obj, "__init__", _wrap_init(op, fn, obj))
+    else:
+        setattr(obj, parts[-1], _wrap(op, fn))
     return True
 
 
@@ -203,8 +256,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
     def apply(self, name, module):
         for attr, op in self.targets.get(name, ()):
-            if op not in self.done and _patch(module, attr, op):
-                self.done.add(op)
+            if (op, attr) not in self.done and _patch(module, attr, op):
+                self.done.add((op, attr))
 
 
 def _flush():
@@ -232,6 +285,8 @@ def install():
     for op in cfg["ops"]:
         for mod, attr in _split(op["callable"]):
             targets.setdefault(mod, []).append((attr, op["name"]))
+        for mod, attr in _split(op.get("construct") or ""):
+            targets.setdefault(mod, []).append((attr + ".__init__", op["name"]))
     finder = _Finder(targets)
     sys.meta_path.insert(0, finder)
     for mod in list(targets):

@@ -75,6 +75,10 @@ class CallRecord:
     kwargs: Dict[str, Any]
     source: str = ""  # the test that made it, or "opinfo:<name>"
     fn: Optional[Callable] = field(default=None, repr=False)  # the callable actually called
+    #: ``call``, or ``init``: a class operator's construction (its constructor's arguments)
+    kind: str = "call"
+    #: a construction's id (``init``), or the construction of the instance called (``call``)
+    ctor: Optional[str] = None
 
 
 # ---------------------------------------------------------------------------------------
