@@ -46,7 +46,24 @@ def overflow_bound(dtype):
     return float(np.ldexp(2.0 - np.ldexp(1.0, -p), emax))
 
 
-def errors(out, ref, dtype, floor_kind, ftz=False):
+def residue_magnitude(mag, scale, dtype):
+    """As the gate's oracle: an output zero in exact arithmetic (every reference value below one
+    rounding unit of the computation's scale) is judged in ulps of that scale, not of its residue."""
+    if scale > 0 and np.isfinite(scale) and mag < np.ldexp(scale, -FORMATS[dtype][0]):
+        return scale
+    return mag
+
+
+def largest(arrays):
+    m = 0.0
+    for a in arrays:
+        a = np.asarray(a)
+        if a.size and a.dtype.kind == "f" and np.isfinite(a).any():
+            m = max(m, float(np.max(np.abs(a[np.isfinite(a)]))))
+    return m
+
+
+def errors(out, ref, dtype, floor_kind, ftz=False, scale=0.0):
     """(ulp error per element, NaN/Inf count) as the gate's precision oracle computes them."""
     a, b = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     ovf = overflow_bound(dtype)
@@ -57,6 +74,8 @@ def errors(out, ref, dtype, floor_kind, ftz=False):
         exact |= (np.abs(a) < tiny) & (np.abs(b) < tiny)
     judged = np.isfinite(b) & np.isfinite(a) & ~exact
     mag = float(np.max(np.abs(b[ref_ok]))) if np.any(ref_ok) else 0.0
+    if floor_kind == "output":
+        mag = residue_magnitude(mag, scale, dtype)
     # an all-zero reference counts in ulps of 1 (as the gate's oracle does)
     floor = float(ulp(mag if mag > 0 else 1.0, dtype)) if floor_kind == "output" else float(ulp(0.0, dtype))
     with np.errstate(all="ignore"):
@@ -71,14 +90,19 @@ def upstream(k, shape):
 
     u = DATA.get(f"in___upstream{k}__")
     if u is not None and tuple(u.shape) == tuple(shape):
-        return np.asarray(u, np.float64)
+        UPSTREAMS.append(np.asarray(u, np.float64))
+        return UPSTREAMS[-1]
     h = (k + 1) & 0xFFFFFFFF
     for n in FLOAT_INPUTS:
         a = DATA.get("in_" + n)
         if a is not None:
             h = zlib.crc32(np.ascontiguousarray(a).tobytes(), h)
             h = zlib.crc32(repr(a.shape).encode(), h)
-    return quantize(np.random.default_rng(h).standard_normal(shape), DTYPE)
+    UPSTREAMS.append(quantize(np.random.default_rng(h).standard_normal(shape), DTYPE))
+    return UPSTREAMS[-1]
+
+
+UPSTREAMS = []  # the upstream gradients the script used (their scale is the gradient's)
 
 
 def resolve(path):
@@ -202,12 +226,20 @@ def main(argv=None):
             k, idx, hv, bv = where
             print(f"  output[{k}][{', '.join(map(str, idx))}]: this checkout {hv!r}, base {bv!r}")
         return 1 if worst > THRESHOLD_ULP else 0
+    scale = 0.0
+    if grad and ULP_FLOOR == "output":  # as the gate's gradient oracle: the upstream times the inputs and outputs
+        try:
+            forward = outputs(call(ref_fn, *build("float64", False), mode="input", dtype="float64"), False)
+        except Exception:  # noqa: BLE001 - the gradient ran; its forward is only the scale's
+            forward = []
+        scale = largest(UPSTREAMS) * max(largest(DATA["in_" + n] for n in FLOAT_INPUTS if "in_" + n in DATA),
+                                         largest(forward))
     worst, nonfinite, where = 0.0, 0, None
     for k, (o, r) in enumerate(zip(low, ref)):
         if o.shape != r.shape:
             print(f"output {k}: shape {o.shape} vs float64 {r.shape}")
             return 1
-        err, nf = errors(o, r, DTYPE, ULP_FLOOR, FTZ)
+        err, nf = errors(o, r, DTYPE, ULP_FLOOR, FTZ, scale)
         nonfinite += nf
         if err.size:
             i = int(np.argmax(err))
