@@ -240,7 +240,9 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     # the tests draw torch.rand logits; real values run, so the row is not narrowed to (0, 1)
     assert focal.inputs[0].domain.name == "real"
     params = {p.name: p for p in focal.params}
-    assert params["alpha"].choices == (0.5, 0.25, 0.75) and set(params["reduction"].choices) == {"none", "mean"}
+    # the tests' values first, then others that run (one value seen must not pin the row)
+    assert params["alpha"].choices == (0.5, 0.25, 0.75, 0.125, 0.625, 0.375)
+    assert params["gamma"].choices == (2.0, 1.0, 4.0) and set(params["reduction"].choices) == {"none", "mean"}
     # probed: no test calls it, the first shape it accepts has 3 channels
     gray = ops["focallib.rgb_to_gray"]
     assert gray.inputs[0].shape[-3] == 3
@@ -272,6 +274,8 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     assert "# Left out by dl-gate init" in text and "focallib.WeightedFocal" in text.split("Left out")[1]
     # the harvested calls are seeds beside the baselines
     assert rep.seeds > 0 and any((repo / "baselines" / "seeds").rglob("*.npz"))
+    # every row was run once as refresh will read it: parsed from the file written
+    assert sorted(rep.checked) == sorted(rep.added) == sorted(ops)
 
 
 def test_init_writes_workflows_that_actionlint_accepts(inited):
@@ -638,3 +642,127 @@ def test_floats_init_writes_are_floats_to_the_gate_s_own_yaml_reader(tmp_path):
     user = tmp_path / ".dl-gate.yml"
     user.write_text("params: {eps: 1e-3, beta: 0.25}\n")
     assert yamlio.dump(yamlio.load(user)) == "params: {eps: 1e-3, beta: 0.25}\n"
+
+
+def test_a_test_run_that_records_nothing_says_why_and_env_gives_its_environment(tmp_path):
+    """Seen on a real library: its tests read TEST_DEVICE at collection, so without it the run
+    recorded nothing and init said only "exited 1 ... 0 calls". Now the tests' own error is
+    quoted with what to do; --env gives the variable, and its name goes to the config's env."""
+    repo = tmp_path / "envrepo"
+    (repo / "envlib").mkdir(parents=True)
+    (repo / "envlib" / "__init__.py").write_text("import torch\n\n\ndef log1p_exp(x):\n"
+                                                 "    return torch.log1p(torch.exp(x))\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "conftest.py").write_text("import os\n\nDEVICE = os.environ['TEST_DEVICE']\n")
+    (repo / "tests" / "test_ops.py").write_text(
+        "import os\n\nimport torch\n\nfrom envlib import log1p_exp\n\n\ndef test_it():\n"
+        "    x = torch.linspace(-3, 3, 7, device=os.environ['TEST_DEVICE']).reshape(1, 7)\n"
+        "    assert log1p_exp(x).shape == (1, 7)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, workflows=False, probe_timeout=20)
+    assert "0 distinct calls" in rep.harvest and "KeyError: 'TEST_DEVICE'" in rep.harvest, rep.harvest
+    assert "--env NAME=VALUE" in rep.harvest
+    (repo / ".dl-gate.yml").unlink()
+    rep = run_init(repo, workflows=False, probe_timeout=20, env={"TEST_DEVICE": "cpu"})
+    assert "1 distinct calls of 1 operators" in rep.harvest, rep.harvest
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert cfg.raw["env"] == ["TEST_DEVICE"]
+    assert cfg.ops[0].inputs[0].shape == (1, 7)  # from the recorded call, not probed
+
+
+def test_when_nothing_runs_the_error_names_the_operators_the_tests_called_first(tmp_path):
+    """Seen on a real library: the tests called the one operator that mattered, and init's error
+    listed the first 3 of 23 reasons, none of them about it."""
+    repo = tmp_path / "nothing"
+    (repo / "nolib").mkdir(parents=True)
+    helpers = "".join(f"\n\ndef save_{k}(x, path):\n    pass\n" for k in range(5))
+    # it runs where the tests' fixture chose its backend, not in init's probe
+    (repo / "nolib" / "__init__.py").write_text(
+        "import os\n\nimport torch\n" + helpers + "\n\ndef fused_gelu(x):\n"
+        "    if 'GELU_BACKEND' not in os.environ:\n        raise RuntimeError('no GELU backend chosen')\n"
+        "    return torch.nn.functional.gelu(x)\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "conftest.py").write_text("import os\n\nos.environ.setdefault('GELU_BACKEND', 'reference')\n")
+    (repo / "tests" / "test_gelu.py").write_text(
+        "import torch\n\nfrom nolib import fused_gelu\n\n\ndef test_gelu():\n"
+        "    assert fused_gelu(torch.ones(2, 3)).shape == (2, 3)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    with pytest.raises(SetupError) as err:
+        run_init(repo, workflows=False, probe_timeout=10)
+    msg = str(err.value)
+    assert "\n" not in msg and "the tests called 1 of them, first below" in msg, msg
+    assert msg.index("nolib.fused_gelu") < msg.index("nolib.save_0"), msg
+    assert "(+3 more: --json FILE lists every one)" in msg and "--ops NAME" in msg
+    assert len(err.value.report.left_out) == 6 and not (repo / ".dl-gate.yml").exists()
+
+
+def test_rows_that_do_not_run_as_read_back_from_the_file_are_left_out_not_written(tmp_path):
+    """init checks the file it writes, not its rows in memory: a row that does not run as
+    parsed from the text is left out (init's bug, said so), the others are written."""
+    from types import SimpleNamespace
+
+    from gate.init import InitReport, _write_config
+
+    pkg = SimpleNamespace(name="m", python_path=".", root=tmp_path)
+    rows = [({"name": f"m.{n}", "callable": f"m:{n}", "inputs": [{"name": "x", "shape": [3]}]}, f"m.{n}: probed")
+            for n in ("good", "bad")]
+    report = InitReport(package="m", found=[("m.good", "function", ""), ("m.bad", "function", "")])
+    seen = []
+
+    def check(text, path, names):
+        seen.append(sorted(names))
+        return {"m.bad": "crash: TypeError: x"} if "m.bad" in names else {}
+
+    text, path = _write_config(tmp_path, pkg, "torch", {}, ".dl-gate.yml", rows, report, check=check)
+    assert seen == [["m.bad", "m.good"], ["m.good"]]
+    assert [o.name for o in parse_config(path.read_text(), path, tmp_path).ops] == ["m.good"]
+    assert "does not run as read back from the file it was written to (crash: TypeError: x)" in dict(report.left_out)["m.bad"]
+    assert [f[0] for f in report.found] == ["m.good"]
+    path.unlink()
+    with pytest.raises(SetupError, match="no operator of m runs"):
+        _write_config(tmp_path, pkg, "torch", {}, ".dl-gate.yml", rows[1:], InitReport(package="m"), check=check)
+
+
+ELU_FAST = {"fixed": "torch.expm1(x)", "broken": "torch.exp(x) - 1"}
+ELU = '''"""ELU with a fast path for the default alpha (after PyTorch's ELU moving to expm1)."""
+import torch
+
+
+def elu(x, alpha: float = 1.0):
+    if alpha == 1.0:  # the common case: one kernel, no scaling
+        return torch.where(x > 0, x, {FAST})
+    return torch.where(x > 0, x, alpha * torch.expm1(x / alpha))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_fixed", [True, False])
+def test_one_parameter_value_in_the_tests_does_not_pin_the_row(tmp_path, base_fixed):
+    """Seen on a real library: a function tested only at alpha=1.5 was gated only there, and every
+    variant passed on a revert that broke other values. init widens a float parameter the tests
+    set (its default, values around the tests'): the revert of expm1 in the default's fast path
+    fails, the fix passes."""
+    repo = tmp_path / "elurepo"
+    (repo / "elulib").mkdir(parents=True)
+    src = repo / "elulib" / "__init__.py"
+    src.write_text(ELU.replace("{FAST}", ELU_FAST["fixed" if base_fixed else "broken"]))
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_elu.py").write_text(
+        "import torch\n\nfrom elulib import elu\n\n\ndef test_elu():\n"
+        "    assert elu(torch.randn(4, 8), alpha=1.5).shape == (4, 8)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    res = _cli(repo, "init", "--no-workflows")
+    assert res.returncode == 0, res.stderr
+    row = yaml.safe_load((repo / ".dl-gate.yml").read_text())["ops"][0]
+    assert row["params"]["alpha"]["choices"][:2] == [1.5, 1.0], row  # the tests' value first, then the default
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "dl-gate init")
+    res = _cli(repo, "baseline", "refresh", "--evals", "150")
+    assert res.returncode == 0, res.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "baselines")
+    git(repo, "checkout", "-q", "-b", "pr")
+    src.write_text(ELU.replace("{FAST}", ELU_FAST["broken" if base_fixed else "fixed"]))
+    git(repo, "commit", "-q", "-am", "revert expm1" if base_fixed else "expm1")
+    res = _cli(repo, "run", "--base", "main", "--evals", "150", "--out", str(tmp_path / "out"))
+    assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]

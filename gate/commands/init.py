@@ -34,7 +34,10 @@ def register(sub) -> None:
                    help="seconds one probe evaluation may take (default 10)")
     p.add_argument("--tests-timeout", type=float, default=600.0, metavar="S",
                    help="seconds the test command may run (default 600; the calls made until then are kept)")
-    p.add_argument("--json", metavar="FILE", help="also write what init did as JSON")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE", default=[],
+                   help="an environment variable the library's tests (and its import) need, e.g. TEST_DEVICE=cpu "
+                        "(repeatable); its name is written to the config's env, so the gate's workers get it")
+    p.add_argument("--json", metavar="FILE", help="also write what init did as JSON (also when init stops)")
     p.set_defaults(func=run)
 
 
@@ -45,13 +48,33 @@ def run(args) -> int:
 
     if args.probe_timeout <= 0 or args.tests_timeout <= 0:
         raise GateError("--probe-timeout and --tests-timeout must be positive numbers of seconds")
+    env = {}
+    for item in args.env:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise GateError(f"--env {item!r}: give NAME=VALUE, e.g. --env TEST_DEVICE=cpu")
+        env[name] = value
+    from ..backends.sandbox import check_names
+
+    refused = check_names(list(env))
+    if refused:
+        raise GateError(f"--env: {refused}")
 
     def log(line: str) -> None:
         print(f"dl-gate init: {line}", file=sys.stderr, flush=True)
 
-    rep = run_init(Path.cwd(), package=args.package, tests=None if args.no_tests else args.tests, no_tests=args.no_tests,
-                   config=args.config, workflows=not args.no_workflows, probe_timeout=args.probe_timeout,
-                   tests_timeout=args.tests_timeout, only=split_list(args.ops) or None, log=log)
+    try:
+        rep = run_init(Path.cwd(), package=args.package, tests=None if args.no_tests else args.tests,
+                       no_tests=args.no_tests, config=args.config, workflows=not args.no_workflows,
+                       probe_timeout=args.probe_timeout, tests_timeout=args.tests_timeout,
+                       only=split_list(args.ops) or None, env=env, log=log)
+    except GateError as exc:  # what was found before it stopped is not lost: every reason, on the terminal
+        part = getattr(exc, "report", None)
+        if part is not None and part.left_out:
+            print_table(("left out", "why"), part.left_out, title=f"{len(part.left_out)} left out")
+        if part is not None and args.json:
+            Path(args.json).write_text(json.dumps(part.to_dict(), indent=2, default=str))
+        raise
     print_table(("operator", "is", "spec"), rep.found, title=f"{len(rep.found)} operators gated")
     if rep.left_out:
         print()

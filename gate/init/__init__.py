@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SetupError
 from .discover import Symbol, default_tests, find_package, run_worker, scan, uses_framework
-from .infer import Operator, constructed, from_records, hinted_options, probe_specs, widen
+from .infer import Operator, constructed, from_records, hinted_options, probe_specs, widen, widened_options
 
 CONFIG = ".dl-gate.yml"
 LOW = ("float16", "bfloat16", "float32")
@@ -50,6 +50,8 @@ class InitReport:
     workflows: List[str] = field(default_factory=list)
     seeds: int = 0
     harvest: str = ""  # what the test run did
+    tested: List[str] = field(default_factory=list)  # operators the tests were recorded calling
+    checked: List[str] = field(default_factory=list)  # rows run once as read back from the written file
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -83,7 +85,7 @@ def _op_name(sym: Symbol, pkg: str, taken: Dict[str, int]) -> str:
 
 
 def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequence[str], timeout: float,
-             log) -> Tuple[Dict[str, list], str]:
+             log, extra_env: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, list], str]:
     from types import SimpleNamespace
 
     from ..search.harvest import load_records, run_harvest
@@ -98,12 +100,14 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     with tempfile.TemporaryDirectory(prefix="dl-gate-init-harvest-") as tmp:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(list(sys_path) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.update(extra_env or {})
         log(f"running the library's tests to record how they call its operators: {command}")
         t0 = time.monotonic()
         with open(Path(tmp) / "out.log", "w") as out:
             code = _run_quiet(lambda: run_harvest(argv, targets, Path(tmp), cwd=repo, python_path=(),
                                                   max_calls=64, env=env), out)
         records = load_records(Path(tmp))
+        tail = _last_words((Path(tmp) / "out.log").read_text(errors="replace"))
     by: Dict[str, list] = {}
     for r in records:
         if not r.source.startswith("error: "):
@@ -111,7 +115,21 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
             f" in {time.monotonic() - t0:.0f}s; {sum(r.kind == 'call' for v in by.values() for r in v)} distinct "
             f"calls of {sum(any(r.kind == 'call' for r in v) for v in by.values())} operators recorded")
+    if not any(r.kind == "call" for v in by.values() for r in v):  # why: the test run's own last words
+        what += (f"; the tests said: {tail}" if tail else "") + (
+            " (a test that needs an environment variable: --env NAME=VALUE; another command: --tests CMD)")
     return by, what
+
+
+def _last_words(out: str) -> str:
+    """The line of a test run's output that says why it recorded nothing: the first error (a
+    collection error, an exception), else its summary line."""
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    for ln in lines:
+        if re.match(r"^(E\s+)?\w*(Error|Exception)\b[:(]", ln) or ln.startswith("ERROR "):
+            return ln[2:].strip()[:200] if ln.startswith("E ") else ln[:200]
+    summary = [ln for ln in lines if re.search(r"\b(passed|failed|error|errors|skipped|no tests ran)\b", ln)]
+    return (summary[-1] if summary else lines[-1] if lines else "")[:200]
 
 
 def _run_quiet(fn, out):
@@ -155,9 +173,15 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         return None, f"no inferred spec runs ({len(tries)} tried; first: {why})"
     spec = dict(candidates[answer["chosen"]])
     defaults = {p["name"]: p["default"] for p in op.params if p["has_default"]}
-    hinted = []
+    hinted, widened = [], []
     for pname, values in (answer.get("options") or {}).items():
         spec.setdefault("params", {})
+        now = spec["params"].get(pname)
+        if now is not None:  # set by the tests: their values first, then the others that run
+            seen = now["choices"] if isinstance(now, dict) and "choices" in now else [now]
+            spec["params"] = dict(spec["params"], **{pname: {"choices": list(seen) + list(values)}})
+            widened.append(pname)
+            continue
         spec["params"] = dict(spec["params"], **{pname: {"choices": [defaults.get(pname)] + list(values)}})
         hinted.append(pname)
     variants = answer.get("variants") or {}
@@ -185,6 +209,8 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         source = origin + ("; real values (the tests use a narrower range)" if n_rec == 2 and answer["chosen"] == 0 else "")
     else:
         source = "probed: the first shape that ran" + (f" ({origin})" if origin else "")
+    if widened:
+        notes.insert(0, f"{', '.join(widened)}: the tests' values, the default and values around them")
     if hinted:
         notes.insert(0, f"{', '.join(hinted)}: values from the type hints")
     return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
@@ -192,17 +218,30 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
 
 def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] = None, config: str = CONFIG,
              workflows: bool = True, probe_timeout: float = 10.0, tests_timeout: float = 600.0,
-             only: Optional[Sequence[str]] = None, no_tests: bool = False, log: Callable[[str], None] = lambda s: None) -> InitReport:
+             only: Optional[Sequence[str]] = None, no_tests: bool = False, env: Optional[Dict[str, str]] = None,
+             log: Callable[[str], None] = lambda s: None) -> InitReport:
     """Discover, infer, probe and write; returns what was done (nothing is written when no
     operator runs). The steps: classify the package's definitions, harvest its tests' calls,
-    infer candidate specs, probe them, write the config, the workflows and the seeds."""
-    from ..config import parse_config
-
+    infer candidate specs, probe them, write the config, the workflows and the seeds. A
+    :class:`SetupError` carries what was found before it stopped (``.report``)."""
     t_start = time.monotonic()
     repo = Path(repo).resolve()
     pkg = find_package(repo, package)
     framework = uses_framework(pkg)
     report = InitReport(package=pkg.name, config=config)
+    try:
+        return _init(repo, pkg, framework, report, t_start, tests=tests, config=config, workflows=workflows,
+                     probe_timeout=probe_timeout, tests_timeout=tests_timeout, only=only, no_tests=no_tests,
+                     env=env, log=log)
+    except SetupError as exc:
+        exc.report = report  # type: ignore[attr-defined]  # what init found before it stopped
+        raise
+
+
+def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *, tests, config, workflows,
+          probe_timeout, tests_timeout, only, no_tests, env, log) -> InitReport:
+    from ..config import parse_config
+
     syms, bad = scan(pkg, repo, named=only or ())
     for f in bad:
         report.left_out.append((f, "does not parse (SyntaxError)"))
@@ -219,17 +258,33 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     sys_path = [str(pkg.root)]
     log(f"package {pkg.name} ({'src/' if pkg.python_path == 'src' else 'repository root'}), "
         f"{sum(len(v) for v in syms.values())} public definitions in {len(syms)} modules")
-    ops = _classify(repo, pkg, framework, syms, sys_path, only, report)
+    env = dict(env or {})
+    ops = _classify(repo, pkg, framework, syms, sys_path, only, report, env)
     # 2. the library's own tests ----------------------------------------------------------
     records: Dict[str, list] = {}
     if tests is None and not no_tests:
         tests = default_tests(repo, pkg)
     if tests:
-        records, report.harvest = _harvest(ops, tests, repo, sys_path, tests_timeout, log)
+        records, report.harvest = _harvest(ops, tests, repo, sys_path, tests_timeout, log, env)
         log(report.harvest)
+    report.tested = sorted(n for n, recs in records.items() if any(r.kind == "call" for r in recs))
     plans = _candidate_specs(ops, records, report)
-    final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report)
-    text, path = _write_config(repo, pkg, framework, syms, config, final, report, ops)
+    final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report, env)
+
+    def check(text: str, path: Path, names: List[str]) -> Dict[str, str]:
+        log(f"checking the {len(names)} new row(s) as read back from {path.name} (one evaluation each)")
+        report.checked = list(names)
+        answers = run_worker("check", names, lambda n: n, {"text": text, "path": str(path), "root": str(repo),
+                                                           "timeout": probe_timeout},
+                             cwd=repo, sys_path=sys_path, item_timeout=probe_timeout * 4 + 30, env_extra=env)
+        out = {}
+        for n in names:
+            a = answers.get(n, {"failed": "no answer"})
+            if "failed" in a or a.get("status") != "ok":
+                out[n] = a.get("failed") or f"{a.get('status')}: {a.get('why')}"
+        return out
+
+    text, path = _write_config(repo, pkg, framework, syms, config, final, report, ops, check=check, env=env)
     if workflows:
         _write_workflows(repo, config, framework, report)
     if records:
@@ -238,11 +293,12 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     return report
 
 
-def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: InitReport) -> List[Operator]:
+def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: InitReport,
+              env: Optional[Dict[str, str]] = None) -> List[Operator]:
     """1. What each public definition is, in a child process: the operator candidates."""
     names = {m: [s.name for s in ss] for m, ss in syms.items()}
     answers = run_worker("classify", list(syms), lambda m: m, {"names": names, "package": pkg.name}, cwd=repo, sys_path=sys_path,
-                         item_timeout=120.0)
+                         item_timeout=120.0, env_extra=env)
     import_errors = {m: a["error"] for m, a in answers.items() if "error" in a}
     import_errors.update({m: {"error": a["failed"], "hint": ""} for m, a in answers.items() if "failed" in a})
     if import_errors and len(import_errors) == len(syms):
@@ -337,7 +393,7 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
 
 
 def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: float, log,
-           report: InitReport) -> List[Tuple[dict, str]]:
+           report: InitReport, env: Optional[Dict[str, str]] = None) -> List[Tuple[dict, str]]:
     """Run each operator's candidate specs once at every dtype and variant in a child process;
     the first that runs is its row."""
     # 4. probe and validate in the child process -------------------------------------------
@@ -348,11 +404,11 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
         if done[0] % 10 == 0:
             log(f"probed {done[0]}/{len(plans)} operators")
 
-    probe_req = [{"name": n, "candidates": c, "options": hinted_options(op, c[0]), "recorded": n_rec}
-                 for n, (op, c, _, n_rec) in plans.items()]
+    probe_req = [{"name": n, "candidates": c, "options": {**hinted_options(op, c[0]), **widened_options(op, c[0])},
+                  "recorded": n_rec} for n, (op, c, _, n_rec) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
-                         sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress)
+                         sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress, env_extra=env)
     final: List[Tuple[dict, str]] = []
     for name, (op, cands, origin, n_rec) in plans.items():
         spec, note = _finish(op, answers.get(name, {"failed": "no answer"}), cands, origin, n_rec)
@@ -368,9 +424,11 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
 
 
 def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: List[Tuple[dict, str]],
-                  report: InitReport, ops: Sequence[Operator] = ()) -> Tuple[str, Path]:
-    """Write a new config, or merge the rows into the existing one; returns (its text, its path)."""
-    from .. import __version__
+                  report: InitReport, ops: Sequence[Operator] = (), check=None,
+                  env: Optional[Dict[str, str]] = None) -> Tuple[str, Path]:
+    """Write a new config, or merge the rows into the existing one; returns (its text, its path).
+    ``check(text, path, names)``: {name: why} of the added rows that do not run as read back from
+    the file (refresh and run read the file, not init's rows): those are left out, and said so."""
     from ..config import parse_config
     from . import yamlio
 
@@ -378,8 +436,40 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
     path = repo / config
     existing = path.is_file()
     if not final and not existing:
-        raise SetupError(f"no operator of {pkg.name} runs with an inferred spec: " +
-                         "; ".join(f"{n}: {w}" for n, w in report.left_out[:3]))
+        raise SetupError(_nothing_runs(pkg.name, report))
+    left_before = list(report.left_out)
+    while True:
+        report.left_out = list(left_before)
+        text = _render(pkg, framework, syms, path, existing, final, report, ops, sorted(env or {}))
+        try:
+            parse_config(text, path, repo)
+        except ConfigError as exc:  # a bug of init, or a user's edit that was already invalid
+            raise ConfigError(f"the config dl-gate init would write does not validate: {exc}") from None
+        wrong = yamlio.read_back_errors(text, [spec for spec, _ in final if spec["name"] in set(report.added)])
+        if wrong:  # the file, not the rows in memory, is what refresh and run will read
+            raise ConfigError(f"the config dl-gate init would write does not read back as probed ({len(wrong)} "
+                              f"value(s)), e.g. {wrong[0]}: a bug of dl-gate init, please report it")
+        failed = check(text, path, list(report.added)) if check is not None and report.added else {}
+        if not failed:
+            break
+        # one evaluation per row from the file did not run: left out, the file written without them
+        final = [(spec, note) for spec, note in final if spec["name"] not in failed]
+        left_before += [(n, f"does not run as read back from the file it was written to ({why}): a bug of "
+                            "dl-gate init, please report it") for n, why in failed.items()]
+        report.found = [f for f in report.found if f[0] not in failed]
+        if not final and not existing:
+            report.left_out = left_before
+            raise SetupError(_nothing_runs(pkg.name, report))
+    path.write_text(text, encoding="utf-8")
+    return text, path
+
+
+def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[Tuple[dict, str]],
+            report: InitReport, ops: Sequence[Operator], env_names: Sequence[str] = ()) -> str:
+    """The config's text: a new document, or the rows merged into the existing file."""
+    from .. import __version__
+    from . import yamlio
+
     tail = ""
     if existing:
         doc = yamlio.load(path)
@@ -403,16 +493,22 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
             report.left_out.append((name, "kept out by a `# dl-gate init: skip` line"))
         report.added, report.kept, _ = yamlio.merge(doc, [r for r in final if r[0]["name"] not in keep_out], [])
         report.removed = [r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict) and gone(r)]
+        missing = [n for n in env_names if n not in (doc.get("env") or [])]
+        if missing:
+            doc["env"] = list(doc.get("env") or []) + missing
     else:
         when = datetime.date.today().isoformat()
         top = {"version": 1, "framework": framework, "python_path": [pkg.python_path], "seed": 0,
                "budget": {"total": 300, "per_op": 10, "localise": 60},
                "gate": {"dtypes": list(LOW), "behaviour_change": "fail"}}
+        if env_names:
+            top["env"] = list(env_names)
         comments = {"python_path": "where the package imports from (relative to this file)",
+                    "env": "variables the library needs (dl-gate init --env): the gate's workers get them; "
+                           "set their values in the workflow's env",
                     "budget": "seconds: a PR's fuzzing in all, at most per_op for each operator (and each "
                               "operator's baseline), localisation",
                     "gate": "only a real regression fails the check"}
-        tail = ""
         if report.left_out:
             tail = "Left out by dl-gate init (add a row by hand to gate them):\n" + "\n".join(
                 f"  {n}: {w}" for n, w in report.left_out)
@@ -422,16 +518,20 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
     text = yamlio.dump(doc)
     if not existing and tail:
         text += yamlio.comment_block(tail)
-    try:
-        parse_config(text, path, repo)
-    except ConfigError as exc:  # a bug of init, or a user's edit that was already invalid
-        raise ConfigError(f"the config dl-gate init would write does not validate: {exc}") from None
-    wrong = yamlio.read_back_errors(text, [spec for spec, _ in final if spec["name"] in set(report.added)])
-    if wrong:  # the file, not the rows in memory, is what refresh and run will read
-        raise ConfigError(f"the config dl-gate init would write does not read back as probed ({len(wrong)} "
-                          f"value(s)), e.g. {wrong[0]}: a bug of dl-gate init, please report it")
-    path.write_text(text, encoding="utf-8")
-    return text, path
+    return text
+
+
+def _nothing_runs(package: str, report: InitReport) -> str:
+    """One line: no operator runs; the reasons of those the tests called first (they matter most),
+    then a few others, and what to do."""
+    tested = set(report.tested)
+    ordered = sorted(report.left_out, key=lambda nw: nw[0] not in tested)
+    shown = "; ".join(f"{n}: {w}" for n, w in ordered[:3])
+    more = f" (+{len(ordered) - 3} more: --json FILE lists every one)" if len(ordered) > 3 else ""
+    called = (f"the tests called {len(tested)} of them, first below" if tested else
+              "the tests recorded no call of any (--tests CMD names the test command, --env NAME=VALUE its environment)")
+    return (f"no operator of {package} runs with an inferred spec ({len(ordered)} left out; {called}): {shown}{more}. "
+            "Name the operators to gate (--ops NAME) or write their rows by hand (docs/config.md)")
 
 
 def _write_workflows(repo: Path, config: str, framework: str, report: InitReport) -> None:

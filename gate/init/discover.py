@@ -202,7 +202,8 @@ def _gate_root() -> str:
 
 
 def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys_path: Sequence[str],
-               item_timeout: float, start_timeout: float = 180.0, progress=None) -> Dict[str, dict]:
+               item_timeout: float, start_timeout: float = 180.0, progress=None,
+               env_extra: Optional[Dict[str, str]] = None) -> Dict[str, dict]:
     """Run ``gate.init.worker`` on ``items`` (``req[job_key]`` built by ``key``); answers by item
     key. A worker that dies or stops answering costs the item it was on (answered with
     ``{"failed": why}``); a new worker goes on with the items after it."""
@@ -223,6 +224,7 @@ def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys
             env = worker_env(path_front=[*sys_path, _gate_root()], gate_first=False)
             env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
             env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")  # probing is a CPU job
+            env.update(env_extra or {})  # what the library needs to import or run (init --env)
             err_path = Path(tmp) / "stderr.log"
             with open(err_path, "w") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "gate.init.worker", str(path)], cwd=str(cwd), env=env,

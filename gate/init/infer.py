@@ -397,6 +397,32 @@ def hinted_options(op: Operator, spec: dict) -> Dict[str, list]:
     return out
 
 
+def widened_options(op: Operator, spec: dict) -> Dict[str, list]:
+    """Other values of the float parameters the tests set, so that one value seen in a test does
+    not pin the row (a function tested only at ``alpha=1.5`` is also gated at its default, where
+    a fast path may live): the signature's default, then half and twice each value (kept inside
+    (0, 1) for a value there: a probability, a momentum). Each is tried by the probe before it
+    becomes a choice; ints (sizes, groups, dims) are left as the tests set them."""
+    out: Dict[str, list] = {}
+    defaults = {p["name"]: p["default"] for p in op.params if p["has_default"]}
+    for name, raw in (spec.get("params") or {}).items():
+        seen = raw.get("choices") if isinstance(raw, dict) else [raw]
+        if not isinstance(seen, list) or not seen or not all(isinstance(v, float) for v in seen):
+            continue
+        new: List[float] = []
+        d = defaults.get(name)
+        if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
+            new.append(float(d))
+        for v in seen:
+            if not math.isfinite(v) or v == 0.0:
+                continue
+            new += [v / 2, (1 + v) / 2] if 0.0 < v < 1.0 else [v / 2, v * 2]
+        uniq = [v for i, v in enumerate(new) if v not in seen and v not in new[:i]]
+        if uniq:
+            out[name] = uniq[:3]
+    return out
+
+
 def tensor_params(op: Operator) -> Tuple[Optional[List[str]], str]:
     """The parameters a probe feeds tensors to (required ones with no non-tensor annotation), or
     ``(None, why)`` when a required parameter cannot be a tensor."""

@@ -247,7 +247,8 @@ def probe(req: dict) -> None:
                         tspec = OpSpec.from_dict(trial, defaults, origin="user")
                     except Exception:
                         continue
-                    if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, need_all=True)[0] == "ok":
+                    # keep: a value where the float64 output is NaN everywhere is outside the domain
+                    if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, keep=True, need_all=True)[0] == "ok":
                         ok.setdefault(pname, []).append(v)
             result["options"] = ok
         if chosen is not None:
@@ -257,6 +258,27 @@ def probe(req: dict) -> None:
                 variants[v.key] = [status, why]
             result["variants"] = variants
         _emit(result)
+
+
+def check(req: dict) -> None:
+    """One evaluation per row as refresh and run will read it: the config's text parsed by the
+    gate's own reader, each named row run once (float32 where it has it)."""
+    from pathlib import Path
+
+    from ..config import parse_config
+    from ..plan import Variant
+
+    timeout = float(req.get("timeout", 10.0))
+    cfg = parse_config(req["text"], Path(req["path"]), Path(req["root"]))
+    specs = {s.name: s for s in cfg.ops}
+    for name in req["ops"]:
+        spec = specs.get(name)
+        if spec is None:
+            _emit({"op": name, "status": "error", "why": "not in the file as read back"})
+            continue
+        dtype = "float32" if "float32" in spec.dtypes else spec.dtypes[0]
+        status, why = _evaluate(spec, Variant(dtype=dtype), 3, timeout)
+        _emit({"op": name, "status": status, "why": why})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -281,6 +303,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     warnings.simplefilter("ignore")
     if req["job"] == "classify":
         classify(req)
+    elif req["job"] == "check":
+        check(req)
     else:
         probe(req)
     _emit({"done": True})
