@@ -27,7 +27,7 @@ from .judge import verdict as V
 from .judge.baselines import BaselineStore, GitBaselineSource
 from .judge.decide import (GateSettings, base_side, decide, judged_row, overall, recheck_determinism, refinements,
                            stability_fixes, under_searched)
-from .judge.replay import ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
+from .judge.replay import OUT_OF_TIME, ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
@@ -608,7 +608,9 @@ def _plan_line(opts: RunOptions, ctx: Context, run_tasks: List[Task], total: flo
         fuzz = f"fuzz: {per_op:g}s per operator, at most {total:g}s in all" + (
             f" (a variant goes past its operator's time only to reach {floor} evaluations)" if floor else "")
     loc = ctx.cfg.budget.get("localise")
-    text = f"plan: {fuzz}; localisation at most {60.0 if loc is None else float(loc):g}s"
+    share = _replay_share(opts, ctx)
+    replay = f"; base replay at most {share:g}s" if share is not None else ""
+    text = f"plan: {fuzz}{replay}; localisation at most {60.0 if loc is None else float(loc):g}s"
     at = os.environ.get("DL_GATE_DEADLINE_AT")
     try:
         when = time.strftime("%H:%M:%S", time.localtime(float(at))) if at else None
@@ -704,11 +706,35 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         if jobs and tree is not None:
             say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}")
             t0 = time.perf_counter()
-            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo)
-            report.env.setdefault("stages", {})["replay"] = {"seconds": round(time.perf_counter() - t0, 3)}
+            share = _replay_share(opts, ctx)
+            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo, seconds=share)
+            report.env.setdefault("stages", {})["replay"] = {"seconds": round(time.perf_counter() - t0, 3),
+                                                             **({"share": share} if share is not None else {})}
+            left = {k: sum(r.error == OUT_OF_TIME for r in rs) for k, rs in base_results.items()}
+            if any(left.values()):
+                n_all = sum(left[k] == len(base_results[k]) for k in left)
+                report.warnings.append(
+                    f"the base replay's share ({share:g}s, budget.replay) ran out: {sum(left.values())} input(s) of "
+                    f"{sum(1 for v in left.values() if v)} variant(s) not replayed on base ({n_all} variant(s) with none: "
+                    "held against their stored baselines)")
     for w in work:
         w["base"] = base_results.get(w["task"].id)
     return work
+
+
+#: the base replay's share of a time-budgeted run (seconds), unless ``budget.replay`` says
+REPLAY_SHARE = 60.0
+
+
+def _replay_share(opts: RunOptions, ctx: Context) -> Optional[float]:
+    """Seconds the base replay may take: ``budget.replay`` (base's config's), else
+    :data:`REPLAY_SHARE` for a time-budgeted run (an ``--evals`` run is bounded by its inputs,
+    unless the config says)."""
+    # base's config where there is one: a PR cannot spare its own code the comparison with base
+    raw = (ctx.bcfg or ctx.cfg).budget.get("replay")
+    if raw is not None:
+        return float(raw)
+    return None if opts.evals else REPLAY_SHARE
 
 
 class _Pools:

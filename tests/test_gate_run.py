@@ -240,3 +240,33 @@ def test_a_baseline_refresh_takes_the_configs_evaluation_budget_unless_seconds_a
         assert all(r["evals"] != 13 for r in rows), [r["evals"] for r in rows]
     finally:
         os.chdir(old)
+
+
+def test_the_base_replay_keeps_its_share_and_a_variant_it_leaves_is_held_against_its_baseline(base_repo, tmp_path, capfd):
+    """Issue 26: the base worktree, the replay and localisation each have a bounded share. A
+    replay with no time left (budget.replay: 0, deterministic) replays nothing: the run goes on,
+    says so, and judges each variant against its stored baseline; the regression still fails.
+    The share is base's: a PR that sets it in its own config does not spare itself base."""
+    repo = clone(base_repo, tmp_path)
+    cfg = repo / ".dl-gate.yml"
+    cfg.write_text(cfg.read_text() + "budget: {replay: 0}\n")
+    git(repo, "commit", "-q", "-am", "no time for base")
+    open_pr(repo, "nan")
+    code, report = gate(repo, tmp_path)
+    assert code == 1 and report.outcome == "regression", report.reason
+    assert report.env["stages"]["replay"]["share"] == 0.0
+    warn = next(w for w in report.warnings if "the base replay's share (0s, budget.replay) ran out" in w)
+    assert "held against their stored baselines" in warn
+    softmax = by_op(report, "mylib.softmax")
+    assert all(v.details.get("base") == "not replayed on base: the replay's share of the run ran out" for v in softmax)
+    assert any(v.outcome == "regression" and "NaN/Inf" in v.reason for v in softmax), [(v.id, v.reason) for v in softmax]
+    assert "base replay at most 0s" in "".join(capfd.readouterr())
+    # the same setting on the PR's side only: base's config has none, base is replayed
+    repo2 = clone(base_repo, tmp_path / "second")
+    open_pr(repo2, "nan")
+    cfg = repo2 / ".dl-gate.yml"
+    cfg.write_text(cfg.read_text() + "budget: {replay: 0}\n")
+    git(repo2, "commit", "-q", "-am", "spare me base")
+    code, report = gate(repo2, tmp_path / "second")
+    assert code == 1 and "share" not in report.env["stages"]["replay"]
+    assert not any("replay's share" in w for w in report.warnings)

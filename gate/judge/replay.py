@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -26,6 +27,9 @@ from ..oracles.precision import Metrics
 from ..plan import Variant
 
 UNAVAILABLE = "unavailable"  # the operator cannot be imported on that side (new op, moved, broken)
+#: the error of an input the base replay had no time left for (``budget.replay``): not judged
+#: against base; a variant with none replayed is held against its stored baseline
+OUT_OF_TIME = "not replayed on base: the replay's share of the run ran out"
 
 
 @dataclass
@@ -43,12 +47,15 @@ class ReplayResult:
 
 
 def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
-           runner: Optional[VariantRunner] = None, isolate=None) -> List[ReplayResult]:
+           runner: Optional[VariantRunner] = None, isolate=None, deadline: Optional[float] = None) -> List[ReplayResult]:
     """Evaluate ``candidates`` for ``spec``/``variant`` with the runner of the variant's oracle,
     in this process or (``isolate``: :class:`gate.backends.isolate.IsolateOptions`) in a worker
-    process, so that replaying a crashing input cannot take the gate down."""
+    process, so that replaying a crashing input cannot take the gate down. ``deadline``
+    (``time.monotonic()``): the inputs not started by then are :data:`OUT_OF_TIME`."""
     from ..oracles.registry import build_runner
 
+    if deadline is not None and time.monotonic() >= deadline:
+        return [ReplayResult(UNAVAILABLE, error=OUT_OF_TIME) for _ in candidates]
     own = runner is None
     try:
         runner = runner or build_runner(spec, variant, isolate=isolate)
@@ -57,6 +64,9 @@ def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
     out = []
     try:
         for cand in candidates:
+            if deadline is not None and time.monotonic() >= deadline:
+                out.append(ReplayResult(UNAVAILABLE, error=OUT_OF_TIME))
+                continue
             _, ev = runner.evaluate(cand, keep_outputs=True)
             out.append(ReplayResult(
                 status=ev.status, metrics=ev.metrics, error=ev.error, signature=ev.signature,
@@ -160,20 +170,26 @@ def base_isolate_options(tree: Path, python_path: Sequence[str], isolate, head_r
 
 
 def _replay_isolated(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob], isolate,
-                     head_root: Optional[Path]) -> Dict[str, List[ReplayResult]]:
+                     head_root: Optional[Path], deadline: Optional[float] = None) -> Dict[str, List[ReplayResult]]:
     opts = base_isolate_options(tree, python_path, isolate, head_root)
-    return {job.key: replay(job.spec, job.variant, job.candidates, isolate=opts) for job in jobs}
+    return {job.key: replay(job.spec, job.variant, job.candidates, isolate=opts, deadline=deadline) for job in jobs}
 
 
 def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[ReplayJob],
-                   timeout: float = 600.0, isolate=None, head_root: Optional[Path] = None) -> Dict[str, List[ReplayResult]]:
+                   timeout: float = 600.0, isolate=None, head_root: Optional[Path] = None,
+                   seconds: Optional[float] = None) -> Dict[str, List[ReplayResult]]:
     """Run ``jobs`` with the operator library imported from ``tree``: in isolated workers forked
     by the same warm zygote as head's (their import path the tree's, nothing of ``head_root``),
-    or, without isolation, in a fresh interpreter."""
+    or, without isolation, in a fresh interpreter. ``seconds``: the replay's share of the run;
+    the inputs it leaves are :data:`OUT_OF_TIME` (their variants judged without base where none
+    was replayed), never a lost run."""
     if not jobs:
         return {}
+    deadline = time.monotonic() + seconds if seconds is not None else None
     if isolate is not None:
-        return _replay_isolated(tree, python_path, jobs, isolate, head_root)
+        return _replay_isolated(tree, python_path, jobs, isolate, head_root, deadline)
+    if seconds is not None:
+        timeout = min(timeout, seconds + 30.0)  # the interpreter's start, beyond the share
     work = Path(tempfile.mkdtemp(prefix="dl-gate-replay-"))
     try:
         req = {"root": str(tree), "python_path": list(python_path), "jobs": [],
@@ -193,7 +209,9 @@ def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[Replay
             res = subprocess.run([sys.executable, "-m", "gate.judge.replay_worker", str(work)], cwd=str(tree),
                                  capture_output=True, encoding="utf-8", errors="replace", timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            raise GateError(f"base replay timed out after {timeout:.0f}s") from None
+            if seconds is None:
+                raise GateError(f"base replay timed out after {timeout:.0f}s") from None
+            return {job.key: [ReplayResult(UNAVAILABLE, error=OUT_OF_TIME) for _ in job.candidates] for job in jobs}
         if res.returncode != 0 or not (work / "response.json").exists():
             tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
             raise GateError(f"base replay failed (exit {res.returncode}): {tail}")
