@@ -723,15 +723,17 @@ def test_rows_that_do_not_run_as_read_back_from_the_file_are_left_out_not_writte
         _write_config(tmp_path, pkg, "torch", {}, ".dl-gate.yml", rows[1:], InitReport(package="m"), check=check)
 
 
-ELU_FAST = {"fixed": "torch.expm1(x)", "broken": "torch.exp(x) - 1"}
-ELU = '''"""ELU with a fast path for the default alpha (after PyTorch's ELU moving to expm1)."""
+SOFTPLUS_FAST = {"fixed": "torch.where(x > threshold, x, torch.log1p(torch.exp(x)))",
+                 "broken": "torch.log1p(torch.exp(x))"}
+SOFTPLUS = '''"""Softplus with a fast path for the default beta (after PyTorch's softplus threshold: above
+it the function is x, and log1p(exp(x)) would overflow)."""
 import torch
 
 
-def elu(x, alpha: float = 1.0):
-    if alpha == 1.0:  # the common case: one kernel, no scaling
-        return torch.where(x > 0, x, {FAST})
-    return torch.where(x > 0, x, alpha * torch.expm1(x / alpha))
+def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    if beta == 1.0:  # the common case: no scaling
+        return {FAST}
+    return torch.where(x * beta > threshold, x, torch.log1p(torch.exp(x * beta)) / beta)
 '''
 
 
@@ -740,21 +742,24 @@ def elu(x, alpha: float = 1.0):
 def test_one_parameter_value_in_the_tests_does_not_pin_the_row(tmp_path, base_fixed):
     """Seen on a real library: a function tested only at alpha=1.5 was gated only there, and every
     variant passed on a revert that broke other values. init widens a float parameter the tests
-    set (its default, values around the tests'): the revert of expm1 in the default's fast path
-    fails, the fix passes."""
-    repo = tmp_path / "elurepo"
-    (repo / "elulib").mkdir(parents=True)
-    src = repo / "elulib" / "__init__.py"
-    src.write_text(ELU.replace("{FAST}", ELU_FAST["fixed" if base_fixed else "broken"]))
+    set (its default, values around the tests'): a softplus tested only at beta=2 loses the
+    threshold of its default's fast path (inf above ~11 in float16, ~88 in float32): the revert
+    fails, the fix passes. (An ELU whose fast path goes from exp(x) - 1 to expm1 was tried first:
+    the fix direction failed its gradient, rightly: autograd's expm1 backward, grad x (out + 1),
+    rounds exp(x) to 0 below x = -17 in float32, where exp(x)'s own backward did not.)"""
+    repo = tmp_path / "sprepo"
+    (repo / "splib").mkdir(parents=True)
+    src = repo / "splib" / "__init__.py"
+    src.write_text(SOFTPLUS.replace("{FAST}", SOFTPLUS_FAST["fixed" if base_fixed else "broken"]))
     (repo / "tests").mkdir()
-    (repo / "tests" / "test_elu.py").write_text(
-        "import torch\n\nfrom elulib import elu\n\n\ndef test_elu():\n"
-        "    assert elu(torch.randn(4, 8), alpha=1.5).shape == (4, 8)\n")
+    (repo / "tests" / "test_softplus.py").write_text(
+        "import torch\n\nfrom splib import softplus\n\n\ndef test_softplus():\n"
+        "    assert softplus(torch.randn(4, 8), beta=2.0).shape == (4, 8)\n")
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     res = _cli(repo, "init", "--no-workflows")
     assert res.returncode == 0, res.stderr
     row = yaml.safe_load((repo / ".dl-gate.yml").read_text())["ops"][0]
-    assert row["params"]["alpha"]["choices"][:2] == [1.5, 1.0], row  # the tests' value first, then the default
+    assert row["params"]["beta"]["choices"][:2] == [2.0, 1.0], row  # the tests' value first, then the default
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "dl-gate init")
     res = _cli(repo, "baseline", "refresh", "--evals", "150")
@@ -762,7 +767,55 @@ def test_one_parameter_value_in_the_tests_does_not_pin_the_row(tmp_path, base_fi
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "baselines")
     git(repo, "checkout", "-q", "-b", "pr")
-    src.write_text(ELU.replace("{FAST}", ELU_FAST["broken" if base_fixed else "fixed"]))
-    git(repo, "commit", "-q", "-am", "revert expm1" if base_fixed else "expm1")
+    src.write_text(SOFTPLUS.replace("{FAST}", SOFTPLUS_FAST["broken" if base_fixed else "fixed"]))
+    git(repo, "commit", "-q", "-am", "drop the threshold" if base_fixed else "the threshold")
     res = _cli(repo, "run", "--base", "main", "--evals", "150", "--out", str(tmp_path / "out"))
     assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]
+
+
+NANOGPT = '''"""One model file (after nanoGPT's model.py): a function, and a LayerNorm whose constructor
+needs ndim and bias."""
+import math
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+def new_gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm but with an optional bias."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+'''
+
+
+def test_one_module_file_can_be_gated(tmp_path):
+    """Seen on a real library: --package had to be a folder, so one model file (nanoGPT's
+    model.py) could not be gated. A file is its own package; its LayerNorm is built as the tests
+    build it."""
+    repo = tmp_path / "gpt"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "model.py").write_text(NANOGPT)
+    (repo / "tests" / "test_model.py").write_text(
+        "import torch\n\nfrom model import LayerNorm, new_gelu\n\n\ndef test_blocks():\n"
+        "    ln = LayerNorm(16, bias=True)\n    for b in (2, 4):\n        assert ln(torch.randn(b, 16)).shape == (b, 16)\n"
+        "    assert new_gelu(torch.randn(3, 5)).shape == (3, 5)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, package="model.py", workflows=False, probe_timeout=20)
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    ops = {o.name: o for o in cfg.ops}
+    assert set(ops) == {"model.new_gelu", "model.LayerNorm"}, (sorted(ops), rep.left_out)
+    assert cfg.raw["python_path"] == ["."] and ops["model.new_gelu"].sources == ("model.py",)
+    assert ops["model.LayerNorm"].construct == (("ndim", 16), ("bias", True))
+    with pytest.raises(SetupError, match="no such file"):
+        run_init(repo, package="nope.py", workflows=False)

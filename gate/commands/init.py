@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--tests", metavar="CMD",
                    help="the library's test command to record calls from (default: pytest on tests/ if present)")
     p.add_argument("--no-tests", action="store_true", help="do not run the tests (signatures and probing only)")
-    p.add_argument("--package", metavar="NAME", help="the package (or sub-package, pkg.sub) to gate")
+    p.add_argument("--package", metavar="NAME", help="the package (or sub-package, pkg.sub), or one module file (model.py), to gate")
     p.add_argument("--config", default=".dl-gate.yml", metavar="FILE", help="the config to write (default .dl-gate.yml)")
     p.add_argument("--no-workflows", action="store_true", help="do not write .github/workflows/dl-gate*.yml")
     p.add_argument("--ops", action="append", metavar="NAME", help="only these operators (repeatable)")

@@ -38,6 +38,13 @@ class Package:
     python_path: str  # that folder relative to the repository root ("." or "src")
     dependencies: List[str] = field(default_factory=list)
 
+    def files(self) -> List[Path]:
+        """Its Python files: the package folder's, or the one module file (``--package model.py``)."""
+        base = self.root / Path(*self.name.split("."))
+        if not base.is_dir() and base.with_suffix(".py").is_file():
+            return [base.with_suffix(".py")]
+        return sorted(base.rglob("*.py"))
+
 
 def _project_meta(repo: Path) -> Tuple[Optional[str], List[str]]:
     name, deps = None, []
@@ -77,12 +84,15 @@ def find_package(repo: Path, package: Optional[str] = None) -> Package:
             if child.is_dir() and (child / "__init__.py").is_file() and child.name not in SKIP_DIRS \
                     and not child.name.startswith((".", "_")):
                 candidates.append((child.name, root, rel))
+    if package and package.endswith(".py"):  # one module file: model.py, src/lib/layers.py
+        return _module_file(repo, package, deps)
     if package:
         top = package.split(".")[0]
         for name, root, rel in candidates:
             if name == top:
-                if not (root / Path(*package.split("."))).is_dir():
-                    raise SetupError(f"--package {package}: no folder {root / Path(*package.split('.'))}")
+                where = root / Path(*package.split("."))
+                if not where.is_dir() and not where.with_suffix(".py").is_file():
+                    raise SetupError(f"--package {package}: no folder {where} nor module {where.with_suffix('.py')}")
                 return Package(package, root, rel, deps)
         raise SetupError(f"--package {package}: no package folder {top}/ (with __init__.py) at the repository root "
                          "or under src/")
@@ -98,6 +108,26 @@ def find_package(repo: Path, package: Optional[str] = None) -> Package:
         name, root, rel = candidates[0]
         return Package(name, root, rel, deps)
     raise SetupError(f"several packages here ({', '.join(c[0] for c in candidates)}): pass --package NAME")
+
+
+def _module_file(repo: Path, package: str, deps: List[str]) -> Package:
+    """``--package path/to/module.py``: the module, imported as its folders' package path allows
+    (the folders above it with an ``__init__.py`` are its package; the first without is put on
+    the import path)."""
+    f = (repo / package).resolve()
+    if not f.is_file():
+        raise SetupError(f"--package {package}: no such file under {repo}")
+    try:
+        f.relative_to(repo)
+    except ValueError:
+        raise SetupError(f"--package {package}: the file is outside the repository {repo}") from None
+    parts = [f.stem]
+    root = f.parent
+    while root != repo and (root / "__init__.py").is_file():
+        parts.insert(0, root.name)
+        root = root.parent
+    rel = root.relative_to(repo).as_posix() or "."
+    return Package(".".join(parts), root, rel, deps)
 
 
 def _decorator_name(d: ast.expr) -> str:
@@ -126,10 +156,9 @@ def scan(pkg: Package, repo: Path, named: Sequence[str] = ()) -> Tuple[Dict[str,
     ``named`` (``dl-gate init --ops``): definitions asked for by name are taken even when private
     (``_normalize_tensor``, ``pkg.mod._f``, or anything in a private module named in full)."""
     named = set(named)
-    base = pkg.root / Path(*pkg.name.split("."))
     out: Dict[str, List[Symbol]] = {}
     bad: List[str] = []
-    files = sorted(base.rglob("*.py"))
+    files = pkg.files()
     for f in files:
         rel_parts = f.relative_to(pkg.root).with_suffix("").parts
         if any(p in SKIP_DIRS or p.startswith(".") for p in rel_parts[:-1]):
@@ -178,16 +207,15 @@ def default_tests(repo: Path, pkg: Package) -> Optional[str]:
         if (repo / d).is_dir():
             return f"pytest -q -p no:cacheprovider {d}"
     base = pkg.root / Path(*pkg.name.split("."))
-    if any(base.rglob("test_*.py")) or any(base.rglob("*_test.py")):
+    if base.is_dir() and (any(base.rglob("test_*.py")) or any(base.rglob("*_test.py"))):
         return f"pytest -q -p no:cacheprovider {base.relative_to(repo)}"
     return None
 
 
 def uses_framework(pkg: Package) -> str:
     """``tensorflow`` when the package imports TensorFlow/Keras and not torch, else ``torch``."""
-    base = pkg.root / Path(*pkg.name.split("."))
     tf = torch = False
-    for f in base.rglob("*.py"):
+    for f in pkg.files():
         text = f.read_text(encoding="utf-8", errors="replace")
         torch = torch or bool(re.search(r"^\s*(import|from)\s+torch\b", text, re.M))
         tf = tf or bool(re.search(r"^\s*(import|from)\s+(tensorflow|keras)\b", text, re.M))
