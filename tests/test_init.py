@@ -511,7 +511,7 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
     assert "construct: {alpha: 0.25}" in (repo / ".dl-gate.yml").read_text()
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "dl-gate init")
-    res = _cli(repo, "baseline", "refresh", "--evals", "150")
+    res = _cli(repo, "baseline", "refresh", "--evals", "80")
     assert res.returncode == 0, res.stderr
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "baselines")
@@ -520,7 +520,7 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
     old, new = (FIXED, BROKEN) if base_fixed else (BROKEN, FIXED)
     focal.write_text(focal.read_text().replace(old, new))
     git(repo, "commit", "-q", "-am", "revert the fix" if base_fixed else "the fix")
-    res = _cli(repo, "run", "--base", "main", "--evals", "150", "--out", str(tmp_path / "out"))
+    res = _cli(repo, "run", "--base", "main", "--evals", "80", "--out", str(tmp_path / "out"))
     want = 1 if base_fixed else 0
     assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
     if base_fixed:
@@ -762,14 +762,14 @@ def test_one_parameter_value_in_the_tests_does_not_pin_the_row(tmp_path, base_fi
     assert row["params"]["beta"]["choices"][:2] == [2.0, 1.0], row  # the tests' value first, then the default
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "dl-gate init")
-    res = _cli(repo, "baseline", "refresh", "--evals", "150")
+    res = _cli(repo, "baseline", "refresh", "--evals", "60")
     assert res.returncode == 0, res.stderr
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "baselines")
     git(repo, "checkout", "-q", "-b", "pr")
     src.write_text(SOFTPLUS.replace("{FAST}", SOFTPLUS_FAST["broken" if base_fixed else "fixed"]))
     git(repo, "commit", "-q", "-am", "drop the threshold" if base_fixed else "the threshold")
-    res = _cli(repo, "run", "--base", "main", "--evals", "150", "--out", str(tmp_path / "out"))
+    res = _cli(repo, "run", "--base", "main", "--evals", "60", "--out", str(tmp_path / "out"))
     assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]
 
 
