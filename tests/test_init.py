@@ -718,6 +718,13 @@ def test_rows_that_do_not_run_as_read_back_from_the_file_are_left_out_not_writte
     assert [o.name for o in parse_config(path.read_text(), path, tmp_path).ops] == ["m.good"]
     assert "does not run as read back from the file it was written to (crash: TypeError: x)" in dict(report.left_out)["m.bad"]
     assert [f[0] for f in report.found] == ["m.good"]
+    # the rows read back as the spec the probe ran are not run again; any difference is
+    from gate.init import same_as_probed
+
+    spec = parse_config(path.read_text(), path, tmp_path).ops[0]
+    assert same_as_probed(rows[0][0], spec, "torch")
+    assert not same_as_probed(dict(rows[0][0], inputs=[{"name": "x", "shape": [4]}]), spec, "torch")
+    assert not same_as_probed(None, spec, "torch")
     path.unlink()
     with pytest.raises(SetupError, match="no operator of m runs"):
         _write_config(tmp_path, pkg, "torch", {}, ".dl-gate.yml", rows[1:], InitReport(package="m"), check=check)

@@ -271,14 +271,22 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
     plans = _candidate_specs(ops, records, report)
     final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report, env)
 
+    probed_rows = {spec["name"]: spec for spec, _ in final}
+
     def check(text: str, path: Path, names: List[str]) -> Dict[str, str]:
-        log(f"checking the {len(names)} new row(s) as read back from {path.name} (one evaluation each)")
         report.checked = list(names)
-        answers = run_worker("check", names, lambda n: n, {"text": text, "path": str(path), "root": str(repo),
-                                                           "timeout": probe_timeout},
+        # a row read back as exactly the spec the probe ran (at every variant) needs no second
+        # run; one that reads back as anything else runs once, as refresh and run will read it
+        parsed = {spec.name: spec for spec in parse_config(text, path, repo).ops}
+        todo = [n for n in names if not same_as_probed(probed_rows.get(n), parsed.get(n), framework)]
+        if not todo:
+            return {}
+        log(f"checking {len(todo)} row(s) as read back from {path.name} (one evaluation each)")
+        answers = run_worker("check", todo, lambda n: n, {"text": text, "path": str(path), "root": str(repo),
+                                                          "timeout": probe_timeout},
                              cwd=repo, sys_path=sys_path, item_timeout=probe_timeout * 4 + 30, env_extra=env)
         out = {}
-        for n in names:
+        for n in todo:
             a = answers.get(n, {"failed": "no answer"})
             if "failed" in a or a.get("status") != "ok":
                 out[n] = a.get("failed") or f"{a.get('status')}: {a.get('why')}"
@@ -519,6 +527,23 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
     if not existing and tail:
         text += yamlio.comment_block(tail)
     return text
+
+
+def same_as_probed(row: Optional[dict], spec, framework: str) -> bool:
+    """Is ``spec`` (a row as the config reader built it) the spec the probe built from ``row``
+    (the same defaults as :func:`gate.init.worker.probe`)?"""
+    from ..ops.catalog import builtin_defaults
+    from ..ops.spec import OpSpec
+
+    if row is None or spec is None:
+        return False
+    try:
+        fw = row.get("framework", framework)
+        defaults = builtin_defaults(fw)
+        defaults["devices"] = ["cpu", "cuda"]
+        return OpSpec.from_dict(dict(row, framework=fw), defaults, origin="user") == spec
+    except Exception:  # noqa: BLE001 - anything that does not build the same is run again
+        return False
 
 
 def _nothing_runs(package: str, report: InitReport) -> str:
