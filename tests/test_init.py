@@ -501,6 +501,21 @@ def _cli(repo, *args, timeout=900):
                           env=env, timeout=timeout)
 
 
+def _refresh_then_run_pr(repo: Path, out: Path, evals: int, path: Path, text: str, message: str):
+    """What a user does after `dl-gate init`: commit the config, record and commit the baselines,
+    then a PR that writes ``text`` to ``path``, gated against main; the run's process."""
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "dl-gate init")
+    res = _cli(repo, "baseline", "refresh", "--evals", str(evals))
+    assert res.returncode == 0, res.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "baselines")
+    git(repo, "checkout", "-q", "-b", "pr")
+    path.write_text(text)
+    git(repo, "commit", "-q", "-am", message)
+    return _cli(repo, "run", "--base", "main", "--evals", str(evals), "--out", str(out))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("base_fixed", [True, False])
 def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tmp_path, base_fixed):
@@ -509,18 +524,10 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
     res = _cli(repo, "init", "--ops", "focallib.binary_focal_loss_with_logits", "--ops", "focallib.BinaryFocalLossWithLogits")
     assert res.returncode == 0, res.stderr
     assert "construct: {alpha: 0.25}" in (repo / ".dl-gate.yml").read_text()
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "dl-gate init")
-    res = _cli(repo, "baseline", "refresh", "--evals", "80")
-    assert res.returncode == 0, res.stderr
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "baselines")
-    git(repo, "checkout", "-q", "-b", "pr")
     focal = repo / "focallib" / "focal.py"
     old, new = (FIXED, BROKEN) if base_fixed else (BROKEN, FIXED)
-    focal.write_text(focal.read_text().replace(old, new))
-    git(repo, "commit", "-q", "-am", "revert the fix" if base_fixed else "the fix")
-    res = _cli(repo, "run", "--base", "main", "--evals", "80", "--out", str(tmp_path / "out"))
+    res = _refresh_then_run_pr(repo, tmp_path / "out", 80, focal, focal.read_text().replace(old, new),
+                               "revert the fix" if base_fixed else "the fix")
     want = 1 if base_fixed else 0
     assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
     if base_fixed:
@@ -768,16 +775,9 @@ def test_one_parameter_value_in_the_tests_does_not_pin_the_row(tmp_path, base_fi
     assert res.returncode == 0, res.stderr
     row = yaml.safe_load((repo / ".dl-gate.yml").read_text())["ops"][0]
     assert row["params"]["beta"]["choices"][:2] == [2.0, 1.0], row  # the tests' value first, then the default
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "dl-gate init")
-    res = _cli(repo, "baseline", "refresh", "--evals", "60")
-    assert res.returncode == 0, res.stderr
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "baselines")
-    git(repo, "checkout", "-q", "-b", "pr")
-    src.write_text(SOFTPLUS.replace("{FAST}", SOFTPLUS_FAST["broken" if base_fixed else "fixed"]))
-    git(repo, "commit", "-q", "-am", "drop the threshold" if base_fixed else "the threshold")
-    res = _cli(repo, "run", "--base", "main", "--evals", "60", "--out", str(tmp_path / "out"))
+    res = _refresh_then_run_pr(repo, tmp_path / "out", 60, src,
+                               SOFTPLUS.replace("{FAST}", SOFTPLUS_FAST["broken" if base_fixed else "fixed"]),
+                               "drop the threshold" if base_fixed else "the threshold")
     assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]
 
 

@@ -532,16 +532,14 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
 def same_as_probed(row: Optional[dict], spec, framework: str) -> bool:
     """Is ``spec`` (a row as the config reader built it) the spec the probe built from ``row``
     (the same defaults as :func:`gate.init.worker.probe`)?"""
-    from ..ops.catalog import builtin_defaults
     from ..ops.spec import OpSpec
+    from .worker import probe_defaults
 
     if row is None or spec is None:
         return False
     try:
         fw = row.get("framework", framework)
-        defaults = builtin_defaults(fw)
-        defaults["devices"] = ["cpu", "cuda"]
-        return OpSpec.from_dict(dict(row, framework=fw), defaults, origin="user") == spec
+        return OpSpec.from_dict(dict(row, framework=fw), probe_defaults(fw), origin="user") == spec
     except Exception:  # noqa: BLE001 - anything that does not build the same is run again
         return False
 

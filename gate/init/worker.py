@@ -205,8 +205,16 @@ def _some_finite(outputs) -> bool:
     return not floats or any(np.isfinite(np.asarray(a, dtype=np.float64)).any() for a in floats if np.size(a))
 
 
-def probe(req: dict) -> None:
+def probe_defaults(framework: str) -> dict:
+    """The defaults a probed row is built with (the config reader's, every device)."""
     from ..ops.catalog import builtin_defaults
+
+    defaults = builtin_defaults(framework)
+    defaults["devices"] = ["cpu", "cuda"]
+    return defaults
+
+
+def probe(req: dict) -> None:
     from ..ops.spec import OpSpec
     from ..plan import variants_for
 
@@ -216,8 +224,7 @@ def probe(req: dict) -> None:
         chosen: Optional[dict] = None
         for i, cand in enumerate(op["candidates"]):
             try:
-                defaults = builtin_defaults(cand.get("framework", "torch"))
-                defaults["devices"] = ["cpu", "cuda"]
+                defaults = probe_defaults(cand.get("framework", "torch"))
                 spec = OpSpec.from_dict(cand, defaults, origin="user")
             except Exception as exc:
                 result["tries"].append([i, "error", f"{type(exc).__name__}: {exc}"])
