@@ -61,6 +61,24 @@ def test_the_regression_example_fails_and_localises_every_failing_row(tmp_path):
                         for repo in ("-", str(base_tree)))
     assert all(head_rc[s][0] == 1 for s in scripts), {s: head_rc[s] for s in scripts if head_rc[s][0] != 1}
     assert all(base_rc[s][0] == 0 for s in scripts), {s: base_rc[s] for s in scripts if base_rc[s][0] != 0}
+    # the terminal ends with the next step (issue 29), and the commands it gives work as printed
+    nxt = res.stdout[res.stdout.index("\nnext: "):].split()
+    explain = nxt[nxt.index("explain") + 1].strip("'")
+    assert explain.startswith(f"{tmp_path / 'out'}/report.json#"), res.stdout[-1500:]
+    shown = subprocess.run([sys.executable, "-m", "gate.cli", "explain", explain], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert shown.returncode == 0 and explain.split("#", 1)[1] in shown.stdout, shown.stdout[-1500:] + shown.stderr[-1500:]
+    assert Path(nxt[nxt.index("python", nxt.index("explain")) + 1]).exists()
+    assert "cause 1: oplib/_helpers.py:" in res.stdout
+    # the PR comment's root cause and next step point at the same files, as the artifact has them
+    from gate.report.markdown import render_comment
+    from gate.report.schema import load_report
+
+    comment = render_comment(load_report(tmp_path / "out" / "report.json"), run_id="7", repository="o/r")
+    assert "traced to 1 changed line" in comment and "**1. `oplib/_helpers.py:" in comment, comment
+    repro = comment.split("python dl-gate-out/repro/", 1)[1].split()[0].strip("`")
+    assert (tmp_path / "out" / "repro" / repro).exists(), repro
+    assert "gh run download 7 -R o/r -n dl-gate-report -D dl-gate-out" in comment
 
 
 #: runs repro scripts in one process (each script's main() with ``--repo`` unless "-"): {script: [rc, tail]}

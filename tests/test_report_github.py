@@ -192,8 +192,10 @@ def test_the_comment_stays_under_6kb_whatever_the_run_and_points_at_the_full_rep
         (c,) = fake.comments[7]
     body = c["body"]
     assert len(body.encode("utf-8")) <= 6 * 1024 + 200  # the digest, plus the marker and stamp lines
-    assert "| `lib.fail000` |" in body  # the worst rows are shown, whole
-    assert "more failing row(s) in the full report" in body
+    assert "| `lib.fail000` |" in body  # the grid's first rows are shown, whole
+    assert "more operator(s) in the full report" in body
+    assert "traced to 1 changed line" in body and body.count("**1. ") == 1  # 300 variants, one cause
+    assert "gh run download 500 -R acme/ops -n dl-gate-report -D dl-gate-out" in body  # the next step survives
     assert body.rstrip().endswith("</sub>")  # the footer survives the cut
     assert "Full report: [job summary and artifact](https://github.com/acme/ops/actions/runs/500)" in body
 

@@ -34,7 +34,8 @@ def test_verdict_line_table_details_and_chart():
     assert "1.5 ulp" in sp and "48 ulp" in sp and "×32" in sp and "4.5 ulp" in sp and "**regression**" in sp
     assert rows[0].split("|")[-2].strip() == "**regression**"  # failing rows first
     nan_row = next(r for r in rows if "exp_sum" in r)  # new NaN/Inf: the ratio of finite errors means nothing
-    assert "∞ ulp + 3 NaN/Inf" in nan_row and "| NaN/Inf |" in nan_row
+    # NaN/Inf counted first, on both sides the same way (zero included)
+    assert "| 0 NaN/Inf, 1 ulp | 3 NaN/Inf, ∞ ulp |" in nan_row and "| NaN/Inf |" in nan_row
     # localisation in collapsible sections: every key present is rendered
     det = md[md.index("<summary>❌ <b>mylib.softplus</b>"):]
     det = det[:det.index("</details>")]

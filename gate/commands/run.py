@@ -138,6 +138,7 @@ def _supervise(args) -> int:
     with contextlib.redirect_stdout(buf):
         print_report(report)
         print("\n" + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+        print_next_step(report, out)
     sys.stdout.write(supervise.CommandGuard().feed(buf.getvalue(), final=True))
     sys.stdout.flush()
     return report.exit_code
@@ -186,6 +187,29 @@ def write_outputs(report, out: Path) -> dict:
 
 
 
+def print_next_step(report, out: Path) -> None:
+    """The run's last lines: the root causes by changed line, and what to run next (the same
+    step the PR comment gives)."""
+    from ..report.digest import causes, head_vs_base, next_step
+
+    cs = causes(report)
+    for i, c in enumerate(cs, 1):
+        where = f"{'deleted code above ' if c.deleted else ''}{c.where}" + (f" ({c.symbol})" if c.symbol else "")
+        if not c.located:
+            where = f"no changed line located for {c.symbol} (operator at {c.where})"
+        sm = c.smallest
+        print(f"\ncause {i}: {where}: {len(c.verdicts)} failing variant(s) of {', '.join(c.ops)}")
+        print(f"  smallest input ({sm.id}): {(sm.diagnosis or {}).get('minimal_input') or sm.input_summary or '-'}")
+        print(f"  {head_vs_base(sm)}")
+    step = next_step(report, out=out.as_posix())
+    if step is not None:
+        print("\nnext: " + step.explain)
+        if step.repro:
+            print("      " + step.repro + "   # exits 1 on head, 0 on base")
+    elif report.outcome == "error":
+        print(f"\nnext: {report.reason}")
+
+
 def print_report(report) -> None:
     print(f"dl-gate: {report.outcome.upper()}: {report.reason}")
     if report.base_sha:
@@ -195,10 +219,11 @@ def print_report(report) -> None:
         print(f"  selected {s['op']}: {why}")
     if not report.verdicts:
         return
+    from ..report.digest import sides
+
     rows = []
     for v in report.verdicts:
-        head = f"nan/inf x{v.head_nonfinite}" if v.head_nonfinite else ("raises" if v.head_crash else _f(v.head_error))
-        base = f"nan/inf x{v.base_nonfinite}" if v.base_nonfinite else ("raises" if v.base_crash else _f(v.base_error))
+        head, base = sides(v)  # NaN/Inf counted the same way on both sides, as every report does
         rows.append((v.id, v.outcome, base, head, _f(v.threshold), str(v.evals) if v.evals else "-", v.reason))
     print_table(("operator[variant]", "outcome", "base", "head", "threshold", "evals", "reason"), rows)
     if report.not_covered:

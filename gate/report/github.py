@@ -157,7 +157,8 @@ def post_comment(report: GateReport, ctx: GitHubContext, *, token: Optional[str]
         return CommentResult("skipped-no-pr", message=f"no pull request for this {ctx.event_name or 'run'}")
     stamp = ctx.stamp() or Stamp(sha=report.head_sha or "0" * 40)
     footer = comment_footer(report, stamp, ctx.run_url)
-    body = render_comment(report, full_report=ctx.run_url, repo_url=ctx.repo_url, footer=footer)
+    body = render_comment(report, full_report=ctx.run_url, repo_url=ctx.repo_url, footer=footer,
+                          run_id=str(ctx.run_id) if ctx.run_id else None, repository=ctx.repository)
     return upsert_sticky_comment(client, ctx.repository, number, body, stamp, key=key, author=author,
                                  has_news=has_news(report), check_head=check_head)
 
@@ -183,7 +184,8 @@ def publish_to_github(report: GateReport, env: Mapping[str, str] = os.environ, *
     if summary and env.get("GITHUB_STEP_SUMMARY"):
         room = summary_room(env)
         if room > 1024:
-            md = render_markdown(report, limit=room - 1, full_report=ctx.run_url, repo_url=ctx.repo_url)
+            md = render_markdown(report, limit=room - 1, full_report=ctx.run_url, repo_url=ctx.repo_url,
+                                 run_id=str(ctx.run_id) if ctx.run_id else None, repository=ctx.repository)
             done["summary"] = str(append_summary(md, env))
         else:
             _log("job summary is full; the report is in the artifacts")

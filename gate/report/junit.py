@@ -1,11 +1,23 @@
-"""JUnit XML: one ``testcase`` per operator x variant, written with junitparser and valid
-against the Jenkins/Ant ``junit-10.xsd`` that CI test reporters follow (tests/data/junit-10.xsd).
+"""JUnit XML: one ``testcase`` per operator x variant, written with junitparser, in the shape of
+the Jenkins/Ant ``junit-10.xsd`` that CI test reporters follow (tests/data/junit-10.xsd).
 
-    testsuites > testsuite (one per framework, plus ``dl-gate`` for run-level faults)
-               > testcase name=<variant key> classname=dl-gate.<framework>.<op> time=<seconds>
+    testsuites time=<the run's seconds>
+      > testsuite (one per framework; ``dl-gate`` for the run itself)
+        > testcase name=<variant key> classname=dl-gate.<framework>.<op> time=<seconds>
+                   file=<path> line=<n>
+        > testcase name=run classname=dl-gate time=<the rest of the run>
 
-That schema has no ``file``/``line`` on a testcase: the operator's source location is the first
-line of the result body (``source: path:line``); annotations carry it to the diff.
+``file`` and ``line``: the changed line the localiser ranked first for a failing testcase, else the
+operator's definition - what the reporters that place annotations from JUnit read
+(EnricoMi/publish-unit-test-result-action, mikepenz/action-junit-report; pytest's ``xunit1``
+family writes the same two attributes). junit-10.xsd itself declares no ``file``/``line`` on a
+testcase: a document is junit-10.xsd-valid once they are removed, and valid against that schema
+with the two attributes added (tests/test_report_junit.py checks both). The body repeats the
+location in words (``changed: path:line (symbol)``, ``source: path:line``).
+
+Times add up: every variant's testcase carries its own seconds, the ``run`` testcase the rest
+(selection, base worktree, replay, localisation), so the suites sum to the run's wall time.
+Properties are strings; structured values (the run's budget, stages, allocation) are JSON.
 
 * ``failure`` for a variant whose outcome fails the gate (regression; behaviour-change when the
   config says so): message = the one-line diagnosis, body = errors, seed, minimal input, repro.
@@ -19,6 +31,7 @@ It is written on every outcome: a run that failed before judging anything still 
 ``dl-gate.run`` testcase carrying the error, so CI test reporters always find a file."""
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -28,7 +41,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from .. import HARNESS_VERSION, __version__
 from ..judge.verdict import ERROR, NOT_MEASURED, UNDER_SEARCHED, GateReport, VariantVerdict
-from .common import SKIPPED_OUTCOMES, facts_text, is_failing, one_line, ordered, relpath
+from .common import SKIPPED_OUTCOMES, changed_code, facts_text, is_failing, one_line, ordered, relpath
 
 # characters XML 1.0 cannot carry at all (control characters but tab/newline/CR, lone surrogates,
 # U+FFFE/U+FFFF): replaced, so an untrusted crash message never makes the file unreadable
@@ -46,12 +59,36 @@ def _result(kind, message: str, body: str, type_: str):
     return r
 
 
+def _location(report: GateReport, v: VariantVerdict, root: Optional[os.PathLike]):
+    """(file, line, symbol, changed?) a reporter should point at: the changed line for a failing
+    verdict (the localiser's first), else the operator's source; (None, None, "", False) without one."""
+    if is_failing(report, v):
+        for c in changed_code(v):
+            f = relpath(str(c.get("file")), root)
+            if f:
+                try:
+                    line = max(1, int(c.get("line") or 1))
+                except (TypeError, ValueError):
+                    line = 1
+                return f, line, str(c.get("symbol") or ""), True
+    f = relpath(v.source_file, root) if v.source_file else None
+    if f:
+        return f, max(1, int(v.source_line or 1)), "", False
+    return None, None, "", False
+
+
 def _case(report: GateReport, v: VariantVerdict, root: Optional[os.PathLike]) -> TestCase:
     tc = TestCase(v.key, f"dl-gate.{v.framework}.{v.op}", float(v.seconds or 0.0))
+    file, line, symbol, changed = _location(report, v, root)
+    if file:
+        tc._elem.set("file", _xml_text(file))
+        tc._elem.set("line", str(line))
     where = relpath(v.source_file, root) or v.source_file
     body = facts_text(v)
     if where:
         body = f"source: {where}{':' + str(int(v.source_line)) if v.source_line else ''}\n{body}"
+    if changed:
+        body = f"changed: {file}:{line}{f' ({symbol})' if symbol else ''}\n{body}"
     message = one_line(v.reason)
     if is_failing(report, v):
         tc.result = [_result(Failure, message, body, v.outcome)]
@@ -64,22 +101,23 @@ def _case(report: GateReport, v: VariantVerdict, root: Optional[os.PathLike]) ->
     return tc
 
 
-def _run_case(report: GateReport) -> Optional[TestCase]:
-    """A run-level testcase when the run has errors of its own or judged nothing."""
+def _run_case(report: GateReport) -> TestCase:
+    """The run itself: its errors, and the seconds no variant's testcase carries (selection, the
+    base worktree, replay, localisation), so that the testcases' times add up to the run's."""
     errors = [one_line(e, 2000) for e in report.errors]
     if not errors and report.outcome == "error":
         errors = [one_line(report.reason, 2000)]
-    if not errors and report.verdicts:
-        return None
-    tc = TestCase("run", "dl-gate", float(report.seconds or 0.0))
+    rest = max(0.0, float(report.seconds or 0.0) - sum(float(v.seconds or 0.0) for v in report.verdicts))
+    tc = TestCase("run", "dl-gate", round(rest, 3))
     if errors:
         tc.result = [_result(Error, errors[0], "\n".join(errors), "harness-error")]
-    elif report.outcome == "needs-baseline":
+    elif report.outcome == "needs-baseline" and not report.verdicts:
         tc.result = [_result(Skipped, f"needs-baseline: {one_line(report.reason)}", "", "needs-baseline")]
-    elif report.outcome == "regression":  # a regression with no verdict to carry it
+    elif report.outcome == "regression" and not report.verdicts:  # a regression with no verdict to carry it
         tc.result = [_result(Failure, one_line(report.reason), "", "regression")]
     else:
-        tc.system_out = _xml_text(one_line(report.reason, 2000))
+        tc.system_out = _xml_text(f"{one_line(report.reason, 2000)}\n{rest:.1f}s of the run's {float(report.seconds or 0):.1f}s "
+                                  "outside the variants' own (selection, base worktree, replay, localisation)")
     return tc
 
 
@@ -95,7 +133,7 @@ def _properties(report: GateReport) -> dict:
         if val is not None:
             props[key] = str(val)
     for k, val in sorted((report.env or {}).items()):
-        props[f"env.{k}"] = one_line(val, 200)
+        props[f"env.{k}"] = val if isinstance(val, str) else json.dumps(val, sort_keys=True, default=str)
     return props
 
 
@@ -115,9 +153,7 @@ def build_suites(report: GateReport, root: Optional[os.PathLike] = None) -> List
     for v in ordered(report):
         by_fw.setdefault(v.framework, []).append(_case(report, v, root))
     suites = [_suite(f"dl-gate.{fw}", cases, props) for fw, cases in sorted(by_fw.items())]
-    run_case = _run_case(report)
-    if run_case is not None:
-        suites.append(_suite("dl-gate", [run_case], props))
+    suites.append(_suite("dl-gate", [_run_case(report)], props))
     return suites
 
 
@@ -126,6 +162,7 @@ def build_xml(report: GateReport, root: Optional[os.PathLike] = None) -> JUnitXm
     for suite in build_suites(report, root):
         xml.add_testsuite(suite)
     xml.update_statistics()
+    xml.time = round(sum(float(s.time or 0.0) for s in xml), 3)  # the run's wall time, as its testcases add it up
     # junit-10.xsd has no ``skipped`` count on <testsuites> (each <testsuite> carries its own)
     xml._elem.attrib.pop("skipped", None)
     return xml

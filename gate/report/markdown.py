@@ -24,8 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..judge.verdict import PASS, GateReport, VariantVerdict
-from .common import (RUN_ICONS, SUMMARY_LIMIT, changed_code, counts_line, deleted_text, diag, fmt_num, fmt_value, head_for_chart,
+from ..judge.verdict import IMPROVEMENT, PASS, REGRESSION, GateReport, VariantVerdict
+from . import digest
+from .common import (RUN_ICONS, SUMMARY_LIMIT, VARIANT_ICONS, changed_code, counts_line, deleted_text, diag, fmt_num, fmt_value, head_for_chart,
                      icon, is_failing, md_code, md_fence, md_text, minimal_input, one_line, ordered, repro_command,
                      short_sha, suboperation_text, verdict_ratio)
 
@@ -82,17 +83,14 @@ def _row(report: GateReport, v: VariantVerdict) -> str:
     def err(x):
         return f"{fmt_num(x)}{unit}" if x is not None else "–"
 
-    def nonfinite(n):
-        return f" + {n} NaN/Inf" if n else ""
-
+    head, base = digest.sides(v)
     outcome = md_text(v.outcome, 30)
     if is_failing(report, v):
         outcome = f"**{outcome}**"
     ratio = verdict_ratio(v)
     key = v.key + (" · exhaustive" if v.details.get("search") == "exhaustive" else "")
     return (f"| {icon(report, v)} | {md_code(v.op, 80)} | {md_text(key, 80)} | "
-            f"{err(v.base_error)}{nonfinite(v.base_nonfinite)} | {err(v.head_error)}{nonfinite(v.head_nonfinite)} | "
-            f"{ratio} | {err(v.threshold)} | {outcome} |")
+            f"{md_text(base, 60)} | {md_text(head, 60)} | {ratio} | {err(v.threshold)} | {outcome} |")
 
 
 def _chart_value(x: Optional[float], log: bool, inf_as: float) -> float:
@@ -296,11 +294,15 @@ def _worth_details(report: GateReport, v: VariantVerdict) -> bool:
         v.head_nonfinite or v.base_nonfinite)
 
 
-def _blocks(report: GateReport, repo_url: Optional[str]) -> List[_Block]:
+def _blocks(report: GateReport, repo_url: Optional[str], step: Optional[str] = None) -> List[_Block]:
     blocks: List[_Block] = [
         _Block((0,), (0,), verdict_line(report)),
         _Block((1,), (0,), "\n" + _meta_line(report) + "\n"),
     ]
+    for i, c in enumerate(digest.causes(report)):  # one root cause per changed line, first
+        blocks.append(_Block((1, 1, i), (1, i), cause_block(report, i + 1, c, repo_url) + "\n"))
+    if step:
+        blocks.append(_Block((1, 2), (1, -1), step + "\n"))
     if report.errors:
         blocks.append(_Block((2,), (1,), _list_section(f"Harness errors ({len(report.errors)})", report.errors,
                                                           open_=True)))
@@ -347,11 +349,13 @@ def _cut_note(rows: int, sections: int, full_report: Optional[str]) -> str:
 
 
 def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report: Optional[str] = None,
-                    repo_url: Optional[str] = None, footer: str = "") -> str:
+                    repo_url: Optional[str] = None, footer: str = "", run_id: Optional[str] = None,
+                    repository: Optional[str] = None) -> str:
     """The Markdown report, at most ``limit`` bytes (UTF-8; GitHub counts the comment limit in
     characters, which is never more). ``full_report`` (a URL or a path) is where a cut report
     points; ``repo_url`` (``https://github.com/OWNER/REPO``) turns source locations into links."""
-    blocks = _blocks(report, repo_url)
+    step = next_step_block(digest.next_step(report, run_id=run_id, repository=repository), full_report)
+    blocks = _blocks(report, repo_url, step)
     tail = ("\n" + footer) if footer else ""
     total = sum(b.size for b in blocks) + _nbytes(tail)
     if total <= limit:
@@ -398,11 +402,101 @@ def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report:
 
 
 COMMENT_BUDGET = 6 * 1024  # bytes: the sticky comment is a digest; the job summary is the report
+GRID_MAX_OPS = 12  # operators in the comment's grid (the job summary has every row)
+GRID_ICONS = {REGRESSION: "❌", IMPROVEMENT: "📉", PASS: "✅"}
+
+
+def _code_ref(report: GateReport, cause: digest.Cause, repo_url: Optional[str]) -> str:
+    ref = cause.where
+    url = _link(repo_url, report.head_sha, str(cause.file), cause.line) if cause.file else None
+    text = f"[{md_text(ref, 120)}]({url})" if url else md_code(ref, 120)
+    if not cause.located:
+        return f"no changed line located: {md_code(cause.symbol, 80)} (operator at {text})"
+    sym = f" {md_code(cause.symbol, 60)}" if cause.symbol else ""
+    return ("deleted code above " if cause.deleted else "") + text + sym
+
+
+def cause_block(report: GateReport, i: int, cause: digest.Cause, repo_url: Optional[str] = None,
+                out: str = digest.OUT) -> str:
+    """One root cause: the changed line, what fails because of it, the smallest input, head vs
+    base, and the repro."""
+    per_op = []
+    for op in cause.ops:
+        vs = [v for v in cause.verdicts if v.op == op]
+        kinds: Dict[str, int] = {}
+        for v in vs:
+            kinds[digest.kind(v)] = kinds.get(digest.kind(v), 0) + 1
+        what = ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+        per_op.append(f"{md_code(op, 60)} ({len(vs)}: {md_text(what, 80)})")
+    lines = [f"**{i}. {_code_ref(report, cause, repo_url)}**", "",
+             f"- **Fails:** " + ", ".join(per_op[:8]) + (f", …{len(per_op) - 8} more" if len(per_op) > 8 else "")]
+    sm = cause.smallest
+    mi = minimal_input(sm)
+    if mi:
+        lines.append(f"- **Smallest input:** {md_code(mi, 200)} on {md_code(sm.op, 60)} [{md_text(sm.key, 60)}]: "
+                     f"{md_text(digest.head_vs_base(sm), 200)}")
+    else:
+        lines.append(f"- **{md_code(sm.op, 60)} [{md_text(sm.key, 60)}]:** {md_text(digest.head_vs_base(sm), 200)}")
+    also = cause.also
+    if also is not None:
+        lines.append(f"- **Also {md_text(digest.kind(also), 20)}:** {md_code(also.op, 60)} [{md_text(also.key, 60)}]: "
+                     f"{md_text(digest.head_vs_base(also), 200)}")
+    script = digest.repro_in_artifact(sm, out)
+    if script:
+        lines.append(f"- **Reproduce** (exits 1 on head, 0 on base): {md_code('python ' + script, 200)}")
+    return "\n".join(lines)
+
+
+def grid_table(report: GateReport, max_ops: int = GRID_MAX_OPS) -> Optional[str]:
+    """Operators x dtype (with the gradient and layout columns), the worst outcome per cell."""
+    cols, rows = digest.grid(report)
+    if not rows or (len(rows) == 1 and len(cols) == 1):
+        return None
+    out = ["| operator | " + " | ".join(md_text(c, 40) for c in cols) + " |", "|---|" + ":-:|" * len(cols)]
+    for op, cells in rows[:max_ops]:
+        shown = []
+        for c in cols:
+            outcome, text = digest.cell(report, cells.get(c, []))
+            shown.append(f"{GRID_ICONS.get(outcome, VARIANT_ICONS.get(outcome, ''))} {md_text(text, 30)}".strip() or "·")
+        out.append(f"| {md_code(op, 60)} | " + " | ".join(shown) + " |")
+    if len(rows) > max_ops:
+        out.append(f"\n…{len(rows) - max_ops} more operator(s) in the full report.")
+    return "\n".join(out)
+
+
+def improvements_line(report: GateReport, max_ops: int = 6) -> Optional[str]:
+    """The improvements by name, one clause per operator: which variants, and what improved."""
+    imp = digest.improvements(report)
+    if not imp:
+        return None
+    by_op: Dict[str, Dict[str, List[str]]] = {}
+    for v, _ in imp:
+        fixed = (v.details or {}).get("fixed_inputs") or 0
+        unit = f" {v.metric}" if v.metric else ""
+        kinds = by_op.setdefault(v.op, {})
+        if fixed:
+            kinds.setdefault("NaN/Inf or a crash fixed", []).append(f"{v.key} ({fixed} input{'s' if fixed > 1 else ''})")
+        else:
+            kinds.setdefault("more precise", []).append(f"{v.key} {fmt_num(v.base_error)} → {fmt_num(v.head_error)}{unit}")
+    by_op = {op: ["{}: {}".format(k, ", ".join(xs)) for k, xs in kinds.items()] for op, kinds in by_op.items()}
+    items = [f"{md_code(op, 60)} ({md_text('; '.join(whats), 300)})" for op, whats in list(by_op.items())[:max_ops]]
+    more = f"; …{len(by_op) - max_ops} more operator(s)" if len(by_op) > max_ops else ""
+    return f"**Improved ({len(imp)} variant(s)):** " + "; ".join(items) + more
+
+
+def next_step_block(step: Optional[digest.NextStep], full_report: Optional[str] = None) -> Optional[str]:
+    if step is None:
+        return None
+    cmds = [c for c in (step.download, step.explain, step.repro) if c]
+    get = (" the commands below download the run's artifact, explain the finding with the smallest input and "
+           "run its repro" if step.download else " explain the finding with the smallest input and run its repro")
+    where = f" (or open the [run]({full_report}) and download the `{digest.ARTIFACT}` artifact)" if full_report else ""
+    return f"**Next step:**{get}{where}.\n\n" + md_fence("\n".join(cmds), "sh", 1000)
 
 
 def cause_line(report: GateReport, v: VariantVerdict, repo_url: Optional[str] = None) -> str:
     """One line saying why ``v`` fails: the changed line most likely responsible, the minimal
-    input, the command that reproduces it (each only when the localise stage found it)."""
+    input, head vs base (each only when the localise stage found it)."""
     parts = [f"{md_code(v.op, 60)} [{md_text(v.key, 60)}]"]
     code = changed_code(v)
     if code:
@@ -417,54 +511,62 @@ def cause_line(report: GateReport, v: VariantVerdict, repo_url: Optional[str] = 
     mi = minimal_input(v)
     if mi:
         parts.append(f"input {md_code(mi, 160)}")
-    rc = repro_command(v)
-    if rc:
-        parts.append(f"repro {md_code(rc, 200)}")
-    if len(parts) == 1:
-        parts.append(md_text(v.reason, 200))
+    parts.append(md_text(digest.head_vs_base(v), 200))
     return "- " + " · ".join(parts)
 
 
 def render_comment(report: GateReport, full_report: Optional[str] = None, repo_url: Optional[str] = None,
-                   footer: str = "", limit: int = COMMENT_BUDGET) -> str:
-    """The sticky PR comment, at most ``limit`` bytes whatever the run: the verdict line, one
-    table of the failing rows (base / head / threshold), one cause line per failing row, and
-    where the full report is (the job summary and the artifact). Rows that do not fit are
-    counted, never cut mid-row."""
+                   footer: str = "", limit: int = COMMENT_BUDGET, run_id: Optional[str] = None,
+                   repository: Optional[str] = None, out: str = digest.OUT) -> str:
+    """The sticky PR comment, at most ``limit`` bytes whatever the run: the verdict line; one
+    root-cause block per changed line (which operators and variants fail, the smallest input,
+    head vs base, the repro); the operator x dtype grid; improvements by name; errors; and one
+    next step (download the artifact, ``dl-gate explain``, the repro). What does not fit is
+    counted, never cut mid-block: cause blocks beyond the first go first, then grid rows."""
     where = (f"Full report: [job summary and artifact]({full_report})" if full_report
-             else "Full report: the job summary and the run's `dl-gate` artifact")
-    head = [verdict_line(report), "", _meta_line(report)]
-    failing = [v for v in ordered(report) if is_failing(report, v)]
-    errors = [md_text(e, 300) for e in report.errors][:3]
+             else f"Full report: the job summary and the run's `{digest.ARTIFACT}` artifact")
     tail = "\n" + where + (("\n" + footer) if footer else "")
+    cs = digest.causes(report)
+    failing = sum(len(c.verdicts) for c in cs)
+    ops = len({v.op for c in cs for v in c.verdicts})
+    step = next_step_block(digest.next_step(report, out=out, run_id=run_id, repository=repository), full_report)
+    errors = [md_text(e, 300) for e in report.errors][:3]
+    imp = improvements_line(report)
 
-    def assemble(n_rows: int, n_causes: int) -> str:
-        out = list(head)
-        if failing:
-            out += ["", "| operator | variant | base error | head error | threshold |", "|---|---|---:|---:|---:|"]
-            for v in failing[:n_rows]:
-                unit = f" {md_text(v.metric, 10)}" if v.metric else ""
-                cell = (lambda x: f"{fmt_num(x)}{unit}" if x is not None else "–")
-                nf = f" + {v.head_nonfinite} NaN/Inf" if v.head_nonfinite else ""
-                out.append(f"| {md_code(v.op, 60)} | {md_text(v.key, 60)} | {cell(v.base_error)} | "
-                           f"{cell(v.head_error)}{nf} | {cell(v.threshold)} |")
-            if n_rows < len(failing):
-                out.append(f"\n…and {len(failing) - n_rows} more failing row(s) in the full report.")
-            out += ["", "**Causes**", ""]
-            out += [cause_line(report, v, repo_url) for v in failing[:n_causes]]
-            if n_causes < len(failing):
-                out.append(f"- …{len(failing) - n_causes} more in the full report")
+    def assemble(n_causes: int, grid_ops: int, with_imp: bool) -> str:
+        parts = [verdict_line(report), _meta_line(report)]
+        if cs:
+            lines = "changed line" if sum(c.located for c in cs) == 1 else "changed lines"
+            located = sum(c.located for c in cs)
+            head = (f"**{failing} failing variant(s) of {ops} operator(s)**, " +
+                    (f"traced to {located} {lines}:" if located else "no changed line located:"))
+            parts.append(head)
+            parts += [cause_block(report, i + 1, c, repo_url, out) for i, c in enumerate(cs[:n_causes])]
+            if n_causes < len(cs):
+                parts.append(f"…{len(cs) - n_causes} more cause(s) "
+                             f"({sum(len(c.verdicts) for c in cs[n_causes:])} variants) in the full report.")
+        if grid_ops:
+            g = grid_table(report, grid_ops)
+            if g:
+                parts.append(g)
+        if with_imp and imp:
+            parts.append(imp)
         if errors:
-            out += ["", "**Errors**", ""] + [f"- {e}" for e in errors]
-        return "\n".join(out) + "\n" + tail
+            parts.append("**Errors**\n\n" + "\n".join(f"- {e}" for e in errors))
+        if step:
+            parts.append(step)
+        return "\n\n".join(parts) + "\n" + tail
 
-    rows = causes = len(failing)
-    text = assemble(rows, causes)
-    while _nbytes(text) > limit and causes > 0:  # causes go first, then rows, one at a time
-        causes -= 1
-        if causes < rows - 1 or causes == 0:
-            rows = max(rows - 1, 1 if failing else 0)
-        text = assemble(rows, causes)
+    n_causes, grid_ops, with_imp = len(cs), GRID_MAX_OPS, True
+    text = assemble(n_causes, grid_ops, with_imp)
+    while _nbytes(text) > limit and (n_causes > 1 or grid_ops > 0 or with_imp):
+        if n_causes > 1:
+            n_causes -= 1
+        elif with_imp:
+            with_imp = False
+        else:
+            grid_ops = grid_ops - 1 if grid_ops > 3 else 0
+        text = assemble(n_causes, grid_ops, with_imp)
     if _nbytes(text) > limit:  # only a pathological header is left: hard cut, still valid UTF-8
         room = limit - _nbytes(tail) - 2
         text = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore") + "\n" + tail
