@@ -219,6 +219,34 @@ def test_entrypoint_gate_mode_reports_an_error_on_every_outcome(job):
     assert not fake.requests("POST")
 
 
+def test_entrypoint_install_runs_the_library_install_first_without_credentials(job):
+    act, fake = job
+    # the install input runs in the workspace before the gate, with a worker's environment (no
+    # token, no runner command file) plus pip's settings; what it prints cannot be a workflow command
+    cmd = ("env > installed.env; echo '::error::forged by setup.py'; "
+           "python -c \"import os; print('PIP', os.environ.get('PIP_INDEX_URL'))\"")
+    res, out, _ = act.run(None, mode="gate", comment="false", install=cmd)
+    seen = (act.ws / "installed.env").read_text()
+    assert "tok-bot" not in seen and "INPUT_" not in seen and "GITHUB_OUTPUT" not in seen
+    assert not any(ln.lstrip().startswith("::error::forged") for ln in res.stderr.splitlines())
+    assert ": :error::forged by setup.py" in res.stderr
+    assert out["outcome"] == "error"  # the gate itself ran next (this workspace is no git repository)
+    # a failing install: one line, a setup error that fails the step, the JUnit file still written
+    res, out, _ = act.run(None, mode="gate", comment="true", install="echo 'ERROR: No matching distribution'; exit 3")
+    assert res.returncode == 2 and out["outcome"] == "error"
+    assert "input install: `echo 'ERROR: No matching distribution'; exit 3` exited 3: ERROR: No matching distribution" in out["reason"]
+    assert (act.ws / "dl-gate-out" / "junit.xml").exists() and not fake.requests("POST")
+
+
+def test_entrypoint_install_gets_pip_settings(job, monkeypatch):
+    act, _ = job
+    monkeypatch.setenv("PIP_INDEX_URL", "https://pypi.example/simple")
+    monkeypatch.setenv("PIP_SECRET_TOKEN", "never")
+    act.run(None, mode="gate", comment="false", install="env > installed.env")
+    seen = (act.ws / "installed.env").read_text()
+    assert "PIP_INDEX_URL=https://pypi.example/simple" in seen and "never" not in seen
+
+
 def test_entrypoint_a_run_ended_by_the_code_under_test_fails_the_step(job):
     """A PR whose operator calls os._exit(0) in a trusted (not isolated) run ends the gate's run
     process before it writes a report: the supervisor's error report fails the step whatever

@@ -278,9 +278,35 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     assert sorted(rep.checked) == sorted(rep.added) == sorted(ops)
 
 
+def test_the_install_command_is_what_the_repository_declares(tmp_path):
+    from gate.init.workflows import install_command
+
+    assert install_command(tmp_path) == ""
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    assert install_command(tmp_path) == "pip install -r requirements.txt"
+    (tmp_path / "pyproject.toml").write_text("[tool.black]\nline-length = 100\n")  # configuration only: no build
+    assert install_command(tmp_path) == "pip install -r requirements.txt"
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert install_command(tmp_path) == "pip install -e ."
+    assert install_command(tmp_path, "tensorflow") == "pip install 'tensorflow-cpu==2.21.*' && pip install -e ."
+
+
+def test_the_action_is_pinned_by_its_tags_commit_or_says_it_is_not(tmp_path):
+    from gate.init.workflows import ActionRef, parse_action, resolve
+
+    pinned = resolve(ActionRef())  # the conftest's stand-in for github.com/dl-gate/dl-gate, tag v0
+    assert pinned.sha == os.environ["DL_GATE_TEST_ACTION_SHA"] and pinned.uses().endswith("  # v0")
+    offline = resolve(ActionRef(), url=str(tmp_path / "nowhere"))
+    assert offline.sha is None and offline.uses().startswith("dl-gate/dl-gate@v0  # zizmor: ignore[unpinned-uses] not pinned")
+    assert parse_action("acme/dl-gate@v2") == ActionRef("acme/dl-gate", "v2")
+    with pytest.raises(Exception, match="OWNER/REPO"):
+        parse_action("dl-gate")
+
+
 def test_init_writes_workflows_that_actionlint_accepts(inited):
     repo, rep = inited
-    assert sorted(rep.workflows) == [".github/workflows/dl-gate-baselines.yml", ".github/workflows/dl-gate.yml"]
+    assert sorted(rep.workflows) == [".github/workflows/dl-gate-baselines.yml", ".github/workflows/dl-gate-comment.yml",
+                                     ".github/workflows/dl-gate-fork.yml", ".github/workflows/dl-gate.yml"]
     bin_dir = Path(sys.executable).parent
     actionlint = bin_dir / "actionlint" if (bin_dir / "actionlint").exists() else shutil.which("actionlint")
     if not actionlint:
@@ -293,9 +319,15 @@ def test_init_writes_workflows_that_actionlint_accepts(inited):
     res = subprocess.run([str(zizmor), "--offline", "--format", "plain", "--no-progress", ".github/workflows"],
                          cwd=repo, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+    # one adoption path: the Action pinned by the commit of its major tag, the library installed by
+    # the detected command, the sticky comment on (its default)
     gate = yaml.safe_load((repo / ".github/workflows/dl-gate.yml").read_text())
-    steps = " ".join(str(s.get("run", "")) for s in gate["jobs"]["gate"]["steps"])
-    assert "pip install -e ." in steps and "dl-gate run --base" in steps
+    (step,) = [s for s in gate["jobs"]["gate"]["steps"] if str(s.get("uses", "")).startswith("dl-gate/dl-gate@")]
+    assert step["uses"] == f"dl-gate/dl-gate@{os.environ['DL_GATE_TEST_ACTION_SHA']}"
+    assert step["with"] == {"config": ".dl-gate.yml"}  # focallib has no build: python_path finds it, nothing to install
+    assert gate["jobs"]["gate"]["permissions"]["pull-requests"] == "write"
+    text = (repo / ".github/workflows/dl-gate.yml").read_text()
+    assert f"@{os.environ['DL_GATE_TEST_ACTION_SHA']}  # v0" in text and "pip install dl-gate" not in text
 
 
 def test_rerun_keeps_the_users_edits_adds_new_operators_and_reports_removed_ones(inited, tmp_path):

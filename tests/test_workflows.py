@@ -155,7 +155,8 @@ def test_action_is_a_docker_action_whose_inputs_the_entrypoint_reads():
                         action["runs"]["image"]), action["runs"]["image"]
     values = {"mode": "refresh", "config": "c.yml", "base-ref": "origin/dev", "budget": "5", "token": "t",
               "comment": "false", "comment-key": "gpu", "comment-author": "dl-gate-app[bot]", "fail-on": "error",
-              "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120", "per-op": "7"}
+              "out": "o", "report": "r.json", "nightly": "true", "nightly-budget": "120", "per-op": "7",
+              "install": "pip install -e ."}
     assert set(action["inputs"]) == set(values)
     default = ActionInputs.from_env({})
     for name, spec in action["inputs"].items():
@@ -194,8 +195,42 @@ def test_release_publishes_every_variant_and_pins_the_action_by_digest():
     run_text = " ".join(str(s.get("run", "")) for s in rel["jobs"]["release"]["steps"])
     for variant in ("build cpu ", "build cpu-all ", "build cuda "):
         assert variant in run_text
-    assert "RepoDigests" in run_text and 'git tag "v${VERSION}"' in run_text
-    assert "image: ${PINNED}" in run_text
+    assert "RepoDigests" in run_text and "image: ${PINNED}" in run_text
+
+
+def test_release_tags_a_fixed_version_and_moves_the_major_tag(tmp_path):
+    """The tag step as the runner runs it, twice (0.1.0, then 0.2.0), pushing to a local origin:
+    v0.1.0 stays where it was released, v0 moves to the newest 0.x (what init pins by SHA)."""
+    rel = load(ROOT / ".github" / "workflows" / "release.yml")
+    step = next(s for s in rel["jobs"]["release"]["steps"] if s.get("name", "").startswith("Tag the release"))
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    git_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True, env=git_env)
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True, env=git_env)
+    (work / "action.yml").write_text("runs:\n  using: docker\n  image: docker://ghcr.io/o/dl-gate:0.1.0-cpu\n")
+    for cmd in (["git", "add", "."], ["git", "commit", "-qm", "init"], ["git", "remote", "add", "origin", str(origin)]):
+        subprocess.run(cmd, cwd=work, check=True, env=git_env)
+
+    def release(version: str) -> str:
+        pinned = f"docker://ghcr.io/o/dl-gate:{version}-cpu@sha256:{'a' * 64}"
+        env = dict(git_env, VERSION=version, PINNED=pinned, GH_TOKEN="t", GITHUB_SERVER_URL="https://github.com")
+        res = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", step["run"]], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True, text=True).stdout.strip()
+
+    def tags() -> dict:
+        out = subprocess.run(["git", "ls-remote", str(origin), "refs/tags/*^{}"], capture_output=True, text=True).stdout
+        return {line.split("\t")[1][len("refs/tags/"):-3]: line.split("\t")[0] for line in out.splitlines()}
+
+    first = release("0.1.0")
+    assert tags() == {"v0.1.0": first, "v0": first}
+    second = release("0.2.0")
+    assert tags() == {"v0.1.0": first, "v0.2.0": second, "v0": second}
+    from gate.init.workflows import ActionRef, resolve
+
+    assert resolve(ActionRef(), url=str(origin)).sha == second  # what init would pin now
 
 
 # -- the workflows --------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ class ActionInputs:
     comment_author: str = ""
     nightly: bool = False
     nightly_budget: str = ""
+    install: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "ActionInputs":
@@ -105,7 +106,7 @@ class ActionInputs:
                   out=get_input(env, "out", "dl-gate-out") or "dl-gate-out", report=get_input(env, "report"),
                   comment_key=get_input(env, "comment-key", "default") or "default",
                   comment_author=get_input(env, "comment-author"), nightly=_bool(env, "nightly", False),
-                  nightly_budget=get_input(env, "nightly-budget"))
+                  nightly_budget=get_input(env, "nightly-budget"), install=get_input(env, "install"))
         if inp.nightly_budget:
             try:
                 if not 0 < float(inp.nightly_budget) < float("inf"):
@@ -216,6 +217,46 @@ def agreeing_report(report, rc: int, argv: List[str]):
     return out
 
 
+#: what the install step gets beyond the workers' allow-list: pip's own settings and proxies (a
+#: private index, a constraints file), still without any name that looks like a credential
+INSTALL_NAMES_PREFIXES = ("PIP_", "UV_")
+INSTALL_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                 "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+
+
+def install_step(command: str, workspace: Optional[str], stream=None) -> None:
+    """Run the ``install`` input (the library and its dependencies, e.g. ``pip install -e .``)
+    in the workspace before the gate, in the container's environment where the gate's workers
+    will import the library. It runs the repository's install code, so it gets what a worker
+    gets (no token, no runner command file) plus pip's settings; its output is relayed with
+    workflow commands defused. A failure is a setup error: one line, the step fails."""
+    import subprocess
+
+    from ..backends.sandbox import denied, worker_env
+    from ..supervise import CommandGuard
+
+    stream = stream or sys.stderr
+    names = [k for k in os.environ if (k.startswith(INSTALL_NAMES_PREFIXES) or k in INSTALL_NAMES) and not denied(k)]
+    env = worker_env(names=names, gate_first=False)
+    print(f"dl-gate action: install: {command}", file=stream)
+    guard = CommandGuard()
+    try:
+        proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=workspace or None, env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", timeout=INSTALL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise GateError(f"input install: `{command}` did not finish in {INSTALL_TIMEOUT}s") from None
+    stream.write(guard.feed(proc.stdout, final=True))
+    stream.flush()
+    if proc.returncode != 0:
+        last = next((ln.strip() for ln in reversed(proc.stdout.splitlines()) if ln.strip()), "")
+        raise GateError(f"input install: `{command}` exited {proc.returncode}"
+                        + (f": {last[:300]}" if last else "") + " (the library could not be installed for the gate)")
+
+
+INSTALL_TIMEOUT = 1800
+
+
 def trust_workspace(env: dict, workspace: Optional[str]) -> None:
     """Let git work in the mounted workspace owned by another user (``safe.directory``),
     through ``GIT_CONFIG_*`` so no config file is written."""
@@ -269,8 +310,11 @@ def _finish(report, inp: ActionInputs, env: Mapping[str, str], workspace: Option
     out = Path(inp.out)
     paths = write_all(report, out, root=workspace)
     token = inp.token or env.get("GITHUB_TOKEN") or None
+    # a workflow_run job publishing another run's report: its annotations belong to that run (on the
+    # PR's commit), not to this job on the default branch
+    annotations = not (inp.mode == "publish" and env.get("GITHUB_EVENT_NAME") == "workflow_run")
     publish_to_github(report, env, paths=paths, comment=inp.comment, token=token, comment_key=inp.comment_key,
-                      comment_author=inp.comment_author or None)
+                      comment_author=inp.comment_author or None, annotations=annotations)
     if workspace:
         fix_ownership([Path(workspace)], Path(workspace))
 
@@ -302,8 +346,12 @@ def run(args) -> int:
             stale.unlink()
         try:
             argv = command_for(inp, env, ctx.event)
-        except GateError as exc:  # e.g. no base ref for this event: a run error like any other
+            if inp.install:
+                install_step(inp.install, workspace)
+        except GateError as exc:  # e.g. no base ref for this event, an install that failed: a run error
             report = _error_report(str(exc))
+            if str(exc).startswith("input install:"):  # nothing was judged: fails the step whatever fail-on says
+                report.env["setup_error"] = True
         else:
             print(f"dl-gate action: dl-gate {' '.join(argv)}", file=sys.stderr)
             rc, message = run_cli(argv)

@@ -37,6 +37,9 @@ def register(sub) -> None:
     p.add_argument("--env", action="append", metavar="NAME=VALUE", default=[],
                    help="an environment variable the library's tests (and its import) need, e.g. TEST_DEVICE=cpu "
                         "(repeatable); its name is written to the config's env, so the gate's workers get it")
+    p.add_argument("--action", metavar="OWNER/REPO[@REF]",
+                   help="the Action the workflows use (default dl-gate/dl-gate at this version's major tag, e.g. v0), "
+                        "pinned by the commit SHA the ref has now")
     p.add_argument("--json", metavar="FILE", help="also write what init did as JSON (also when init stops)")
     p.set_defaults(func=run)
 
@@ -60,6 +63,10 @@ def run(args) -> int:
     if refused:
         raise GateError(f"--env: {refused}")
 
+    from ..init.workflows import parse_action
+
+    action = parse_action(args.action) if args.action else None
+
     def log(line: str) -> None:
         print(f"dl-gate init: {line}", file=sys.stderr, flush=True)
 
@@ -67,7 +74,7 @@ def run(args) -> int:
         rep = run_init(Path.cwd(), package=args.package, tests=None if args.no_tests else args.tests,
                        no_tests=args.no_tests, config=args.config, workflows=not args.no_workflows,
                        probe_timeout=args.probe_timeout, tests_timeout=args.tests_timeout,
-                       only=split_list(args.ops) or None, env=env, log=log)
+                       only=split_list(args.ops) or None, env=env, action=action, log=log)
     except GateError as exc:  # what was found before it stopped is not lost: every reason, on the terminal
         part = getattr(exc, "report", None)
         if part is not None and part.left_out:
@@ -88,10 +95,14 @@ def run(args) -> int:
         print(f"wrote {args.config} ({len(rep.added)} operators)")
     for w in rep.workflows:
         print(f"wrote {w}")
+    if rep.workflows:
+        print(f"  (they use {rep.action}; the fork pair comments on pull requests from forks)")
     if rep.seeds:
         print(f"stored {rep.seeds} harvested calls as seeds under baselines/seeds/")
-    print(f"done in {rep.seconds:.0f}s. Next:\n  dl-gate baseline refresh      # measure the baselines "
-          "(commit baselines/)\n  dl-gate run --base origin/main  # the gate on a pull request")
+    print(f"done in {rep.seconds:.0f}s. Next:\n"
+          "  dl-gate baseline refresh          # measure the baselines\n"
+          f"  git add {args.config} baselines .github/workflows && git commit -m 'Add dl-gate'   # then push and open a PR\n"
+          "  dl-gate run --base origin/main    # (optional) the gate on your branch, as the PR's check will run it")
     if args.json:
         Path(args.json).write_text(json.dumps(rep.to_dict(), indent=2, default=str))
     return 0

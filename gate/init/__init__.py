@@ -48,6 +48,7 @@ class InitReport:
     kept: List[str] = field(default_factory=list)
     removed: List[str] = field(default_factory=list)
     workflows: List[str] = field(default_factory=list)
+    action: str = ""  # the ``uses:`` the workflows name (OWNER/REPO@SHA, or @TAG when it could not be resolved)
     seeds: int = 0
     harvest: str = ""  # what the test run did
     tested: List[str] = field(default_factory=list)  # operators the tests were recorded calling
@@ -219,7 +220,7 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
 def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] = None, config: str = CONFIG,
              workflows: bool = True, probe_timeout: float = 10.0, tests_timeout: float = 600.0,
              only: Optional[Sequence[str]] = None, no_tests: bool = False, env: Optional[Dict[str, str]] = None,
-             log: Callable[[str], None] = lambda s: None) -> InitReport:
+             action=None, log: Callable[[str], None] = lambda s: None) -> InitReport:
     """Discover, infer, probe and write; returns what was done (nothing is written when no
     operator runs). The steps: classify the package's definitions, harvest its tests' calls,
     infer candidate specs, probe them, write the config, the workflows and the seeds. A
@@ -232,14 +233,14 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     try:
         return _init(repo, pkg, framework, report, t_start, tests=tests, config=config, workflows=workflows,
                      probe_timeout=probe_timeout, tests_timeout=tests_timeout, only=only, no_tests=no_tests,
-                     env=env, log=log)
+                     env=env, action=action, log=log)
     except SetupError as exc:
         exc.report = report  # type: ignore[attr-defined]  # what init found before it stopped
         raise
 
 
 def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *, tests, config, workflows,
-          probe_timeout, tests_timeout, only, no_tests, env, log) -> InitReport:
+          probe_timeout, tests_timeout, only, no_tests, env, action, log) -> InitReport:
     from ..config import parse_config
 
     syms, bad = scan(pkg, repo, named=only or ())
@@ -294,7 +295,7 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
 
     text, path = _write_config(repo, pkg, framework, syms, config, final, report, ops, check=check, env=env)
     if workflows:
-        _write_workflows(repo, config, framework, report)
+        _write_workflows(repo, config, framework, report, env, action, log)
     if records:
         report.seeds = _store_seeds(parse_config(text, path, repo), records, plans)
     report.seconds = time.monotonic() - t_start
@@ -557,13 +558,22 @@ def _nothing_runs(package: str, report: InitReport) -> str:
             "Name the operators to gate (--ops NAME) or write their rows by hand (docs/config.md)")
 
 
-def _write_workflows(repo: Path, config: str, framework: str, report: InitReport) -> None:
+def _write_workflows(repo: Path, config: str, framework: str, report: InitReport, env: Dict[str, str],
+                     action=None, log: Callable[[str], None] = lambda s: None) -> None:
     from . import workflows as wf
 
-    spec_name = "dl-gate[tensorflow]" if framework == "tensorflow" else "dl-gate[torch]"
-    for rel, body in wf.render(config=config, spec=spec_name).items():
-        p = repo / rel
-        if not p.exists():
+    todo = {rel: None for rel in wf.render() if not (repo / rel).exists()}
+    if not todo:
+        return
+    ref = wf.resolve(action or wf.ActionRef())
+    report.action = ref.uses().split("  #")[0]
+    if not ref.sha:
+        log(f"could not resolve {ref.repo}@{ref.tag} to a commit (offline?): the workflows use the tag; "
+            "pin it by the tag's commit SHA")
+    install = wf.install_command(repo, framework)
+    for rel, body in wf.render(config=config, install=install, action=ref, env=env).items():
+        if rel in todo:
+            p = repo / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(body)
             report.workflows.append(rel)
