@@ -168,20 +168,20 @@ def test_entrypoint_first_run_creates_rerun_updates_older_sha_does_not_overwrite
     assert len(mine) == 1 and "results for " + SHA1[:12] in mine[0]["body"]
 
     # the same commit re-run: the comment is updated in place
-    report.reason = "2 regressions in 2 operators (re-run)"
+    report.seed = 4321  # what the re-run found differs
     res, out, _ = act.run(report, attempt=2)
     assert res.returncode == 1 and out["comment-action"] == "updated"
     mine = [c for c in fake.comments[7] if c["user"]["login"] == "github-actions[bot]"]
-    assert len(mine) == 1 and "(re-run)" in mine[0]["body"]
+    assert len(mine) == 1 and "seed `4321`" in mine[0]["body"]
 
     # a push moved the PR to SHA2 and its run reported first; then the old SHA1 run finishes
     fake.add_pull(7, SHA2)
-    res, out, _ = act.run(rich_report(head_sha=SHA2, reason="fixed one"), head=SHA2, run_id=200)
+    res, out, _ = act.run(rich_report(head_sha=SHA2, reason="fixed one", seed=222), head=SHA2, run_id=200)
     assert out["comment-action"] == "updated"
-    res, out, _ = act.run(rich_report(head_sha=SHA1, reason="stale result"), head=SHA1, run_id=150)
+    res, out, _ = act.run(rich_report(head_sha=SHA1, reason="stale result", seed=111), head=SHA1, run_id=150)
     assert out["comment-action"] == "skipped-stale" and res.returncode == 1
     mine = [c for c in fake.comments[7] if c["user"]["login"] == "github-actions[bot]"]
-    assert len(mine) == 1 and "fixed one" in mine[0]["body"] and "stale result" not in mine[0]["body"]
+    assert len(mine) == 1 and "seed `222`" in mine[0]["body"] and "seed `111`" not in mine[0]["body"]
     assert len(fake.comments[7]) == 4
 
 

@@ -63,9 +63,9 @@ def test_the_next_step_is_the_artifact_then_explain_then_the_repro_of_the_smalle
     # the runner's absolute path means nothing on a reviewer's machine: the artifact's path
     assert step.repro == "python dl-gate-out/repro/lib.log_softmax_float32_precision.py"
     text = render_comment(r, run_id="42", repository="acme/ops", full_report="https://github.com/acme/ops/actions/runs/42")
-    block = text[text.index("**Next step:**"):]
+    block = text[text.index("**Next step**"):]
     assert step.download in block and step.explain in block and step.repro in block
-    assert "[run](https://github.com/acme/ops/actions/runs/42)" in block
+    assert "[run page](https://github.com/acme/ops/actions/runs/42)" in block
     assert digest.next_step(report_of(failing("x", located=True)), out="/tmp/o").explain.startswith("dl-gate explain '/tmp/o/report.json#")
     assert digest.next_step(report_of(outcome="pass")) is None
 
@@ -105,4 +105,4 @@ def test_a_comment_of_many_causes_stays_under_its_budget_and_counts_what_it_left
     vs = [failing(f"lib.op{i}", line=i + 1, file=f"lib/m{i}.py") for i in range(60)]
     text = render_comment(report_of(*vs), run_id="1", repository="a/b")
     assert len(text.encode()) <= COMMENT_BUDGET
-    assert "**1. `lib/m" in text and "more cause(s)" in text and "**Next step:**" in text
+    assert "**1. `lib/m" in text and "more cause(s)" in text and "**Next step**" in text

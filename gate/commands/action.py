@@ -38,7 +38,7 @@ FALSE = ("false", "no", "off", "0", "")
 
 def register(sub) -> None:
     p = sub.add_parser("action", help="GitHub Action entrypoint: reads INPUT_* and GITHUB_* (see docs/action.md)", formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example (what action.yml runs):\n  INPUT_MODE=run INPUT_BUDGET=120 dl-gate action")
+                       epilog="example (what action.yml runs):\n  INPUT_MODE=gate INPUT_BUDGET=120 dl-gate action")
     p.set_defaults(func=run)
 
 

@@ -360,7 +360,8 @@ def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report:
     total = sum(b.size for b in blocks) + _nbytes(tail)
     if total <= limit:
         return "\n".join(b.text for b in blocks) + tail
-    budget = limit - _nbytes(tail) - _nbytes(_cut_note(len(blocks), len(blocks), full_report)) - 2
+    # (the folded table's "(N shown)", added once the rows are chosen, is budgeted here too)
+    budget = limit - _nbytes(tail) - _nbytes(_cut_note(len(blocks), len(blocks), full_report)) - 2 - 32
     END = 10 ** 9
     # a table row needs its table's header (and closer): they come in with the first row
     frame: Dict[int, List[int]] = {}
@@ -374,8 +375,8 @@ def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report:
             continue
         b = blocks[i]
         extra = []
-        if len(b.order) == 2 and b.order[1] not in (0, END):
-            extra = [j for j in frame.get(b.order[0], []) if j not in chosen]
+        if len(b.order) == 2:  # a row brings its table's header and closer; a header its closer
+            extra = [j for j in frame.get(b.order[0], []) if j not in chosen and j != i]
         need = b.size + sum(blocks[j].size for j in extra)
         if used + need > budget:
             continue
@@ -488,10 +489,27 @@ def next_step_block(step: Optional[digest.NextStep], full_report: Optional[str] 
     if step is None:
         return None
     cmds = [c for c in (step.download, step.explain, step.repro) if c]
-    get = (" the commands below download the run's artifact, explain the finding with the smallest input and "
-           "run its repro" if step.download else " explain the finding with the smallest input and run its repro")
-    where = f" (or open the [run]({full_report}) and download the `{digest.ARTIFACT}` artifact)" if full_report else ""
-    return f"**Next step:**{get}{where}.\n\n" + md_fence("\n".join(cmds), "sh", 1000)
+    page = f"; the artifact is also on the [run page]({full_report})" if full_report else ""
+    what = ("download the report, explain the finding with the smallest input, run its repro" if step.download
+            else "explain the finding with the smallest input, run its repro")
+    return f"**Next step** ({what}{page}):\n\n" + md_fence("\n".join(cmds), "sh", 1000)
+
+
+def _comment_verdict_line(report: GateReport, cs: List[digest.Cause]) -> str:
+    """The comment's first line: with failing variants, how many and of which kinds (the full
+    reason is the job summary's); otherwise the run's own verdict line."""
+    if not cs:
+        return verdict_line(report)
+    kinds: Dict[str, int] = {}
+    for c in cs:
+        for v in c.verdicts:
+            kinds[digest.kind(v)] = kinds.get(digest.kind(v), 0) + 1
+    n = sum(kinds.values())
+    ops = len({v.op for c in cs for v in c.verdicts})
+    what = ", ".join(f"{k} ×{m}" for k, m in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    ic = RUN_ICONS.get(report.outcome, "•")
+    return (f"## {ic} dl-gate: **{md_text(report.outcome, 40)}** — {n} variant{'s' if n > 1 else ''} of {ops} "
+            f"operator{'s' if ops > 1 else ''} fail: {md_text(what, 120)}")
 
 
 def cause_line(report: GateReport, v: VariantVerdict, repo_url: Optional[str] = None) -> str:
@@ -534,7 +552,7 @@ def render_comment(report: GateReport, full_report: Optional[str] = None, repo_u
     imp = improvements_line(report)
 
     def assemble(n_causes: int, grid_ops: int, with_imp: bool) -> str:
-        parts = [verdict_line(report), _meta_line(report)]
+        parts = [_comment_verdict_line(report, cs), _meta_line(report)]
         if cs:
             lines = "changed line" if sum(c.located for c in cs) == 1 else "changed lines"
             located = sum(c.located for c in cs)
