@@ -195,9 +195,9 @@ def test_normalize_rejects_an_unknown_mode():
 '''
 
 
-def git(repo, *args):
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
-                    *args], check=True, capture_output=True)
+def git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c",
+                           "commit.gpgsign=false", *args], check=True, capture_output=True, text=True).stdout
 
 
 def make_lib(tmp_path: Path, fixed: bool = True, init_extra: str = "") -> Path:
@@ -533,42 +533,114 @@ def _cli(repo, *args, timeout=900):
                           env=env, timeout=timeout)
 
 
-def _refresh_then_run_pr(repo: Path, out: Path, evals: int, path: Path, text: str, message: str):
-    """What a user does after `dl-gate init`: commit the config, record and commit the baselines,
-    then a PR that writes ``text`` to ``path``, gated against main; the run's process."""
+def _refresh_and_pr(repo: Path, evals: int, path: Path, text: str, message: str) -> None:
+    """What a user does after `dl-gate init`: commit the config, record and commit the baselines
+    (pushed to the repository's origin, as the PR's checkout sees them), then a PR branch that
+    writes ``text`` to ``path``."""
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "dl-gate init")
     res = _cli(repo, "baseline", "refresh", "--evals", str(evals))
     assert res.returncode == 0, res.stderr
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "baselines")
+    origin = repo.parent / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    git(repo, "remote", "add", "origin", str(origin))
+    git(repo, "push", "-q", "origin", "main")
+    git(repo, "fetch", "-q", "origin")
     git(repo, "checkout", "-q", "-b", "pr")
     path.write_text(text)
     git(repo, "commit", "-q", "-am", message)
+
+
+def _refresh_then_run_pr(repo: Path, out: Path, evals: int, path: Path, text: str, message: str):
+    """:func:`_refresh_and_pr`, then the gate on the PR as the CLI runs it."""
+    _refresh_and_pr(repo, evals, path, text, message)
     return _cli(repo, "run", "--base", "main", "--evals", str(evals), "--out", str(out))
+
+
+def _set_evals(repo: Path, evals: int) -> None:
+    """A deterministic budget in the config init wrote (a user's choice; tests never time)."""
+    cfg = repo / ".dl-gate.yml"
+    data = yaml.safe_load(cfg.read_text())
+    data.setdefault("budget", {})["evals"] = evals
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("base_fixed", [True, False])
 def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tmp_path, base_fixed):
+    """Issue 28's bed and issue 29's acceptance: a user's repository, `dl-gate init`, `baseline
+    refresh`, then the pull request gated by the workflow init wrote, its Action step run as a
+    runner runs it (inputs from the step, the install command, the event, a fake GitHub API); on
+    the revert, the sticky comment, the job summary and the JUnit file that come out, then the
+    fork pair's comment job posting the same report."""
+    from tests.github_fake import FakeGitHub
+    from tests.helpers.runner import action_step, load_workflow, run_step
+
     repo = make_lib(tmp_path, fixed=base_fixed)
+    (repo / "requirements.txt").write_text("numpy\n")  # the library's declared dependencies
     # the function, and kornia's class whose constructor needs alpha (built as the tests build it)
     res = _cli(repo, "init", "--ops", "focallib.binary_focal_loss_with_logits", "--ops", "focallib.BinaryFocalLossWithLogits")
     assert res.returncode == 0, res.stderr
     assert "construct: {alpha: 0.25}" in (repo / ".dl-gate.yml").read_text()
+    gate_wf = load_workflow(repo / ".github/workflows/dl-gate.yml")
+    step = action_step(gate_wf, "gate")
+    assert step["with"] == {"config": ".dl-gate.yml", "install": "pip install -r requirements.txt"}
+    _set_evals(repo, 80)
     focal = repo / "focallib" / "focal.py"
     old, new = (FIXED, BROKEN) if base_fixed else (BROKEN, FIXED)
-    res = _refresh_then_run_pr(repo, tmp_path / "out", 80, focal, focal.read_text().replace(old, new),
-                               "revert the fix" if base_fixed else "the fix")
-    want = 1 if base_fixed else 0
-    assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
-    if base_fixed:
-        assert "new NaN/Inf" in (tmp_path / "out" / "report.md").read_text()
+    before = focal.read_text()
+    _refresh_and_pr(repo, 80, focal, before.replace(old, new), "revert the fix" if base_fixed else "the fix")
+    changed = {i for i, (a, b) in enumerate(zip(before.splitlines(), focal.read_text().splitlines()), 1) if a != b}
+    head = git(repo, "rev-parse", "HEAD").strip()
+    event = {"number": 7, "pull_request": {"number": 7, "head": {"sha": head}, "base": {"ref": "main", "sha": "a" * 40}}}
+    with FakeGitHub() as fake:
+        fake.add_pull(7, head, owner="acme", branch="pr")
+        res, out, summary = run_step(step, repo, tmp_path / "job", api=fake.url, event_name="pull_request", event=event)
+        want = 1 if base_fixed else 0
+        assert res.returncode == want, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "dl-gate action: install: pip install -r requirements.txt" in res.stderr
+        if not base_fixed:
+            assert out["outcome"] == "pass"
+            return
         import json
 
-        report = json.loads((tmp_path / "out" / "report.json").read_text())
+        from junitparser import JUnitXml
+
+        report = json.loads((repo / "dl-gate-out" / "report.json").read_text())
         failed = {v["op"] for v in report["verdicts"] if v["outcome"] == "regression"}
         assert failed == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits"}, failed
+        assert out["outcome"] == "regression" and out["comment-action"] == "created"
+        # the comment: one root cause at the changed line, the next step with this run's artifact
+        (comment,) = fake.comments[7]
+        body = comment["body"]
+        import re
+
+        causes = {int(n) for n in re.findall(r"^\*\*\d+\. \[focallib/focal\.py:(\d+)\]", body, re.M)}
+        assert causes and causes <= changed and f"traced to {len(causes)} changed line" in body, (changed, body)
+        assert "gh run download 4242 -R acme/ops -n dl-gate-report -D dl-gate-out" in body
+        assert "dl-gate explain 'dl-gate-out/report.json#focallib." in body and "python dl-gate-out/repro/" in body
+        # the job summary starts with the same cause; the JUnit file points reporters at the changed line
+        assert summary.startswith("## ❌ dl-gate: **regression**") and f"focallib/focal.py:{min(causes)}" in summary
+        cases = [c for s in JUnitXml.fromfile(str(repo / "dl-gate-out" / "junit.xml")) for c in s if c.result
+                 and c.result[0]._tag == "failure"]
+        assert cases and {c._elem.get("file") for c in cases} == {"focallib/focal.py"}
+        assert {int(c._elem.get("line")) for c in cases} == causes
+        # the fork pair: the comment job downloads the report into an empty workspace and publishes it
+        ws = tmp_path / "comment-ws"
+        (ws / "dl-gate-artifact").mkdir(parents=True)
+        (ws / "dl-gate-artifact" / "report.json").write_text((repo / "dl-gate-out" / "report.json").read_text())
+        fake.add_pull(8, head, owner="forker", branch="feature")
+        run_event = {"workflow_run": {"id": 4243, "run_attempt": 1, "event": "pull_request", "head_sha": head,
+                                      "head_branch": "feature", "pull_requests": [],
+                                      "head_repository": {"full_name": "forker/ops", "owner": {"login": "forker"}}}}
+        comment_step = action_step(load_workflow(repo / ".github/workflows/dl-gate-comment.yml"), "comment")
+        res, out, _ = run_step(comment_step, ws, tmp_path / "comment-job", api=fake.url, event_name="workflow_run",
+                               event=run_event, run_id=4250)
+        assert res.returncode == 0 and out["comment-action"] == "created", res.stdout[-2000:] + res.stderr[-2000:]
+        assert f"traced to {len(causes)} changed line" in fake.comments[8][0]["body"]
+        assert "::error file=" not in res.stdout  # the fork run's annotations are not repeated here
 
 
 @pytest.mark.tf
