@@ -931,3 +931,17 @@ def test_one_module_file_can_be_gated(tmp_path):
     assert ops["model.LayerNorm"].construct == (("ndim", 16), ("bias", True))
     with pytest.raises(SetupError, match="no such file"):
         run_init(repo, package="nope.py", workflows=False)
+
+
+def test_the_env_values_init_was_given_are_set_on_the_action_step():
+    from gate.init.workflows import ActionRef, render
+
+    wfs = render(install="pip install -e .", action=ActionRef(sha="a" * 40), env={"TEST_DEVICE": "cpu"})
+    for rel, job in ((".github/workflows/dl-gate.yml", "gate"), (".github/workflows/dl-gate-fork.yml", "gate"),
+                     (".github/workflows/dl-gate-baselines.yml", "refresh")):
+        wf = yaml.safe_load(wfs[rel])
+        (step,) = [s for s in wf["jobs"][job]["steps"] if str(s.get("uses", "")).startswith("dl-gate/dl-gate@")]
+        assert step["env"] == {"TEST_DEVICE": "cpu"} and step["with"]["install"] == "pip install -e .", rel
+    comment = yaml.safe_load(wfs[".github/workflows/dl-gate-comment.yml"])
+    (publish,) = [s for s in comment["jobs"]["comment"]["steps"] if str(s.get("uses", "")).startswith("dl-gate/")]
+    assert publish["with"]["mode"] == "publish" and "env" not in publish and "install" not in publish["with"]

@@ -1,6 +1,6 @@
 """``dl-gate init [--tests CMD] [--package NAME]``: discover a library's operators, infer their
 specs from its own tests, signatures and small probes, check each one runs at every dtype, and
-write a commented ``.dl-gate.yml`` plus the PR-gate and baseline-refresh workflows. Re-running
+write a commented ``.dl-gate.yml`` plus the workflows (the PR gate, the fork pair, the baseline refresh: gate/init/workflows.py). Re-running
 adds new operators and reports removed ones without touching rows already in the file."""
 from __future__ import annotations
 
