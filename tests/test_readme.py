@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gate.cli import build_parser
-from gate.errors import EXIT_CODES, Outcome
+from gate.errors import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

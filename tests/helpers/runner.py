@@ -15,6 +15,8 @@ from typing import Optional, Tuple
 
 import yaml
 
+from gate.report.outputs import parse_outputs
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok-bot"
 
@@ -30,24 +32,6 @@ def action_step(workflow: dict, job: str) -> dict:
     """The job's step that uses dl-gate's Action (pinned, as init writes it)."""
     (step,) = [s for s in workflow["jobs"][job]["steps"] if str(s.get("uses", "")).startswith("dl-gate/dl-gate@")]
     return step
-
-
-def parse_outputs(text: str) -> dict:
-    """GITHUB_OUTPUT's ``name<<DELIM`` blocks and ``name=value`` lines."""
-    out, lines, i = {}, text.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        if "<<" in line and "=" not in line.split("<<", 1)[0]:
-            name, delim = line.split("<<", 1)
-            j = lines.index(delim, i + 1)
-            out[name] = "\n".join(lines[i + 1:j])
-            i = j + 1
-            continue
-        if "=" in line:
-            k, v = line.split("=", 1)
-            out[k] = v
-        i += 1
-    return out
 
 
 def run_step(step: dict, workspace: Path, files: Path, *, api: str, event_name: str, event: dict,
