@@ -945,3 +945,20 @@ def test_the_env_values_init_was_given_are_set_on_the_action_step():
     comment = yaml.safe_load(wfs[".github/workflows/dl-gate-comment.yml"])
     (publish,) = [s for s in comment["jobs"]["comment"]["steps"] if str(s.get("uses", "")).startswith("dl-gate/")]
     assert publish["with"]["mode"] == "publish" and "env" not in publish and "install" not in publish["with"]
+
+
+def test_widened_options_cover_floats_and_sizes_but_not_axes():
+    from gate.init.infer import Operator, widened_options
+
+    def param(name, default=None):
+        return {"name": name, "kind": "KEYWORD_ONLY", "has_default": default is not None, "default": default}
+
+    op = Operator("lib.f", "lib", "f", "function", "lib.py", 1,
+                  params=[param("x"), param("beta", 1.0), param("p", 0.5), param("k", 4), param("dim", -1),
+                          param("flag", False)])
+    got = widened_options(op, {"params": {"beta": 2.0, "p": {"choices": [0.2]}, "k": 8, "dim": 0, "flag": True}})
+    assert got["beta"] == [1.0, 4.0]  # the default, then half (2.0 / 2 is the default already) and twice
+    assert got["p"] == [0.5, 0.1, 0.6]  # inside (0, 1)
+    assert got["k"] == [4, 16]  # the default, then half (= the default) and twice
+    assert "dim" not in got and "flag" not in got  # an axis is another function; a bool is not a size
+    assert widened_options(op, {"params": {"k": 1}}) == {"k": [4]}  # 1 has no half: only the default

@@ -397,23 +397,38 @@ def hinted_options(op: Operator, spec: dict) -> Dict[str, list]:
     return out
 
 
+#: int parameters that name an axis: another value is another function, not another size
+AXIS_NAMES = frozenset({"dim", "axis", "dims", "axes", "start_dim", "end_dim", "dim0", "dim1"})
+
+
 def widened_options(op: Operator, spec: dict) -> Dict[str, list]:
-    """Other values of the float parameters the tests set, so that one value seen in a test does
+    """Other values of the numeric parameters the tests set, so that one value seen in a test does
     not pin the row (a function tested only at ``alpha=1.5`` is also gated at its default, where
-    a fast path may live): the signature's default, then half and twice each value (kept inside
-    (0, 1) for a value there: a probability, a momentum). Each is tried by the probe before it
-    becomes a choice; ints (sizes, groups, dims) are left as the tests set them."""
+    a fast path may live): the signature's default, then for a float half and twice each value
+    (kept inside (0, 1) for a value there: a probability, a momentum), for an int (a size, a
+    count, a window: ``k``, ``groups``, ``kernel_size``) half and twice each value of 2 or more.
+    Axes (``dim``, ``axis``) keep the tests' values. Each is tried by the probe before it becomes
+    a choice (an int that does not fit the input's shape is dropped there)."""
     out: Dict[str, list] = {}
     defaults = {p["name"]: p["default"] for p in op.params if p["has_default"]}
     for name, raw in (spec.get("params") or {}).items():
         seen = raw.get("choices") if isinstance(raw, dict) else [raw]
-        if not isinstance(seen, list) or not seen or not all(isinstance(v, float) for v in seen):
+        if not isinstance(seen, list) or not seen:
             continue
-        new: List[float] = []
+        is_float = all(isinstance(v, float) for v in seen)
+        is_int = all(isinstance(v, int) and not isinstance(v, bool) for v in seen) and name not in AXIS_NAMES
+        if not (is_float or is_int):
+            continue
+        new: list = []
         d = defaults.get(name)
-        if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
+        if is_float and isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
             new.append(float(d))
+        elif is_int and isinstance(d, int) and not isinstance(d, bool):
+            new.append(d)
         for v in seen:
+            if is_int:
+                new += [v // 2, v * 2] if v >= 2 else []
+                continue
             if not math.isfinite(v) or v == 0.0:
                 continue
             new += [v / 2, (1 + v) / 2] if 0.0 < v < 1.0 else [v / 2, v * 2]
