@@ -59,7 +59,7 @@ def test_annotation_escaping_cannot_inject_commands():
               if n.level == "error"]
     assert "\n" not in cmd and "\r" not in cmd
     assert cmd.startswith("::error file=a%2Cb%3Ac.py,line=3,title=dl-gate regression%3A mylib.softplus::")
-    assert cmd.endswith("bad ::add-mask::secret %250A (head 48 ulp vs base 1.5, ×32; threshold 4.5)")
+    assert cmd.endswith("bad ::add-mask::secret %250A (head 48 ulp vs base 1.5 ulp (threshold 4.5 ulp))")
     assert Annotation("error", "a\n::x\r").command() == "::error::a%0A::x%0D"
     assert escape_data("100%") == "100%25"
 

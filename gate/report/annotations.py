@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import IO, Dict, List, Optional, Tuple
 
 from ..judge.verdict import BEHAVIOUR_CHANGE, ERROR, NEEDS_BASELINE, GateReport
-from .common import (ANNOTATIONS_PER_STEP, changed_code, fmt_num, fmt_ratio, is_failing, new_nonfinite, one_line,
+from .common import (ANNOTATIONS_PER_STEP, changed_code, is_failing, new_nonfinite, one_line,
                      ordered, relpath)
+from .digest import head_vs_base
 
 
 def escape_data(s: str) -> str:
@@ -80,11 +81,8 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
     at: Dict[Tuple[Optional[str], Optional[int]], List[Tuple[object, str]]] = {}
     for v in ordered(report):
         figures = ""
-        if new_nonfinite(v):
-            figures = f" (head NaN/Inf on {v.head_nonfinite} element(s), base none)"
-        elif v.head_error is not None:
-            figures = (f" (head {fmt_num(v.head_error)} {v.metric} vs base {fmt_num(v.base_error)}, "
-                       f"{fmt_ratio(v.ratio)}; threshold {fmt_num(v.threshold)})")
+        if new_nonfinite(v) or v.head_error is not None:  # head and base written alike, as on every surface
+            figures = f" ({head_vs_base(v)})"
         if is_failing(report, v):
             for f, line in _targets(v, root):
                 group = at.setdefault((f, line), [])
