@@ -746,8 +746,9 @@ class _Pools:
     spreads the search over operators; it does not cut a variant below the evaluations a verdict
     needs while the run's total has time for them (a slow gradient, CUDA variants beside the CPU
     ones, a loaded machine), and no variant can take another's part of the total. The stage stays
-    within ``total``: each variant is booked at its wall time. With an ``--evals`` budget nothing is
-    timed (``min_evals`` None)."""
+    within ``total``: each variant is booked at its wall time, and its search gets its share less
+    the overhead a variant has been measured to cost beyond its search (so that the variants run
+    last still get theirs). With an ``--evals`` budget nothing is timed (``min_evals`` None)."""
 
     def __init__(self, planned: "Planned", min_evals: Optional[int]):
         self.min_evals = min_evals
@@ -765,10 +766,20 @@ class _Pools:
         name = task.op.name
         total = max(0.0, self.total_left)
         cap = min(max(0.0, self.op_left[name]), total)
-        share = min(task.budget.seconds, cap / max(self.todo[name], 1))
-        limit = max(cap, total / max(sum(self.todo.values()), 1))  # to reach min_evals, past the operator's cap
+        n_left = max(sum(self.todo.values()), 1)
+        # each variant costs more than its search (worker warm-up, replays, controls): the overhead
+        # measured so far is left to every variant still to run, so that the last ones are not
+        # starved of the evaluations a verdict needs (50 variants in 50 s: the last two got none)
+        over = self.overhead()
+        share = max(0.0, min(task.budget.seconds, cap / max(self.todo[name], 1), total / n_left) - over)
+        limit = max(0.0, max(cap, total / n_left) - over)  # to reach min_evals, past the operator's cap
         return Task(op=task.op, variant=task.variant, seed=task.seed, strategy=task.strategy,
                     budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=limit))
+
+    def overhead(self) -> float:
+        """The mean seconds a variant has taken beyond its search so far (0 before the first)."""
+        done = [max(0.0, r["wall"] - r["searched"]) for r in self.rows if r["share"] is not None]
+        return sum(done) / len(done) if done else 0.0
 
     def spend(self, task: Task, searched: float, wall: float) -> None:
         """Book a variant's fuzz-stage time: its wall time, not only its search (the replays, the
