@@ -772,13 +772,15 @@ class _Pools:
         # starved of the evaluations a verdict needs (50 variants in 50 s: the last two got none)
         over = self.overhead()
         share = max(0.0, min(task.budget.seconds, cap / max(self.todo[name], 1), total / n_left) - over)
-        limit = max(0.0, max(cap, total / n_left) - over)  # to reach min_evals, past the operator's cap
+        limit = max(cap, total / n_left)  # to reach min_evals, past the operator's cap
         return Task(op=task.op, variant=task.variant, seed=task.seed, strategy=task.strategy,
                     budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=limit))
 
     def overhead(self) -> float:
-        """The mean seconds a variant has taken beyond its search so far (0 before the first)."""
-        done = [max(0.0, r["wall"] - r["searched"]) for r in self.rows if r["share"] is not None]
+        """The seconds a variant costs beyond its search, as measured so far: the mean over the
+        variants done after the first (the first carries the stage's one-time costs, a worker's
+        start and first compile, which the later ones do not pay again); 0 until then."""
+        done = [max(0.0, r["wall"] - r["searched"]) for r in self.rows[1:] if r["share"] is not None]
         return sum(done) / len(done) if done else 0.0
 
     def spend(self, task: Task, searched: float, wall: float) -> None:
