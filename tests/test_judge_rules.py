@@ -141,6 +141,18 @@ def test_nan_in_both_outputs_reads_in_both_columns_when_bases_reference_is_not_f
     assert (v.head_nonfinite, v.base_nonfinite) == (1, 1) and "NaN/Inf in both (head 1, base 1 elements)" in v.reason
 
 
+def test_nan_in_both_outputs_reads_in_both_columns_when_heads_reference_is_nan_too(spec):
+    # the mirror (a 20-operator library's l2_normalize, the fix reverted, float16): base's clamp
+    # underflows to 0 in float16, so base's output is NaN where its float64 run is finite; head
+    # (no clamp) is NaN there too, and so is its float64 run (0/0). The row read "base 128
+    # NaN/Inf, head 0" on the same inputs
+    head = [rr([np.nan, 1.0], [np.nan, 1.0], ulp=0.0, nonfinite=0)]
+    base = [rr([np.nan, 1.0], [0.0, 1.0], ulp=0.0, nonfinite=1)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.PASS, (v.outcome, v.reason)
+    assert (v.head_nonfinite, v.base_nonfinite) == (1, 1) and "NaN/Inf in both (head 1, base 1 elements)" in v.reason
+
+
 def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_precision(spec):
     # the benign layer_norm refactor's gradient on a near-constant row (bench/false_alarms.py: 11
     # of 20 seeds failed before): the float64 gradient is ~1e-30 of the inputs' scale, base's

@@ -688,6 +688,11 @@ def _no_regression(vv: V.VariantVerdict, t: _Tally, dtype: str, row, row_status,
         # shows what the outputs hold, on both sides
         base_nf = sum(_nonfinite_in_both(h, b) for h, b in zip(head, base) if h.status == OK and b.status == OK)
     vv.base_nonfinite = base_nf
+    if base_nf and not vv.head_nonfinite:
+        # the mirror case: head's own float64 run is NaN/Inf where its output is (a revert whose
+        # 0/0 the float64 run shares), base's is finite; both outputs hold the NaN/Inf, and the
+        # table must not read "head 0" beside "base 128"
+        vv.head_nonfinite = sum(_nonfinite_in_both(h, b) for h, b in zip(head, base) if h.status == OK and b.status == OK)
     if vv.head_nonfinite and base_nf:
         vv.reason += f"; NaN/Inf in both (head {vv.head_nonfinite}, base {base_nf} elements): not new"
     return vv
