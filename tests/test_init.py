@@ -645,12 +645,19 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
 
 @pytest.mark.tf
 def test_init_on_a_keras_library(tmp_path):
+    """A Keras library whose layer's constructor takes an argument, built by its own test: init
+    records the construction from the test run (Keras builds a layer's config from
+    ``getfullargspec(cls.__init__)``: the recorder's wrapper made every construction raise
+    ``KeyError: 'args'``, so the tests recorded nothing and the layer was left out)."""
     pytest.importorskip("tensorflow")
     repo = tmp_path / "tfrepo"
     (repo / "tfops").mkdir(parents=True)
+    (repo / "tests").mkdir()
     (repo / "tfops" / "__init__.py").write_text("from .ops import *  # noqa\n")
     (repo / "tfops" / "ops.py").write_text(textwrap.dedent('''
         import tensorflow as tf
+        import keras
+        from keras import ops
 
 
         def softplus_safe(x):
@@ -660,14 +667,34 @@ def test_init_on_a_keras_library(tmp_path):
         class Swish(tf.keras.layers.Layer):
             def call(self, inputs):
                 return inputs * tf.sigmoid(inputs)
+
+
+        class ScaledSwish(keras.layers.Layer):
+            def __init__(self, beta, **kwargs):
+                super().__init__(**kwargs)
+                self.beta = beta
+
+            def call(self, x):
+                return x * ops.sigmoid(self.beta * x)
+        '''))
+    (repo / "tests" / "test_ops.py").write_text(textwrap.dedent('''
+        import numpy as np
+        from tfops import ScaledSwish
+
+
+        def test_scaled_swish():
+            x = np.linspace(-3, 3, 12, dtype="float32").reshape(3, 4)
+            assert ScaledSwish(beta=1.5)(x).shape == (3, 4)
         '''))
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
-    rep = run_init(repo, no_tests=True, probe_timeout=30)
+    rep = run_init(repo, probe_timeout=30)
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
     assert cfg.raw["framework"] == "tensorflow"
     kinds = {name: kind for name, kind, _ in rep.found}
-    assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer"}
+    assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer", "tfops.ScaledSwish": "layer"}, rep.left_out
     assert all(o.framework == "tensorflow" for o in cfg.ops)
+    scaled = next(o for o in cfg.ops if o.name == "tfops.ScaledSwish")
+    assert dict(scaled.construct) == {"beta": 1.5}, scaled.construct
     # the Action's image holds torch only: a TensorFlow library's install step brings TensorFlow first
     assert "install: \"pip install 'tensorflow-cpu==2.21.*'" in (repo / ".github/workflows/dl-gate.yml").read_text()
 
