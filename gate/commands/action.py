@@ -220,6 +220,7 @@ def agreeing_report(report, rc: int, argv: List[str]):
 #: what the install step gets beyond the workers' allow-list: pip's own settings and proxies (a
 #: private index, a constraints file), still without any name that looks like a credential
 INSTALL_NAMES_PREFIXES = ("PIP_", "UV_")
+INSTALL_TIMEOUT = 1800  # seconds the install step may take
 INSTALL_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
                  "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 
@@ -253,8 +254,6 @@ def install_step(command: str, workspace: Optional[str], stream=None) -> None:
         raise GateError(f"input install: `{command}` exited {proc.returncode}"
                         + (f": {last[:300]}" if last else "") + " (the library could not be installed for the gate)")
 
-
-INSTALL_TIMEOUT = 1800
 
 
 def trust_workspace(env: dict, workspace: Optional[str]) -> None:

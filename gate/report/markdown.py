@@ -512,27 +512,6 @@ def _comment_verdict_line(report: GateReport, cs: List[digest.Cause]) -> str:
             f"operator{'s' if ops > 1 else ''} fail: {md_text(what, 120)}")
 
 
-def cause_line(report: GateReport, v: VariantVerdict, repo_url: Optional[str] = None) -> str:
-    """One line saying why ``v`` fails: the changed line most likely responsible, the minimal
-    input, head vs base (each only when the localise stage found it)."""
-    parts = [f"{md_code(v.op, 60)} [{md_text(v.key, 60)}]"]
-    code = changed_code(v)
-    if code:
-        c = code[0]
-        ref = f"{c.get('file')}:{c.get('line') or 1}"
-        url = _link(repo_url, report.head_sha, str(c.get("file")), c.get("line"))
-        sym = f" ({md_code(c['symbol'], 60)})" if c.get("symbol") else ""
-        verb = "deleted code above " if c.get("deleted") else "changed "
-        parts.append(verb + (f"[{md_text(ref, 120)}]({url})" if url else md_code(ref, 120)) + sym)
-    elif v.source_file:
-        parts.append(f"operator at {md_code(f'{v.source_file}:{v.source_line or 1}', 120)}")
-    mi = minimal_input(v)
-    if mi:
-        parts.append(f"input {md_code(mi, 160)}")
-    parts.append(md_text(digest.head_vs_base(v), 200))
-    return "- " + " · ".join(parts)
-
-
 def render_comment(report: GateReport, full_report: Optional[str] = None, repo_url: Optional[str] = None,
                    footer: str = "", limit: int = COMMENT_BUDGET, run_id: Optional[str] = None,
                    repository: Optional[str] = None, out: str = digest.OUT) -> str:
