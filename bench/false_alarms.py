@@ -5,6 +5,11 @@ fixes), opens each benign refactor and each fix as a PR, runs ``dl-gate run`` wi
 1..N, and prints how many runs failed (a false alarm: every one of these PRs is benign).
 
     python bench/false_alarms.py [--seeds 20] [--evals 40]
+    python bench/false_alarms.py --bed refactor [--seeds 20]
+
+``--bed refactor`` runs tests/test_refactor_bed.py's pairs in both directions instead: each
+direction whose verdict is "pass" counts a failing run as a false alarm; each direction that
+must fail counts a passing run as a miss (and a failure of another outcome as wrong).
 """
 import argparse
 import sys
@@ -23,7 +28,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--evals", type=int, default=40)
     ap.add_argument("--cases", default="", help="comma-separated bed cases (default: all)")
+    ap.add_argument("--bed", choices=("verdict", "refactor"), default="verdict")
     args = ap.parse_args()
+    if args.bed == "refactor":
+        return refactor_bed(args)
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-fa-"))
     repo = make_repo(tmp, bed.OPS, config=bed.CONFIG, package="lib")
     prs = []  # (name, base, op)
@@ -55,6 +63,43 @@ def main() -> int:
         print(f"{name:24s} {args.seeds - len(bad)}/{args.seeds} pass" + (f"  false alarms: {bad}" if bad else ""), flush=True)
     print(f"false alarms: {alarms} of {runs} runs ({len(prs)} benign PRs x {args.seeds} seeds), {time.time() - t0:.0f}s")
     return 1 if alarms else 0
+
+
+def refactor_bed(args) -> int:
+    from tests import test_refactor_bed as rb
+    from tests.test_gate_run import git
+
+    tmp = Path(tempfile.mkdtemp(prefix="dl-gate-rb-"))
+    repo = make_repo(tmp, rb.OPS, config=rb.CONFIG, package="lib")
+    want = set(filter(None, args.cases.split(",")))
+    alarms = misses = runs = 0
+    t0 = time.time()
+    for name, direction in rb.DIRECTIONS:
+        if want and name not in want:
+            continue
+        op, dtype, _, _, ab, ba = rb.PAIRS[name]
+        expect = ab if direction == "ab" else ba
+        base = rb.open_direction(repo, name, direction)
+        bad = []
+        for seed in range(1, args.seeds + 1):
+            git(repo, "checkout", "-q", f"{name}-{direction}")
+            code, report = bed.run_gate(repo, tmp / f"out-{name}-{direction}-{seed}", base, f"lib.{op}", dtype,
+                                        args.evals, seed=seed)
+            runs += 1
+            try:
+                rb.judge(name, direction, code, report)
+            except AssertionError:
+                bad.append((seed, code, [(v.variant_key if hasattr(v, "variant_key") else v.id, v.outcome, v.reason[:160])
+                                         for v in report.verdicts if v.outcome not in bed.PASSING][:2]))
+        if expect == "pass":
+            alarms += len(bad)
+        else:
+            misses += len(bad)
+        what = "pass" if expect == "pass" else f"fail ({expect[0]})"
+        print(f"{name:12s} {direction}  want {what:28s} {args.seeds - len(bad)}/{args.seeds} right"
+              + (f"  wrong: {bad}" if bad else ""), flush=True)
+    print(f"false alarms: {alarms}, misses or wrong outcomes: {misses}, of {runs} runs, {time.time() - t0:.0f}s")
+    return 1 if alarms or misses else 0
 
 
 if __name__ == "__main__":

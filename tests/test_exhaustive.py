@@ -189,9 +189,12 @@ def test_user_reference_mpmath_decides_and_judge_says_closer_to_the_true_value()
     f = fuzz_task(Task(op=approx, variant=variant, budget=Budget(evals=10), seed=0))
     worst = f.extra["exhaustive"]["worst_input"]
     assert abs(worst) < 1e-3 and f.metrics.ulp > 100  # all relative accuracy lost near 0
-    # its float64 run is still the approximation: measured against itself the loss is invisible
+    # measured against itself (no declared reference) the float64 run is the same approximation,
+    # computed in float64 throughout (its own x.float() kept at float64): what it sees is the
+    # float32 cancellation of 1 - p*exp(-x^2) near 0 (it read < 2 ulp while x.float() cast the
+    # reference down to float32 too)
     own = fuzz_task(Task(op=approx.replace(reference=None), variant=variant, budget=Budget(evals=10), seed=0))
-    assert own.metrics.ulp < 2
+    assert own.metrics.ulp > 100
     cands = [c for c in f.inputs if c.origin == "exhaustive"]
     h, b = replay(exact, variant, cands), replay(approx, variant, cands)
     settings = GateSettings()

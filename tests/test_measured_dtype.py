@@ -189,3 +189,40 @@ def test_a_torch_module_class_runs_one_set_of_weights_at_every_dtype(tmp_path, m
     import inspect
 
     assert list(inspect.signature(op).parameters) == ["x"]  # the forward's parameters (the instance says *args)
+
+
+def test_the_float64_reference_keeps_an_operators_own_upcasts_at_float64():
+    # LlamaRMSNorm / T5's layer norm: hidden_states.to(torch.float32) ... .to(input_dtype). Run on
+    # float64 inputs as written, the "reference" computes in float32: its float32 row reads 0 ulp
+    # (a float32 regression passes) and two ways of writing it differ by float32 rounding. The
+    # backend's float64 run keeps every narrowing cast at float64 (and dtype= of a torch function)
+    import torch
+
+    from gate.backends.torch_backend import TorchBackend
+
+    def rms(x, eps=1e-6):
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        w = torch.ones(x.shape[-1], dtype=torch.float32)
+        return (w * (h * torch.rsqrt(var + eps))).to(x.dtype) + torch.softmax(x.float(), -1, dtype=torch.float32).to(x.dtype)
+
+    be = TorchBackend()
+    x = torch.tensor([[3.0, -1.0, 0.1, 7.5]], dtype=torch.float64)
+    ref = be.call(rms, [x], {}, mode="input", dtype="float64", device="cpu")
+    exact = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + torch.softmax(x, -1)
+    assert ref.dtype == torch.float64 and torch.equal(ref, exact)
+    low = be.call(rms, [x.float()], {}, mode="input", dtype="float32", device="cpu")
+    assert not torch.equal(low.double(), ref)  # the float32 run is measured against a float64 one
+    # the gradient's reference too
+    outs, grads = be.vjp(rms, [x], {}, lambda outs: [np.ones(o.array.shape) for o in outs], dtype="float64", device="cpu")
+    xe = x.clone().requires_grad_(True)
+    (ge,) = torch.autograd.grad((xe * torch.rsqrt(xe.pow(2).mean(-1, keepdim=True) + 1e-6) + torch.softmax(xe, -1)).sum(), xe)
+    assert grads[0].dtype == "float64" and np.array_equal(grads[0].array, ge.numpy())
+    # code that cannot run in float64 (an extension that takes float32 only) runs as written
+    def float32_only(x):
+        y = x.float()
+        if y.dtype != torch.float32:
+            raise TypeError("expected float32")
+        return y * 2
+
+    assert be.call(float32_only, [x], {}, mode="input", dtype="float64", device="cpu").dtype == torch.float32

@@ -60,6 +60,50 @@ def at_dtype(fn, dtype, mode="input"):
     return built[dtype]
 
 
+_NARROW = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _wide(x):
+    if isinstance(x, torch.dtype):
+        return torch.float64 if x in _NARROW else x
+    if isinstance(x, (list, tuple)) and any(isinstance(v, torch.dtype) for v in x):
+        return type(x)(_wide(v) for v in x)
+    return x
+
+
+class Float64Everywhere(torch.overrides.TorchFunctionMode):
+    """As the gate runs its float64 reference: a cast of a float64 tensor to a narrower float
+    dtype keeps float64, a dtype= of float16/bfloat16/float32 is float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16) and args \
+                and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[0], torch.Tensor) \
+                and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
+            args = (args[0], args[1].device, *args[2:])
+        args = tuple(_wide(a) for a in args)
+        if "dtype" in kwargs:
+            kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
+        return func(*args, **kwargs)
+
+
+def wide(dtype):
+    return Float64Everywhere() if dtype == "float64" else contextlib.nullcontext()
+
+
+def as_the_gate_runs(run, dtype):
+    """``run()`` in float64 throughout for the reference; as written where it cannot run so."""
+    try:
+        with wide(dtype):
+            return run()
+    except Exception:  # noqa: BLE001 - an extension that takes float32 only: as written
+        if dtype != "float64":
+            raise
+        return run()
+
+
 def call_grad(fn, args, kwargs, dtype):
     """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
     leaves = []
@@ -73,8 +117,12 @@ def call_grad(fn, args, kwargs, dtype):
     args = [leaf(a) for a in args]
     kwargs = {k: leaf(v) for k, v in kwargs.items()}
     fn = at_dtype(fn, dtype)
-    with torch.enable_grad():
-        result = fn(*args, **kwargs)
+
+    def forward():
+        with torch.enable_grad():
+            return fn(*args, **kwargs)
+
+    result = as_the_gate_runs(forward, dtype)
     flat = []
 
     def walk(r):
@@ -93,7 +141,8 @@ def call_grad(fn, args, kwargs, dtype):
         roots.append(t)
         ups.append(torch.from_numpy(np.ascontiguousarray(u, dtype=np.float64)).reshape(t.shape)
                    .to(device=t.device, dtype=t.dtype))
-    grads = torch.autograd.grad(roots, leaves, ups, allow_unused=True) if roots and leaves else [None] * len(leaves)
+    with wide(dtype):
+        grads = torch.autograd.grad(roots, leaves, ups, allow_unused=True) if roots and leaves else [None] * len(leaves)
     if leaves and all(g is None for g in grads):  # as the gate's gradient oracle: no gradient at all
         raise RuntimeError("not differentiable: no float output has a gradient with respect to the float inputs")
     return [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, leaves)]
@@ -102,8 +151,12 @@ def call_grad(fn, args, kwargs, dtype):
 def call(fn, args, kwargs, mode, dtype):
     ctx = torch.autocast(device_type=DEVICE, dtype=DTYPES[dtype]) if mode == "operator" and dtype in ("float16", "bfloat16") else contextlib.nullcontext()
     fn = at_dtype(fn, dtype, mode)
-    with torch.no_grad(), ctx:
-        return fn(*args, **kwargs)
+
+    def run():
+        with torch.no_grad(), ctx:
+            return fn(*args, **kwargs)
+
+    return as_the_gate_runs(run, dtype)
 
 
 def outputs(result, low):

@@ -64,6 +64,64 @@ def _cudnn_tf32(c, value: bool):
         yield
 
 
+_NARROW = (torch.float16, torch.bfloat16, torch.float32)
+_NARROWING_METHODS = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
+
+
+def _wide(x: Any) -> Any:
+    """``x`` with a narrower float dtype (or a list/tuple of them) replaced by float64."""
+    if isinstance(x, torch.dtype):
+        return torch.float64 if x in _NARROW else x
+    if isinstance(x, (list, tuple)) and any(isinstance(v, torch.dtype) for v in x):
+        return type(x)(_wide(v) for v in x)
+    return x
+
+
+class Float64Everywhere:
+    """The float64 reference computes in float64 throughout: inside it, every cast of a float64
+    tensor to a narrower float dtype (``.float()``, ``.half()``, ``.to(torch.float32)``,
+    ``.type(torch.float32)``) keeps float64, and a ``dtype=`` of float16/bfloat16/float32 given
+    to any torch function (``F.softmax(x, dtype=torch.float32)``, ``torch.zeros(n,
+    dtype=torch.float32)``) is float64. Code written for low precision upcasts internally
+    (LlamaRMSNorm's ``hidden_states.to(torch.float32)``, T5's layer norm, attention's
+    ``softmax(..., dtype=torch.float32)``); run on float64 inputs, the same code casts the
+    reference *down* to float32 and returns it as float64: the "reference" then equals the
+    float32 run (a float32 regression reads 0 ulp) and two ways of writing one function differ
+    by float32 rounding (a behaviour change where nothing changed). A reference that cannot run
+    so (an extension that takes float32 only) is run as written (:meth:`TorchBackend.call`)."""
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) \
+                        and args[0].dtype == torch.float64:
+                    return args[0]
+                if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor) and len(args) > 1 \
+                        and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
+                    # x.to(other): other's device, float64 kept
+                    args = (args[0], args[1].device, *args[2:])
+                args = tuple(_wide(a) for a in args)
+                if "dtype" in kwargs:
+                    kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
+                return func(*args, **kwargs)
+
+        self.mode = Mode()
+
+    def __enter__(self):
+        return self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def float64_everywhere(dtype: str):
+    """:class:`Float64Everywhere` for the float64 run, nothing for the others."""
+    return Float64Everywhere() if dtype == "float64" else contextlib.nullcontext()
+
+
 class TorchBackend(Backend):
     name = "torch"
     unsupported_patterns = (
@@ -165,7 +223,13 @@ class TorchBackend(Backend):
         else:
             fn = at_dtype(fn, dtype, device)
         with torch.no_grad(), ctx, cuda_math(mode if device == "cuda" else None):
-            out = fn(*args, **kwargs)
+            try:
+                with float64_everywhere(dtype):
+                    out = fn(*args, **kwargs)
+            except Exception:
+                if dtype != "float64":
+                    raise
+                out = fn(*args, **kwargs)  # as written: an error of its own raises again here
         if device == "cuda":
             torch.cuda.synchronize()
         return out
@@ -202,8 +266,16 @@ class TorchBackend(Backend):
         args = [leaf(a) for a in args]
         kwargs = {k: leaf(v) for k, v in kwargs.items()}
         fn = at_dtype(fn, dtype, device)
-        with torch.enable_grad():
-            result = fn(*args, **kwargs)
+        wide = float64_everywhere(dtype)
+        try:
+            with torch.enable_grad(), wide:
+                result = fn(*args, **kwargs)
+        except Exception:
+            if dtype != "float64":
+                raise
+            wide = contextlib.nullcontext()
+            with torch.enable_grad():
+                result = fn(*args, **kwargs)  # as written: an error of its own raises again here
         tensors = [r for r in flatten(result) if isinstance(r, torch.Tensor)]
         outs = self.to_outputs(tensors)
         ups = upstream(outs)
@@ -222,7 +294,8 @@ class TorchBackend(Backend):
             raise NotDifferentiable("not differentiable: no floating-point output requires grad (computed outside autograd, e.g. a kernel "
                                     "launched without a torch.autograd.Function)")
         if roots and leaves:
-            grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)
+            with wide:  # a custom backward's own casts (an autograd.Function's) run in float64 too
+                grads = torch.autograd.grad(roots, leaves, grads_out, allow_unused=True)
         else:
             grads = [None] * len(leaves)
         if device == "cuda":

@@ -4,8 +4,8 @@ Rules (FIELD_GUIDE §2, after PyTorch's own compile-vs-eager rule), on identical
 
 * **regression** if head raises where base returns; or head's *output* is NaN/Inf where base's
   output is finite (new NaN/Inf: even when head's float64 run is NaN too, and never when both
-  outputs are non-finite, whatever the float64 runs say; nor where head's infinity is its finite
-  float64 value correctly rounded and base's finite value was 2^(p/2) ulps off: :func:`new_nonfinite`);
+  outputs are non-finite, whatever the float64 runs say; nor where base's finite value was
+  2^(p/2) ulps off its own float64 run: :func:`new_nonfinite`);
   or head's error vs its reference
   exceeds ``max(floor, m x base error)`` (``m`` per dtype: 3 for float16/bfloat16, 2 for
   float32). An input on which head's output is bit-identical to base's is never a precision
@@ -146,10 +146,17 @@ def _fails(r: ReplayResult) -> bool:
 
 
 def ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
-    """ULPs (of ``dtype``) between head's and base's float64 outputs on the same input."""
+    """ULPs (of ``dtype``) between head's and base's float64 outputs on the same input, on the
+    scale of the computation where the runs measured one (:attr:`Metrics.scale`): a gradient that
+    is zero in exact arithmetic (RMSNorm's over one element, x / |x|) is a float64 residue on both
+    sides, and two residues of identical functions written differently (``x * rsqrt(v)``,
+    ``x / sqrt(v)``) differ by their rounding, ~1e-16 of the terms, which in ulps of the residue
+    itself read 4e6 (a behaviour change where nothing changed)."""
     if h.reference is None or b.reference is None:
         return None
-    m = compare([Output(a, "float64") for a in h.reference], [Output(a, "float64") for a in b.reference], dtype, ulp_floor)
+    scale = max((r.metrics.scale for r in (h, b) if r.metrics is not None), default=0.0)
+    m = compare([Output(a, "float64") for a in h.reference], [Output(a, "float64") for a in b.reference], dtype, ulp_floor,
+                scale=scale)
     if m.shape_mismatch or m.int_mismatch:
         return math.inf
     return m.ulp
@@ -169,12 +176,16 @@ def same_outputs(h: ReplayResult, b: ReplayResult) -> bool:
 def new_nonfinite(h: ReplayResult, b: ReplayResult, dtype: Optional[str] = None) -> int:
     """Elements where head's output is NaN/Inf and base's output is finite (same input).
 
-    With ``dtype``, an infinity that is head's finite float64 result correctly rounded (beyond
-    the dtype's range, same sign) does not count where base's finite value there is no answer
-    either (off from its own float64 run by 2^(p/2) ulps or more, :func:`base_unreliable`): a
-    float16 fix that computes a variance in float32 (transformers #4436, T5's layer norm) turns
-    base's 0.0 for a true -524032 into -inf, the float16 value of -524032. A finite base value
-    that is right (a float32 area of 300000 where head's float16 overflows) keeps it counted."""
+    With ``dtype``, an element does not count where base's finite value there was no answer
+    either: off from base's own float64 run by 2^(p/2) ulps or more (:func:`_base_lost`, the rule
+    :func:`base_unreliable` applies to precision). Both sides are then broken on that element and
+    head only differently so: a float16 fix that computes a variance in float32 (transformers
+    #4436, T5's layer norm) turns base's 0.0 for a true -524032 into -inf, the float16 value of
+    -524032; an RMSNorm written ``x * rsqrt(v + eps)`` instead of ``x / sqrt(v + eps)`` returns
+    a NaN gradient where ``mean(x^2)`` overflows float32 and the other form a finite 0 for a true
+    0.5. A finite base value that is right (a float32 area of 300000 where head's float16
+    overflows; a clamped norm's 0 for an all-zero row) keeps it counted.
+    """
     if h.outputs is None or b.outputs is None or len(h.outputs) != len(b.outputs):
         return 0
     return sum(int(np.count_nonzero(new)) for _, new in new_nonfinite_masks(h, b, dtype))
@@ -198,7 +209,9 @@ def new_nonfinite_masks(h: ReplayResult, b: ReplayResult, dtype: Optional[str]):
         if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
             new = ~np.isfinite(x) & np.isfinite(y)
             if dtype is not None and new.any():
-                new &= ~_rounded_overflow(x, y, _ref(h, k, x.shape), _ref(b, k, x.shape), dtype)
+                ry = _ref(b, k, y.shape)
+                new &= ~_base_lost(y, _ref(h, k, x.shape) if ry is None else ry, dtype,
+                                   b.metrics.scale if b.metrics is not None else 0.0)
             yield k, new
 
 
@@ -232,23 +245,26 @@ def _ref(r: ReplayResult, k: int, shape) -> Optional[np.ndarray]:
     return None if ref is None or np.shape(ref) != shape else np.asarray(ref, dtype=np.float64)
 
 
-def _rounded_overflow(x: np.ndarray, y: np.ndarray, rx: Optional[np.ndarray], ry: Optional[np.ndarray],
-                      dtype: str) -> np.ndarray:
-    """Elements where ``x`` is +-inf, the correct rounding to ``dtype`` of its finite float64 run
-    ``rx``, and ``y``'s finite value is off from its float64 run ``ry`` (``rx`` without one) by
-    2^(p/2) ulps of ``dtype`` or more."""
-    if rx is None:
-        return np.zeros(x.shape, dtype=bool)
-    from ..oracles.precision import overflow_bound, ulp
+def _base_lost(y: np.ndarray, ry: Optional[np.ndarray], dtype: str, scale: float = 0.0) -> np.ndarray:
+    """Elements where base's finite output ``y`` had already lost half its digits: off from its
+    finite float64 run ``ry`` by 2^(p/2) ulps of ``dtype`` or more (:func:`base_unreliable`, per
+    element; ulps of the computation's ``scale`` where the float64 value is a residue of it, as
+    :func:`gate.oracles.precision.residue_magnitude`; an exact zero without a scale is never
+    "lost")."""
+    if ry is None:
+        return np.zeros(y.shape, dtype=bool)
+    from ..backends.base import FLOAT_FORMATS
+    from ..oracles.precision import ulp
 
-    ry = rx if ry is None else ry
+    p = FLOAT_FORMATS.get(dtype, (53,))[0]
     with np.errstate(invalid="ignore", over="ignore"):
-        right = np.isinf(x) & np.isfinite(rx) & (np.abs(rx) >= overflow_bound(dtype)) & (np.sign(x) == np.sign(rx))
-        if not right.any():
-            return right
-        ok = np.isfinite(ry) & np.isfinite(y)
-        off = np.abs(y.astype(np.float64) - np.where(ok, ry, 0.0)) / ulp(np.where(ok, ry, 0.0), dtype)
-        return right & ok & (off >= half_digits_ulps(dtype))
+        ok = np.isfinite(y) & np.isfinite(ry) & ((ry != 0) | (scale > 0))
+        r = np.where(ok, ry, 0.0)
+        mag = np.abs(r)
+        if scale > 0 and math.isfinite(scale):
+            mag = np.where(mag < math.ldexp(scale, -p), scale, mag)
+        off = np.abs(y.astype(np.float64) - r) / ulp(mag, dtype)
+        return ok & (off >= half_digits_ulps(dtype))
 
 
 def decide(

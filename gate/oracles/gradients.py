@@ -109,6 +109,8 @@ class GradRunner(_GradBase):
             scale = ups * max(largest(q.arrays[n] for n in names if n in q.arrays),
                               largest(o.array for o in ref_outs if o.is_float))
         metrics = compare(low, ref, dtype, self.spec.ulp_floor, scale=scale, check_dtypes=False, figures=self.figures)
+        if scale > 0:
+            metrics = dataclasses.replace(metrics, scale=scale)
         if self.variant.mode == "input":
             # each gradient in its own input's dtype (a mixed-precision input keeps its declared one)
             by_name = {t.name: t.dtype_at(dtype) for t in self.spec.inputs}

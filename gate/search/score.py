@@ -53,6 +53,12 @@ class Metrics:
     #: wider dtype (a layer with a float32 dtype policy, an internal upcast returned as is), or
     #: the "float64" reference returned a narrower one; None when both are what they claim
     unmeasured: Optional[str] = None
+    #: the scale of the computation the figures were taken on (a gradient's: the upstream
+    #: gradient times its inputs and outputs, :func:`gate.oracles.precision.residue_magnitude`);
+    #: 0 when the output's own magnitude is the scale. The judge measures the float64 runs'
+    #: divergence on it too: two float64 runs of a result that is zero in exact arithmetic differ
+    #: by residues, which are no behaviour change
+    scale: float = 0.0
 
     @property
     def severity(self) -> float:
