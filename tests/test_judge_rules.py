@@ -191,3 +191,55 @@ def test_identical_outputs_neither_fail_nor_improve_whichever_reference_moved(sp
         assert v.details.get("low_reference") == side, v.details
         assert f"{side}'s reference does not run in float64 (on 1 of them" in v.details["warning"], v.details["warning"]
     assert "low_reference" not in revert.details and "one side's reference" in revert.details["warning"]
+
+
+def test_a_loss_on_one_input_within_bases_reach_elsewhere_is_not_a_regression(spec):
+    # bench/false_alarms.py --bed refactor, seed 6: a softmax's shift written amax -> max; on an
+    # all-zero row (ties everywhere) the gradient's zero residue lands on one element instead of
+    # seven: head 22.6 ulp vs base 1.29 on that input (16 x 1.29 = 20.6), while base's same code
+    # errs by up to 348 ulp on the run's other inputs (where head's output is base's bit for bit)
+    grad = Variant("float32", oracle="grad")
+
+    def judge_grad(head, base):
+        return decide(spec, grad, head, base, None, "ok", None, GateSettings(),
+                      inputs=[f"in{i}" for i in range(len(head))], controls=[True] * len(head))
+
+    same = rr([0.5], [0.5], ulp=348.0)
+    v = judge_grad([rr([1.0], [1.0], ulp=22.6), same], [rr([2.0], [1.0], ulp=1.29), same])
+    assert v.outcome == V.PASS, (v.outcome, v.reason)
+    # beyond what base does anywhere, the loss is one
+    v = judge_grad([rr([1.0], [1.0], ulp=400.0), same], [rr([2.0], [1.0], ulp=1.29), same])
+    assert v.outcome == V.REGRESSION and "base's largest elsewhere 348" in v.reason and v.threshold == 348.0, v.reason
+    # base's reach counts only inputs where base kept half its digits (4096 float32 ulps)
+    garbage = rr([0.5], [0.5], ulp=9e15)
+    v = judge_grad([rr([1.0], [1.0], ulp=400.0), garbage], [rr([2.0], [1.0], ulp=1.29), garbage])
+    assert v.outcome == V.REGRESSION and "elsewhere" not in v.reason, v.reason
+
+
+def test_float64_runs_of_a_zero_gradient_diverge_on_the_computations_scale(spec):
+    # RMSNorm over one element: y = x / sqrt(x^2 + eps) ~ sign(x), its gradient ~ eps / |x|^3 - a
+    # residue of terms of u / |x|. Two float64 runs of the same function written x * rsqrt(v) and
+    # x / sqrt(v) differ by the rounding of those terms: in ulps of the residue, a behaviour
+    # change; on the computation's scale (upstream x max(|x|, |y|)), none
+    import torch
+
+    x0, u0, eps = 100.0, 0.75, 1e-6
+
+    def grad(form):
+        x = torch.tensor([x0], dtype=torch.float64, requires_grad=True)
+        v = x.pow(2).mean(-1, keepdim=True) + eps
+        y = x * torch.rsqrt(v) if form == "rsqrt" else x / torch.sqrt(v)
+        (g,) = torch.autograd.grad(y, x, torch.tensor([u0], dtype=torch.float64))
+        return g.numpy()
+
+    a, b = grad("rsqrt"), grad("sqrt")
+    assert a[0] != b[0]  # the two residues differ in float64
+    from gate.judge.decide import ref_divergence
+
+    def side(ref, scale):
+        return ReplayResult(status="ok", metrics=Metrics(ulp=0.5, scale=scale), outputs=[ref.astype(np.float32)],
+                            reference=[ref])
+
+    assert ref_divergence(side(a, 0.0), side(b, 0.0), "float32", "output") > 16  # the false alarm
+    scale = u0 * max(x0, 1.0)
+    assert ref_divergence(side(a, scale), side(b, scale), "float32", "output") < 1
