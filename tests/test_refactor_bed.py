@@ -32,9 +32,12 @@ gradients judged against a float64 run, not a float32 one (a false "behaviour ch
 4.19e6 ulp on the ``rsqrt`` pair before). ``bench/false_alarms.py --bed refactor`` runs every
 direction over 20 seeds.
 """
+import subprocess
+import sys
+
 import pytest
 
-from tests.test_gate_run import by_op, make_repo, commit_pr
+from tests.test_gate_run import by_op, commit_pr, git, make_repo
 from tests.test_verdict_bed import PASSED, PASSING, outcomes, run_gate
 
 OPS = '''
@@ -135,9 +138,23 @@ def judge(name: str, direction: str, code: int, report) -> None:
     assert code == 1 and hits and phrase in hits[0].reason, rows
 
 
+def repro_agrees(repo, report, op: str, head_branch: str, base: str) -> None:
+    """The repro script of each failing variant exits 1 on head and 0 on base, as the judge said."""
+    failing = [v for v in by_op(report, op) if v.outcome in ("regression", "behaviour-change") and not v.reported_only]
+    for v in failing:
+        script = (v.diagnosis or {}).get("repro_script")
+        assert script, (v.id, v.diagnosis)
+        for ref, want in ((head_branch, 1), (base, 0)):
+            git(repo, "checkout", "-q", ref)
+            res = subprocess.run([sys.executable, script, "--repo", str(repo)], capture_output=True, text=True)
+            assert res.returncode == want, (v.id, ref, res.stdout[-1500:] + res.stderr[-1500:])
+    git(repo, "checkout", "-q", head_branch)
+
+
 @pytest.mark.parametrize("name,direction", DIRECTIONS)
 def test_each_direction_gets_its_verdict(bed, tmp_path, name, direction):
     base = open_direction(bed, name, direction)
     _, dtype, *_ = PAIRS[name]
     code, report = run_gate(bed, tmp_path / "out", base, f"lib.{PAIRS[name][0]}", dtype, 40)
     judge(name, direction, code, report)
+    repro_agrees(bed, report, f"lib.{PAIRS[name][0]}", f"{name}-{direction}", base)
