@@ -109,3 +109,35 @@ def test_max_to_amax_is_not_an_improvement_of_a_residue_either(bed, tmp_path):
     assert code == 0 and report.outcome == "pass", rows
     grads = [v for v in by_op(report, "lib.attention") if v.variant.get("oracle") == "grad"]
     assert grads and all(v.outcome == "pass" for v in grads), rows
+
+
+def test_a_normalised_operators_gradient_residue_is_judged_on_the_upstreams_scale(tmp_path, monkeypatch):
+    # a mean-centring (x - mean(x)) on a constant row of tiny values: its output is ~0 and its
+    # gradient u - mean(u) zero in exact arithmetic for a constant upstream; float32 leaves the
+    # rounding of mean(u), terms of the upstream's size (seven times 0.1, summed in float32, rounds). Upstream x
+    # max(inputs, outputs) put those terms at 1e-6 of their size (1e6 ulp, a finding on a benign
+    # row); a normalised operator's local derivatives are O(1), so its gradient is judged on the
+    # upstream's scale
+    from gate.oracles.gradients import UPSTREAM
+    from gate.oracles.registry import build_runner
+    from gate.plan import Variant
+    from gate.search.inputs import Candidate
+
+    from tests.oracle_support import user_ops
+
+    rows = '''
+  - {name: lib.centre, callable: "lib_zero:centre", kind: KIND, dims: {N: [7, 7]}, inputs: [{name: x, shape: [1, N]}]}
+'''
+    (tmp_path / "lib_zero.py").write_text("def centre(x):\n    return x - x.mean(dim=-1, keepdim=True)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    figures = {}
+    for kind in ("normalization", "reduction"):
+        spec = user_ops(tmp_path, rows.replace("KIND", kind))["lib.centre"]
+        runner = build_runner(spec, Variant("float32", oracle="grad"))
+        cand = Candidate(dims={"N": 7}, params={}, arrays={"x": np.full((1, 7), 1e-6),
+                                                           UPSTREAM.format(0): np.full((1, 7), np.float32(0.1))})
+        _, ev = runner.evaluate(cand)
+        assert ev.metrics is not None, (ev.status, ev.error)
+        figures[kind] = ev.metrics.ulp
+    assert figures["normalization"] <= 2, figures
+    assert figures["reduction"] > 1e3, figures  # where the inputs and outputs are the only scale

@@ -90,25 +90,29 @@ class Float64Everywhere:
     by float32 rounding (a behaviour change where nothing changed). A reference that cannot run
     so (an extension that takes float32 only) is run as written (:meth:`TorchBackend.call`)."""
 
+    _MODE = None  # the TorchFunctionMode class, made once
+
     def __init__(self):
-        from torch.overrides import TorchFunctionMode
+        if Float64Everywhere._MODE is None:
+            from torch.overrides import TorchFunctionMode
 
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) \
-                        and args[0].dtype == torch.float64:
-                    return args[0]
-                if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor) and len(args) > 1 \
-                        and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
-                    # x.to(other): other's device, float64 kept
-                    args = (args[0], args[1].device, *args[2:])
-                args = tuple(_wide(a) for a in args)
-                if "dtype" in kwargs:
-                    kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
-                return func(*args, **kwargs)
+            class Mode(TorchFunctionMode):
+                def __torch_function__(self, func, types, args=(), kwargs=None):
+                    kwargs = kwargs or {}
+                    if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) \
+                            and args[0].dtype == torch.float64:
+                        return args[0]
+                    if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor) and len(args) > 1 \
+                            and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
+                        # x.to(other): other's device, float64 kept
+                        args = (args[0], args[1].device, *args[2:])
+                    args = tuple(_wide(a) for a in args)
+                    if "dtype" in kwargs:
+                        kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
+                    return func(*args, **kwargs)
 
-        self.mode = Mode()
+            Float64Everywhere._MODE = Mode
+        self.mode = Float64Everywhere._MODE()
 
     def __enter__(self):
         return self.mode.__enter__()
@@ -118,8 +122,12 @@ class Float64Everywhere:
 
 
 def float64_everywhere(dtype: str):
-    """:class:`Float64Everywhere` for the float64 run, nothing for the others."""
-    return Float64Everywhere() if dtype == "float64" else contextlib.nullcontext()
+    """:class:`Float64Everywhere` for the float64 run, nothing for the others, nor inside another
+    function mode: the localiser's trace (gate.localise.trace) records each call with its
+    caller's frame and runs its own float64 shadows; a mode above it would be every call's caller."""
+    if dtype != "float64" or torch._C._len_torch_function_stack() > 0:
+        return contextlib.nullcontext()
+    return Float64Everywhere()
 
 
 class TorchBackend(Backend):

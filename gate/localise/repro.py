@@ -22,6 +22,7 @@ import numpy as np
 from ..backends.base import FLOAT_FORMATS, intra_op_threads
 from ..search.inputs import Candidate
 from ..oracles.base import float_input_names
+from ..oracles.gradients import normalised_scale
 from ..ops.spec import ImportRef, OpSpec
 from ..plan import Variant
 from ..backends.repro_text import repro_prelude
@@ -233,7 +234,7 @@ def main(argv=None):
         except Exception:  # noqa: BLE001 - the gradient ran; its forward is only the scale's
             forward = []
         scale = largest(UPSTREAMS) * max(largest(DATA["in_" + n] for n in FLOAT_INPUTS if "in_" + n in DATA),
-                                         largest(forward))
+                                         largest(forward), NORMALISED)
     worst, nonfinite, where = 0.0, 0, None
     for k, (o, r) in enumerate(zip(low, ref)):
         if o.shape != r.shape:
@@ -333,7 +334,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
         "LAYOUT_PARAMS": dict(lay.params) if lay else {},
         "KIND": kind, "THRESHOLD_ULP": float(threshold), "THRESHOLD_WHY": threshold_why,
         "HANG_AFTER": float(hang_after) if hang_after else None,
-        "ULP_FLOOR": spec.ulp_floor, "FTZ": bool(ftz), "SUMMARY": summary or cand.summary(),
+        "ULP_FLOOR": spec.ulp_floor, "NORMALISED": normalised_scale(spec), "FTZ": bool(ftz), "SUMMARY": summary or cand.summary(),
         "PYTHON_PATH": list(python_path), "DEFAULT_REPO": str(Path(repo).resolve()),
     }
     doc = (f'"""Reproduce {spec.name}[{variant.key}]: {reason}\n\n'
