@@ -516,6 +516,34 @@ def test_module_records_drop_self_and_tests_range_is_widened():
     assert widen(spec)["inputs"] == [{"name": "input", "shape": [2, 3]}]
 
 
+def test_a_class_with_defaults_is_built_as_the_tests_built_it():
+    # keras' GroupNormalization (acceptance run on keras-team/keras d863dc8a5b): its constructor
+    # has defaults only (groups=32); the tests build it as GroupNormalization(groups=4,
+    # gamma_constraint=UnitNorm()) and call it on 4 channels. Built with the defaults, every
+    # recorded call raised ("Number of groups (32) cannot be more than the number of channels")
+    # and init left it out; the constraint object is a training-time setting with a default
+    import numpy as np
+
+    from gate.init.infer import bind_init, constructed
+
+    op = _op([("inputs", None)], kind="layer")
+    op.init = [{"name": "groups", "kind": "POSITIONAL_OR_KEYWORD", "has_default": True, "default": 32},
+               {"name": "gamma_constraint", "kind": "POSITIONAL_OR_KEYWORD", "has_default": True, "default": None}]
+    init = CallRecord(op="lib.f", args=[], kwargs={"groups": 4, "gamma_constraint": Opaque("UnitNorm")},
+                      kind="init", ctor="c1")
+    call = CallRecord(op="lib.f", args=[Opaque("Layer"), TensorArg((3, 4, 4), "float32", np.ones((3, 4, 4)))],
+                      kwargs={}, ctor="c1")
+    assert bind_init(op, init) == ({"groups": 4}, "")
+    built, mine, why = constructed(op, [init, call])
+    assert built == {"groups": 4} and mine == [call], why
+    # an object for a required argument still cannot be written down (SpectralNormalization(layer=...))
+    needs_layer = _op([("inputs", None)], kind="layer")
+    needs_layer.init = [{"name": "layer", "kind": "POSITIONAL_OR_KEYWORD", "has_default": False, "default": None}]
+    wrapped = CallRecord(op="lib.f", args=[], kwargs={"layer": Opaque("Dense")}, kind="init", ctor="c2")
+    kw, why = bind_init(needs_layer, wrapped)
+    assert kw is None and "object (layer=" in why, why
+
+
 def test_probe_specs_and_their_refusals():
     specs, _ = probe_specs(_op([("a", None), ("b", None), ("alpha", 0.5)]), "torch", [])
     assert specs and all([t["name"] for t in s["inputs"]] == ["a", "b"] for s in specs)

@@ -243,3 +243,15 @@ def test_float64_runs_of_a_zero_gradient_diverge_on_the_computations_scale(spec)
     assert ref_divergence(side(a, 0.0), side(b, 0.0), "float32", "output") > 16  # the false alarm
     scale = u0 * max(x0, 1.0)
     assert ref_divergence(side(a, scale), side(b, scale), "float32", "output") < 1
+
+
+def test_an_improvements_nan_columns_say_what_the_outputs_hold(spec):
+    # roma's rotvec_to_rotmat fix (naver/roma 34bd744, a clamped theta): base's gradient at a zero
+    # rotation vector is NaN, in its float64 run too (0/0), so base's own count was 0; head shares
+    # NaN with base on an overflowing input, which head's finite float64 run counted: the table read
+    # "base 0, head 1 NaN/Inf" beside "head fixes NaN/Inf"
+    head = [rr([0.0, 1.0], [0.0, 1.0]), rr([np.nan, 2.0], [5.0, 2.0], nonfinite=1)]
+    base = [rr([np.nan, 1.0], [np.nan, 1.0], nonfinite=0), rr([np.nan, 2.0], [np.nan, 2.0], nonfinite=0)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.IMPROVEMENT and v.reason.startswith("head fixes NaN/Inf"), v.reason
+    assert (v.head_nonfinite, v.base_nonfinite) == (1, 2), (v.head_nonfinite, v.base_nonfinite)

@@ -77,7 +77,7 @@ version: 1
 framework: torch
 python_path: ["."]
 builtin: false
-budget: {localise: 3}  # the bed judges verdicts
+budget: {localise: 15}  # the bed judges verdicts; localisation writes the repro scripts the test runs
 ops:
   - {name: lib.softmax, callable: "lib.ops:softmax", kind: normalization, sources: [lib/ops.py], dims: {N: [1, 4], D: [1, 16]},
      inputs: [{name: x, shape: [N, D]}]}

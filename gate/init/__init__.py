@@ -373,6 +373,18 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
             if construct is None:
                 report.left_out.append((op.name, why))
                 continue
+        # a constructor with defaults only that the tests build with their own arguments: its
+        # calls as they were made, on those instances, are candidates after the default-built
+        # ones (keras' GroupNormalization(groups=4) on 4 channels: built with the default
+        # groups=32 every recorded call raises)
+        as_built: List[dict] = []
+        if op.kind in ("module", "layer") and construct is None and any(r.kind == "init" for r in recs):
+            built, mine, _ = constructed(op, recs)
+            if built:
+                inf = from_records(op, mine, op.framework, sources)
+                if inf.spec is not None:
+                    as_built = [_after(c, "callable", "construct", built)
+                                for c in ([widen(inf.spec)] if widen(inf.spec) is not None else []) + [inf.spec]]
         recs = [r for r in recs if r.kind == "call"]
         if recs:
             inf = from_records(op, recs, op.framework, sources)
@@ -388,6 +400,11 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
                 origin = f"from {inf.calls} test call(s)" + (f" in {', '.join(tests_of[:2])}" if tests_of else "")
             else:
                 origin = f"test calls not usable: {inf.why}"
+        if as_built:
+            cands.extend(as_built)
+            n_rec = len(cands)
+            origin = origin or f"from {len(mine)} test call(s)"
+            origin = f"{origin}; else built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in built.items())})"
         probes, why = probe_specs(op, op.framework, sources)
         cands.extend(probes)
         if not cands:
