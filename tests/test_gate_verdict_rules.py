@@ -81,7 +81,9 @@ ops:
 PRS = {
     "log1p": ("torch.log1p(x) + 0", "torch.log(1 + x) + 0"),
     "noisy": ("x + torch.randn_like(x) * 1e-7", "x + 1e-7 * torch.randn_like(x)"),
-    "entropy": ("standard_normal(x.shape)).to(x.dtype) * 1e-5", "standard_normal(x.shape)).to(x.dtype) * 1.0e-5"),
+    # ten times the noise: head's errors beyond base's largest, a regression if the outputs were
+    # deterministic (a benign refactor of a noisy operator is within base's reach now, a pass)
+    "entropy": ("standard_normal(x.shape)).to(x.dtype) * 1e-5", "standard_normal(x.shape)).to(x.dtype) * 1e-4"),
     "no_upcast": ("    xf = x.float()\n", "    xf = x\n"),
     "no_eps": ("torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),
 }
@@ -188,7 +190,7 @@ def test_a_seeded_random_operator_is_compared_on_the_same_random_stream(lib_repo
 
 
 def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_path):
-    pr(lib_repo, "entropy")  # a benign refactor of an operator whose noise comes from OS entropy
+    pr(lib_repo, "entropy")  # an operator whose noise comes from OS entropy, noisier on head
     code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.entropy_noisy", evals=30)
     (v,) = main_variants(report, "lib.entropy_noisy")
     # the verdict that would have failed was checked against a second run of head

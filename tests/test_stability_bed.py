@@ -243,14 +243,16 @@ def test_inf_where_bases_upcast_area_was_right_is_still_new(tmp_path, monkeypatc
 
 
 def test_in_float32_the_t5_upcast_changes_nothing_and_neither_direction_claims_otherwise(tmp_path, monkeypatch):
-    # float32: both versions square 1e20 to inf and return 0, bit for bit; the fixed version's
-    # float64 run casts to float32 and returns 0 too, the buggy one's returns the true value. The
-    # outputs did not change: a pass both ways, with no 1e8-ulp head and no "improvement"
+    # float32: both versions square 1e20 to inf and return 0, bit for bit. The fixed version's
+    # float64 run used to cast to float32 and return 0 too (a 0-ulp figure on one side, 1.7e7 on
+    # the other); it computes in float64 throughout now and returns the true value, as the buggy
+    # one's does: both sides err alike. The outputs did not change: a pass both ways, the same
+    # figure on both sides, no "improvement"
     fix = _overflow_verdict(tmp_path, monkeypatch, "t5_norm_fixed", "t5_norm_buggy", dtype="float32")
     revert = _overflow_verdict(tmp_path, monkeypatch, "t5_norm_buggy", "t5_norm_fixed", dtype="float32")
     for v in (fix, revert):
         assert v.outcome == "pass" and v.details["identical_outputs"] == 1, (v.outcome, v.reason)
-        assert v.head_error == v.base_error and v.head_error < 4, (v.head_error, v.base_error)
+        assert v.head_error == v.base_error and not v.details.get("reference_moved"), (v.head_error, v.base_error)
 
 
 @pytest.mark.parametrize("head_fn, base_fn, reproduces", [
