@@ -24,7 +24,9 @@ def register(sub) -> None:
                                    "process), run every spec once at each dtype, and write the config. "
                                    "See docs/config.md.")
     p.add_argument("--tests", metavar="CMD",
-                   help="the library's test command to record calls from (default: pytest on tests/ if present)")
+                   help="the library's test command to record calls from (default: pytest on tests/ if present); "
+                        "it runs through the shell, so name the interpreter that has the library and dl-gate "
+                        "installed (e.g. \"$(which python) -m pytest tests\") if `python` on PATH is another")
     p.add_argument("--no-tests", action="store_true", help="do not run the tests (signatures and probing only)")
     p.add_argument("--package", metavar="NAME", help="the package (or sub-package, pkg.sub), or one module file (model.py), to gate")
     p.add_argument("--config", default=".dl-gate.yml", metavar="FILE", help="the config to write (default .dl-gate.yml)")
