@@ -830,6 +830,10 @@ def test_a_test_run_that_records_nothing_says_why_and_env_gives_its_environment(
     assert "0 distinct calls" in rep.harvest and "KeyError: 'TEST_DEVICE'" in rep.harvest, rep.harvest
     assert "--env NAME=VALUE" in rep.harvest
     (repo / ".dl-gate.yml").unlink()
+    # the command says so at its end too, beside "done": the file is written from probes only
+    res = _cli(repo, "init", "--no-workflows", "--probe-timeout", "20")
+    assert res.returncode == 0 and "warning: the library's tests did not pass (`" in res.stdout, res.stdout[-2000:]
+    (repo / ".dl-gate.yml").unlink()
     rep = run_init(repo, workflows=False, probe_timeout=20, env={"TEST_DEVICE": "cpu"})
     assert "1 distinct calls of 1 operators" in rep.harvest, rep.harvest
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
