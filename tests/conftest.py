@@ -77,7 +77,7 @@ SLOW_FILES = frozenset(f"test_{n}.py" for n in (
     "verdict_bed", "redteam", "containment", "kernels_triton", "input_bed", "gate_run", "stability_bed",
     "gate_verdict_rules", "default_inputs", "grad_probe", "localise", "contrast_search", "mixed_inputs",
     "robust_inputs", "oracles_gate_run", "zero_results", "false_alarms_docs", "false_alarms_refactor",
-    "false_alarms_improve", "keras_layer_class"))
+    "false_alarms_improve", "keras_layer_class", "refactor_bed"))
 #: ...except one end-to-end run, so that the inner loop covers gate.pipeline and gate.supervise too
 FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-ulp >]"})
 
@@ -86,12 +86,12 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: (pyproject's addopts) the workers take files in collection order, so the long beds start first
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
-LONGEST_FIRST = tuple(f"test_{n}.py" for n in (
-    "verdict_bed", "redteam", "gate_verdict_rules", "kernels_cpp", "input_bed", "false_alarms_refactor",
-    "false_alarms_improve", "kernels_triton", "keras_layer_class", "containment", "init", "gate_run",
-    "example", "stability_bed", "localise", "default_inputs", "grad_probe", "contrast_search", "exhaustive",
-    "oracles_isolation", "mixed_inputs", "false_alarms_docs", "threads", "action", "robust_inputs",
-    "oracles_gate_run", "zero_results"))
+LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a CI run (--dist loadfile)
+    "verdict_bed", "init", "redteam", "refactor_bed", "kernels_cpp", "containment", "kernels_triton", "gate_run",
+    "input_bed", "keras_layer_class", "example", "stability_bed", "gate_verdict_rules", "false_alarms_improve",
+    "false_alarms_refactor", "localise", "default_inputs", "grad_probe", "contrast_search", "exhaustive",
+    "oracles_isolation", "threads", "mixed_inputs", "cli_core", "false_alarms_docs", "oracles_gate_run",
+    "robust_inputs", "zero_results", "core_fuzz", "action"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -161,11 +161,11 @@ def test_without_isolation_an_exit_is_an_error_report_not_a_pass(repo, tmp_path)
 def test_without_isolation_a_hang_is_stopped_at_the_deadline(repo, tmp_path):
     pr = branch(repo, tmp_path, "hang", ["hang"])
     res, took = run_cli(pr, tmp_path / "out", "--evals", "4", "--ops", "lib.hang", "--no-isolate",
-                        "--deadline", "20")
+                        "--deadline", "12")
     report = outputs(tmp_path / "out")
     assert res.returncode == 2 and report["outcome"] == "error", (res.returncode, report["reason"])
-    assert "deadline of 20s" in report["reason"], report["reason"]
-    assert took < 20 + 25, took
+    assert "deadline of 12s" in report["reason"], report["reason"]
+    assert took < 12 + 25, took
 
 
 def test_sigint_of_the_gate_still_writes_the_report(repo, tmp_path):
