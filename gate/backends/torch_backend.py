@@ -77,7 +77,7 @@ def _wide(x: Any) -> Any:
     return x
 
 
-class Float64Everywhere:
+class Float64Everywhere(torch.overrides.TorchFunctionMode):
     """The float64 reference computes in float64 throughout: inside it, every cast of a float64
     tensor to a narrower float dtype (``.float()``, ``.half()``, ``.to(torch.float32)``,
     ``.type(torch.float32)``) keeps float64, and a ``dtype=`` of float16/bfloat16/float32 given
@@ -90,35 +90,17 @@ class Float64Everywhere:
     by float32 rounding (a behaviour change where nothing changed). A reference that cannot run
     so (an extension that takes float32 only) is run as written (:meth:`TorchBackend.call`)."""
 
-    _MODE = None  # the TorchFunctionMode class, made once
-
-    def __init__(self):
-        if Float64Everywhere._MODE is None:
-            from torch.overrides import TorchFunctionMode
-
-            class Mode(TorchFunctionMode):
-                def __torch_function__(self, func, types, args=(), kwargs=None):
-                    kwargs = kwargs or {}
-                    if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) \
-                            and args[0].dtype == torch.float64:
-                        return args[0]
-                    if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor) and len(args) > 1 \
-                            and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
-                        # x.to(other): other's device, float64 kept
-                        args = (args[0], args[1].device, *args[2:])
-                    args = tuple(_wide(a) for a in args)
-                    if "dtype" in kwargs:
-                        kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
-                    return func(*args, **kwargs)
-
-            Float64Everywhere._MODE = Mode
-        self.mode = Float64Everywhere._MODE()
-
-    def __enter__(self):
-        return self.mode.__enter__()
-
-    def __exit__(self, *exc):
-        return self.mode.__exit__(*exc)
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+            return args[0]
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[0], torch.Tensor) \
+                and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
+            args = (args[0], args[1].device, *args[2:])  # x.to(other): other's device, float64 kept
+        args = tuple(_wide(a) for a in args)
+        if "dtype" in kwargs:
+            kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
+        return func(*args, **kwargs)
 
 
 def float64_everywhere(dtype: str):
