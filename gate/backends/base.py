@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import re
 import traceback
@@ -333,10 +334,48 @@ FLOAT_FORMATS = {
 
 
 def numpy_quantize(arr: np.ndarray, dtype: str) -> np.ndarray:
-    """Round-to-nearest-even into ``dtype`` (bf16 done bitwise on float32), back as float64."""
+    """Round-to-nearest-even into ``dtype`` (bf16 done bitwise on float32), back as float64.
+    Arrays of :data:`ROUND_KERNEL_MIN` elements or more are rounded by one compiled loop
+    (:mod:`gate.backends._round_kernel`, the same arithmetic) where Numba is there."""
     arr = np.asarray(arr, dtype=np.float64)
+    if arr.size >= ROUND_KERNEL_MIN and dtype in FLOAT_FORMATS and dtype != "float64":
+        k = _round_kernel()
+        if k is not None:
+            return kernel_quantize(k, arr, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         return _quantize(arr, dtype)
+
+
+#: arrays below this many elements are rounded by NumPy (importing Numba costs more there)
+ROUND_KERNEL_MIN = 1 << 15
+
+_ROUND = []
+
+
+def _round_kernel():
+    """The compiled rounding loops, or None (no Numba, or ``DL_GATE_FUSED=0``)."""
+    if not _ROUND:
+        k = None
+        if os.environ.get("DL_GATE_FUSED", "1") != "0":
+            try:
+                from . import _round_kernel as k
+            except Exception:  # no Numba (or no wheel for this platform): NumPy rounds everything
+                k = None
+        _ROUND.append(k)
+    return _ROUND[0]
+
+
+def kernel_quantize(k, arr: np.ndarray, dtype: str) -> np.ndarray:
+    """:func:`numpy_quantize` by the compiled loop ``k`` (``gate.backends._round_kernel``)."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    out = np.empty_like(flat)
+    if dtype == "float32":
+        k.round_float32(flat, out)
+    else:
+        p, emin, emax = FLOAT_FORMATS[dtype]
+        big = math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax)
+        k.round_to(flat, out, p, emin, big, dtype == "bfloat16")
+    return out.reshape(arr.shape)
 
 
 def _quantize(arr: np.ndarray, dtype: str) -> np.ndarray:

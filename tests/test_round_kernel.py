@@ -1,0 +1,65 @@
+"""The compiled rounding loop (gate/backends/_round_kernel.py) against NumPy's rounding it
+replaces (gate.backends.base._quantize), bit for bit, on the values that break rounding code: ties
+at every binade, the subnormal range of each format and its boundary with the normal range, the
+overflow boundary (the largest finite value, the tie above it), float64 subnormals, ±0, NaN, ±inf,
+and values far outside every format's range."""
+import math
+
+import numpy as np
+import pytest
+
+from gate.backends import base
+from gate.backends.base import FLOAT_FORMATS, ROUND_KERNEL_MIN, kernel_quantize, numpy_quantize
+
+kernel = base._round_kernel()
+pytestmark = pytest.mark.skipif(kernel is None, reason="Numba is not installed: NumPy rounds every array")
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def adversarial(dtype: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    p, emin, emax = FLOAT_FORMATS[dtype]
+    big = math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax)
+    e = rng.integers(emin - p - 3, emax + 2, n)
+    m = rng.integers(1 << (p - 1), 1 << p, n).astype(np.float64)
+    grid = np.ldexp(m, e - (p - 1))                      # values of the format (and a binade beyond)
+    half = np.ldexp(np.ones(n), np.maximum(e, emin) - p)  # half an ulp of each: the ties
+    kind = rng.integers(0, 10, n)
+    x = grid.copy()
+    x[kind == 1] += half[kind == 1]                       # exact ties
+    x[kind == 2] += half[kind == 2] * (1 + 2.0 ** -40)    # just above a tie
+    x[kind == 3] -= half[kind == 3] * (1 + 2.0 ** -40)    # just below one
+    x[kind == 4] = rng.standard_normal((kind == 4).sum()) * 10.0 ** rng.integers(-45, 45, (kind == 4).sum())
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 5e-324, -2.2e-308, big, -big, big + half.max(),
+                        math.ldexp(big, 1), 1e300, -1e300, math.ldexp(1.0, emin), math.ldexp(1.0, emin - p + 1),
+                        math.ldexp(1.0, emin - p), math.ldexp(3.0, emin - p), 65520.0, 65519.99, 3.3895e38])
+    x[kind == 5] = rng.choice(special, (kind == 5).sum())
+    x[rng.random(n) < 0.5] *= -1
+    return x
+
+
+def same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    """Equal to the bit, NaN (any payload) equal to NaN."""
+    nx, ny = np.isnan(x), np.isnan(y)
+    return bool((nx == ny).all() and (x[~nx].view(np.uint64) == y[~ny].view(np.uint64)).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_rounds_as_numpy(dtype, seed):
+    x = adversarial(dtype, 200_000, seed)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = base._quantize(x, dtype)
+    got = kernel_quantize(kernel, x, dtype)
+    bad = np.flatnonzero(~((got == want) | (np.isnan(got) & np.isnan(want))))
+    assert bad.size == 0, [(float(x[i]), float(want[i]), float(got[i])) for i in bad[:5]]
+    assert same_bits(got, want)
+
+
+def test_large_arrays_take_the_kernel_and_keep_their_shape():
+    x = adversarial("float16", 4 * ROUND_KERNEL_MIN, 9).reshape(4, -1)
+    q = numpy_quantize(x, "float16")
+    assert q.shape == x.shape and q.dtype == np.float64
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert same_bits(q.reshape(-1), x.astype(np.float16).astype(np.float64).reshape(-1))
