@@ -244,3 +244,12 @@ def test_a_finding_keeps_the_searchs_figures_and_takes_only_what_it_did_not_meas
     crash = Evaluation(CRASH, error="SIGSEGV", signature="SIGSEGV in op.py:3")
     assert math.isnan(_alone(Rerun(crash), cand, search, False, res).metrics.rel)
     assert res.crashes["SIGSEGV in op.py:3"].count == 1 and res.crashes["SIGSEGV in op.py:3"].candidate is cand
+
+
+def test_largest_finite_magnitude_with_and_without_nonfinite_values():
+    from gate.oracles.runner import largest
+
+    assert largest([np.array([-3.0, 1.0]), np.array([2.0])]) == 3.0
+    assert largest([np.array([-1e-3, -2.0])]) == 2.0
+    assert largest([np.array([np.nan, -5.0, 1.0]), np.array([np.inf, 4.0])]) == 5.0
+    assert largest([np.array([np.nan, np.inf]), np.zeros(0), np.array([1, 9])]) == 0.0  # ints are not counted
