@@ -253,3 +253,13 @@ def test_largest_finite_magnitude_with_and_without_nonfinite_values():
     assert largest([np.array([-1e-3, -2.0])]) == 2.0
     assert largest([np.array([np.nan, -5.0, 1.0]), np.array([np.inf, 4.0])]) == 5.0
     assert largest([np.array([np.nan, np.inf]), np.zeros(0), np.array([1, 9])]) == 0.0  # ints are not counted
+
+
+def test_compiled_kernels_load_where_numba_is_installed():
+    """The kernels' tests skip where Numba is missing: where it is there, a kernel that does not
+    load (an error of its own) must fail here, not skip them."""
+    pytest.importorskip("numba")
+    from gate.backends import base
+    from gate.oracles import fused
+
+    assert fused.available() and base._round_kernel() is not None

@@ -78,6 +78,34 @@ def test_fused_matches_numpy_bit_for_bit(dtype, floor, ftz):
         assert_same(*metrics_pair(a, b, dtype, floor, ftz, scale))
 
 
+def sparse(rng, n, dtype, share):
+    """A normal output (every block of 128 the all-finite kind) with a few adversarial elements
+    scattered in: blocks of both kinds, in any order, in one output."""
+    b = rng.standard_normal(n) * 10.0 ** float(rng.integers(-2, 3))
+    a = numpy_quantize(b * (1 + rng.standard_normal(n) * 2.0 ** -9), dtype)
+    k = max(1, int(n * share))
+    where = rng.integers(0, n, k)
+    sa, sb = adversarial(rng, k, dtype)
+    a[where], b[where] = sa, sb
+    if rng.random() < 0.5:  # the largest error in a block of either kind
+        i = int(rng.integers(0, n))
+        a[i] = b[i] + 2.0 ** float(rng.integers(-4, 4)) * abs(b[i])
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("floor", ["output", "dtype"])
+@pytest.mark.parametrize("ftz", [True, False])
+def test_sparse_specials_among_normal_blocks(dtype, floor, ftz):
+    rng = np.random.default_rng(hash(("sparse", dtype, floor, ftz)) % 2**32)
+    for trial in range(12):
+        n = int(rng.choice([129, 1000, 40000, 70001]))
+        a, b = sparse(rng, n, dtype, float(rng.choice([1e-4, 1e-3, 0.02])))
+        if trial % 3 == 0:
+            a = a.astype(np.float32)
+        assert_same(*metrics_pair(a, b, dtype, floor, ftz, float(rng.choice([0.0, 1e3]))))
+
+
 @pytest.mark.parametrize("floor", ["output", "dtype"])
 def test_degenerate_outputs(floor):
     n = 1 << 15

@@ -359,7 +359,7 @@ def _round_kernel():
         if os.environ.get("DL_GATE_FUSED", "1") != "0":
             try:
                 from . import _round_kernel as k
-            except Exception:  # no Numba (or no wheel for this platform): NumPy rounds everything
+            except ImportError:  # no Numba (or no wheel for this platform): NumPy rounds everything
                 k = None
         _ROUND.append(k)
     return _ROUND[0]

@@ -3,20 +3,26 @@
 (``cache=True``) keeps the machine code between processes; no recursion (Numba's cache does not
 keep recursive functions safely: a cached one crashed the next process).
 
-Two passes share one traversal (:func:`traverse`), which visits the output in NumPy's pairwise
-order: blocks above 128 elements are halved at a multiple of 8, a block of at most 128 is summed
-in eight lanes (element i into lane i mod 8), the lanes combined as a tree, the remainder added
-in order (numpy/_core/src/umath/loops_utils.h.src, ``pairwise_sum``); so both sums are NumPy's
-bit for bit.
+One traversal (:func:`traverse`) visits the output in NumPy's pairwise order: blocks above 128
+elements are halved at a multiple of 8, a block of at most 128 is summed in eight lanes (element
+i into lane i mod 8), the lanes combined as a tree, the remainder added in order
+(numpy/_core/src/umath/loops_utils.h.src, ``pairwise_sum``); so both sums are NumPy's bit for
+bit. Each block is scored by one of two leaves:
 
-* the all-finite pass (:func:`finite_leaf`): what almost every evaluation is. No branch and no
-  store per element: sums in eight registers, maxima and minima as trees of eight (exact in any
-  order, so compiled with ``fastmath`` for NaN-free max/min: their results are used only when
-  the sum says every error was finite); the block where the maximum first appears is recorded,
-  and only that block is scanned again for the maximum's first index (np.argmax's).
-* the general pass (:func:`general_leaf`): outputs with NaN/Inf, references beyond the dtype's
-  range or below its smallest normal that a flush to zero changes. Element by element, with
-  every rule of :func:`gate.oracles.precision._slow_errors`."""
+* the all-finite leaf (:func:`finite_leaf`): what almost every block is. No branch and no store
+  per element: sums in eight registers, maxima and minima as trees of eight (exact in any order,
+  so compiled with ``fastmath`` for NaN-free max/min: their results are used only when the sum
+  says every error was finite); where the block holds a new maximum, only that block is scanned
+  again for its first index (np.argmax's).
+* the general leaf (:func:`general_leaf`), for a block that holds a NaN/Inf, a reference beyond
+  the dtype's range, or (with a flush to zero) one below its smallest normal number: element by
+  element, with every rule of :func:`gate.oracles.precision._slow_errors`. Its counts tell the
+  caller whether NumPy would have taken its all-finite branch for the whole output (the figures
+  are the same; what differs is which of them ``compare`` reads).
+
+A few NaN/Inf in a million-element output so cost a few blocks, not a second pass over all of it
+(the all-finite pass that gave up at the first NaN and began again element by element took 7x
+as long as the clean output did)."""
 import math
 
 import numba
@@ -125,22 +131,42 @@ def finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp):
 
 
 @numba.njit(cache=True, nogil=True)
+def lane_sum(e, n):
+    """NumPy's pairwise sum of the block ``e[:n]`` (``n`` <= 128): eight lanes (element t into
+    lane t mod 8, each lane from 0.0), combined as a tree, then the remainder in order."""
+    m = 0 if n < 8 else n - n % 8
+    r0 = r1 = r2 = r3 = r4 = r5 = r6 = r7 = 0.0
+    for g in range(0, m, 8):
+        r0 += e[g]
+        r1 += e[g + 1]
+        r2 += e[g + 2]
+        r3 += e[g + 3]
+        r4 += e[g + 4]
+        r5 += e[g + 5]
+        r6 += e[g + 6]
+        r7 += e[g + 7]
+    s = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) if m else 0.0
+    for t in range(m, n):
+        s += e[t]
+    return s
+
+
+@numba.njit(cache=True, nogil=True)
 def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q):
     """Both sums of one block by every rule of the NumPy path's general branch; the block's
-    maxima (first index), NaN/Inf count, largest representable |b| and judged counts are kept in
-    locals and merged into ``st``/``it`` once (blocks come in order: strict > keeps the first);
-    ``r``, ``q``: the eight lanes of each sum (reused from block to block)."""
-    r[:] = 0.0
-    q[:] = 0.0
-    e_max = u_max = -1.0
-    e_idx = u_idx = lo
+    maxima (first index), NaN/Inf count, largest representable |b| and judged counts are merged
+    into ``st``/``it`` once (blocks come in order: strict > keeps the first). ``r``, ``q``:
+    scratch of 128 for the block's errors and ulp errors (reused from block to block): the
+    rules are applied element by element first, then the sums and maxima taken over the
+    scratch in loops without branches on the data. Also counted, for the caller to tell which
+    branch NumPy would have taken: non-finite outputs (``it[5]``), references NaN, infinite or
+    beyond the range (``it[6]``), and elements both below the smallest normal number that differ
+    (``it[7]``: a flush to zero changes their error)."""
     mag = 0.0
-    nonfinite = judged_n = beyond = 0
-    m = 0 if n < 8 else n - n % 8
-    s1 = s2 = 0.0
+    nonfinite = judged_n = beyond = unrep = out_nonfinite = flushed = 0
     for t in range(n):
         i = lo + t
-        ai = float(a[i])
+        ai = np.float64(a[i])
         bi = b[i]
         absb = abs(bi)
         rep = absb < ovf  # False for NaN
@@ -150,34 +176,36 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
                 nonfinite += 1
             if absb > mag:
                 mag = absb
+        else:
+            unrep += 1
+        if not fin_a:
+            out_nonfinite += 1
         judged = fin_a and math.isfinite(bi)
         if ftz and absb < mn and abs(ai) < mn:
             judged = False
+            if ai != bi:
+                flushed += 1
         e = 0.0
         if judged:
             judged_n += 1
             if not rep:
                 beyond += 1
             e = abs(ai - bi)
-        if e > e_max:
-            e_max = e
-            e_idx = i
-        u = 0.0
-        if by_dtype:
-            u = e / ulp_of(bi, scl, lo_ulp, hi_ulp)
-            if u > u_max:
-                u_max = u
-                u_idx = i
-        if t >= m:  # the remainder, added in order after the lanes
-            if t == m and m:
-                s1, s2 = _tree8(r), _tree8(q)
-            s1 += e
-            s2 += u
-            continue
-        r[t & 7] += e  # lane t mod 8 (the first eight start from 0.0: 0.0 + e is e)
-        q[t & 7] += u
-    if m == n and m:
-        s1, s2 = _tree8(r), _tree8(q)
+        r[t] = e
+        q[t] = e / ulp_of(bi, scl, lo_ulp, hi_ulp) if by_dtype else 0.0
+    s1 = lane_sum(r, n)
+    s2 = lane_sum(q, n)
+    e_max = u_max = -1.0
+    e_idx = u_idx = lo
+    for t in range(n):
+        if r[t] > e_max:
+            e_max = r[t]
+            e_idx = lo + t
+    if by_dtype:
+        for t in range(n):
+            if q[t] > u_max:
+                u_max = q[t]
+                u_idx = lo + t
     if e_max > st[0]:
         st[0] = e_max
         it[0] = e_idx
@@ -188,25 +216,26 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
     it[2] += nonfinite
     it[3] += judged_n
     it[4] += beyond
+    it[5] += out_nonfinite
+    it[6] += unrep
+    it[7] += flushed
     return s1, s2
 
 
 @numba.njit(cache=True, nogil=True)
-def traverse(a, b, general, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
-    """Both pairwise sums over the whole output (an explicit stack, not recursion).
-
-    All-finite pass (``general`` False): ``st`` = [max err, max ulp err, max |b|, min |b|],
-    ``it`` = [first block of the max err, first block of the max ulp err]. General pass:
-    ``st`` = [max err, max ulp err, max representable |b|], ``it`` = [index of the max err, index
-    of the max ulp err, NaN/Inf outputs where the reference is representable, judged elements,
-    judged elements whose reference is beyond the range]."""
+def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
+    """Both pairwise sums over the whole output (an explicit stack, not recursion), block by
+    block. ``st`` = [max err, max ulp err, max representable |b|], ``it`` = [index of the max
+    err, index of the max ulp err, NaN/Inf outputs where the reference is representable, judged
+    elements, judged elements whose reference is beyond the range, non-finite outputs,
+    references NaN/Inf or beyond the range, elements a flush to zero changes] (the last three
+    are 0 when NumPy would take its all-finite branch)."""
     scl, lo_ulp, hi_ulp = _scales(p, emin, emax)
-    r = np.zeros(8)
-    q = np.zeros(8)
+    r = np.zeros(128)
+    q = np.zeros(128)
     st[0] = -1.0
     st[1] = -1.0
     st[2] = 0.0
-    st[3] = np.inf
     los = np.zeros(128, dtype=np.int64)
     ns = np.zeros(128, dtype=np.int64)
     phase = np.zeros(128, dtype=np.int64)
@@ -220,20 +249,21 @@ def traverse(a, b, general, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
         lo = los[top]
         n = ns[top]
         if n <= 128:
-            if general:
-                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q)
-            else:
-                s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp)
-                if not (math.isfinite(s1) and math.isfinite(s2)):  # a NaN/Inf: the general pass's
-                    return s1 + s2, s1 + s2
-                if mx > st[0]:  # blocks come in order: the first block holding the max
+            # a block with every value finite and in range, and nothing a flush would change,
+            # is scored by the all-finite leaf (the same figures); only the others element by
+            # element with every rule (a few NaN/Inf in a large output cost a few blocks)
+            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp)
+            if math.isfinite(s1) and math.isfinite(s2) and mb < ovf and not (ftz and nb < mn):
+                if mx > st[0]:  # blocks come in order: strict > keeps the first
                     st[0] = mx
-                    it[0] = lo
-                if mu > st[1]:
+                    it[0] = first_index(a, b, lo, mx, False, p, emin, emax)
+                if by_dtype and mu > st[1]:
                     st[1] = mu
-                    it[1] = lo
+                    it[1] = first_index(a, b, lo, mu, True, p, emin, emax)
                 st[2] = max(st[2], mb)
-                st[3] = min(st[3], nb)
+                it[3] += n
+            else:
+                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q)
             sp -= 1
             v1[vp] = s1
             v2[vp] = s2
@@ -266,13 +296,3 @@ def first_index(a, b, lo, target, by_dtype, p, emin, emax):
         if (_u(e, b[i], True, scl, lo_ulp, hi_ulp) if by_dtype else e) == target:
             return i
     return lo
-
-
-@numba.njit(cache=True, nogil=True)
-def flush_changes(a, b, mn):
-    """Is there an element where the output and the reference are both below the smallest normal
-    number and differ (a flush to zero that changes the error)?"""
-    for i in range(a.shape[0]):
-        if abs(b[i]) < mn and abs(a[i]) < mn and a[i] != b[i]:
-            return True
-    return False
