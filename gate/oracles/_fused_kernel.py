@@ -164,37 +164,33 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
     (``it[7]``: a flush to zero changes their error)."""
     mag = 0.0
     nonfinite = judged_n = beyond = unrep = out_nonfinite = flushed = 0
+    # bitwise & ~ on booleans (~ is a logical not on a boolean in Numba): no short-circuit, no
+    # branch on the data (outputs here mix NaN/Inf, tiny and normal values at random)
     for t in range(n):
         i = lo + t
         ai = np.float64(a[i])
         bi = b[i]
-        absb = abs(bi)
+        absa, absb = abs(ai), abs(bi)
         rep = absb < ovf  # False for NaN
-        fin_a = math.isfinite(ai)
-        if rep:
-            if not fin_a:
-                nonfinite += 1
-            if absb > mag:
-                mag = absb
-        else:
-            unrep += 1
-        if not fin_a:
-            out_nonfinite += 1
-        judged = fin_a and math.isfinite(bi)
-        if ftz and absb < mn and abs(ai) < mn:
-            judged = False
-            if ai != bi:
-                flushed += 1
-        e = 0.0
-        if judged:
-            judged_n += 1
-            if not rep:
-                beyond += 1
-            e = abs(ai - bi)
-        r[t] = e
-        q[t] = e / ulp_of(bi, scl, lo_ulp, hi_ulp) if by_dtype else 0.0
+        fin_a = absa < np.inf
+        fin_b = absb < np.inf
+        tiny = ftz & (absb < mn) & (absa < mn)  # a flush to zero: not judged
+        judged = fin_a & fin_b & ~tiny
+        nonfinite += np.int64(rep & ~fin_a)
+        unrep += np.int64(~rep)
+        out_nonfinite += np.int64(~fin_a)
+        flushed += np.int64(tiny & (ai != bi))
+        judged_n += np.int64(judged)
+        beyond += np.int64(judged & ~rep)
+        mag = absb if (rep & (absb > mag)) else mag
+        d = abs(ai - bi)
+        r[t] = d if judged else 0.0
     s1 = lane_sum(r, n)
-    s2 = lane_sum(q, n)
+    s2 = 0.0
+    if by_dtype:  # a loop of its own (in the one above, a select divided for every element)
+        for t in range(n):
+            q[t] = r[t] / ulp_of(b[lo + t], scl, lo_ulp, hi_ulp)
+        s2 = lane_sum(q, n)
     e_max = u_max = -1.0
     e_idx = u_idx = lo
     for t in range(n):
@@ -253,7 +249,11 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
             # is scored by the all-finite leaf (the same figures); only the others element by
             # element with every rule (a few NaN/Inf in a large output cost a few blocks)
             s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp)
-            if math.isfinite(s1) and math.isfinite(s2) and mb < ovf and not (ftz and nb < mn):
+            # with a flush to zero, elements both below the smallest normal number are not
+            # judged (an error of 0): the same figures as the all-finite leaf's where each such
+            # output equals its reference (zeros on both sides, an exact tiny result)
+            tiny = flushed_equal(a, b, lo, n, mn) if (ftz and nb < mn) else 0
+            if math.isfinite(s1) and math.isfinite(s2) and mb < ovf and tiny >= 0:
                 if mx > st[0]:  # blocks come in order: strict > keeps the first
                     st[0] = mx
                     it[0] = first_index(a, b, lo, mx, False, p, emin, emax)
@@ -261,7 +261,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
                     st[1] = mu
                     it[1] = first_index(a, b, lo, mu, True, p, emin, emax)
                 st[2] = max(st[2], mb)
-                it[3] += n
+                it[3] += n - tiny
             else:
                 s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q)
             sp -= 1
@@ -285,6 +285,21 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
             v1[vp - 1] = v1[vp - 1] + v1[vp]
             v2[vp - 1] = v2[vp - 1] + v2[vp]
     return v1[0], v2[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def flushed_equal(a, b, lo, n, mn):
+    """Elements of the block ``lo:lo+n`` whose output and reference are both below ``mn`` (a
+    flush to zero leaves them unjudged), or -1 when one of them differs (the flush changes its
+    error: the block takes the general leaf)."""
+    k = 0
+    for i in range(lo, lo + n):
+        ai, bi = a[i], b[i]
+        if abs(bi) < mn and abs(ai) < mn:
+            if ai != bi:
+                return -1
+            k += 1
+    return k
 
 
 @numba.njit(cache=True, nogil=True)
