@@ -208,3 +208,49 @@ def test_value_features_match_their_definition(dtype):
                 if rng.random() < 0.2:
                     arr.flat[int(rng.integers(arr.size))] = np.nan
                 assert value_features(arr, dtype) == _features_by_element(arr, dtype), (regime, domain)
+
+
+def _feature_tensors(dtype: str, seed: int):
+    """Large tensors (the compiled loop's size) with the values that decide each class: every
+    band and both sides of each edge, near one and both its ends, ±0, one-signed, shifted,
+    constant, all-tiny, and (NumPy's path) NaN/Inf."""
+    from gate.search.coverage import BANDS_KERNEL_MIN, _band_edges
+
+    rng = np.random.default_rng(seed)
+    n = BANDS_KERNEL_MIN + 17
+    edges, nlo, nhi = _band_edges(dtype)
+    marks = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf),
+                            [nlo, nhi, np.nextafter(nlo, 0), np.nextafter(nhi, 0), 1.0, 0.0, -0.0]])
+    mixed = rng.standard_normal(n) * 10.0 ** rng.integers(-40, 40, n)
+    pick = rng.random(n) < 0.2
+    mixed[pick] = rng.choice(marks, pick.sum()) * rng.choice([-1, 1], pick.sum())
+    yield mixed
+    holes = mixed.copy()
+    holes[rng.integers(0, n, 5)] = rng.choice([np.nan, np.inf, -np.inf], 5)
+    yield holes
+    yield np.full(n, -3.0)                                              # constant, negative
+    yield 1e4 + rng.standard_normal(n) * 1e-3                           # shifted
+    yield 1.0 + rng.integers(-3, 4, n) * float(np.finfo(np.float32).eps)  # near one only
+    yield np.abs(rng.standard_normal(n)) * edges[2] * 0.5               # all tiny
+    for b in range(len(edges) - 1):  # one band at a time; with a few near one; with one value at each end of it
+        band = rng.uniform(edges[b], edges[b + 1], n) * rng.choice([-1, 1], n)
+        yield band
+        near = band.copy()
+        near[:3] = [nlo, 1.0, -1.0]
+        yield near
+        ends = near.copy()
+        ends[3:5] = [nhi, np.nextafter(nlo, 0)]
+        yield ends
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_compiled_value_features_match_numpy(dtype):
+    from gate.search import coverage
+
+    if coverage._bands_kernel() is None:
+        pytest.skip("Numba is not installed: NumPy classifies every tensor")
+    for seed in range(3):
+        for a in _feature_tensors(dtype, seed):
+            for x in (a, a.astype(np.float32)):
+                want = value_features(x, dtype, kernel="numpy")
+                assert value_features(x, dtype) == want, (dtype, seed, x[:4], want)

@@ -137,16 +137,23 @@ def _band_edges(dtype: str) -> Tuple[np.ndarray, float, float]:
 _BINS = ("zero", "subnormal", "tiny", "bulk", "large", "near_max", None)
 
 
-def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
+def value_features(arr: np.ndarray, dtype: str, kernel: str = "auto") -> Set[str]:
     """The value classes present in one float tensor (already rounded to ``dtype``). A few
     passes over the data: min and max tell whether every value is finite and give the bands of
     the smallest and largest magnitudes (present by definition); only bands strictly between
-    them, and near one, are searched, on magnitudes taken once and only when needed."""
+    them, and near one, are searched, on magnitudes taken once and only when needed. An
+    all-finite tensor of :data:`BANDS_KERNEL_MIN` elements or more has its bands counted by one
+    compiled loop instead (:mod:`gate.search._bands_kernel`) where Numba is there;
+    ``kernel="numpy"``: this function's own passes (the definition the loop is held to)."""
     a = np.asarray(arr, dtype=np.float64).reshape(-1)
     if a.size == 0:
         return {"empty"}
     lo, hi = float(a.min()), float(a.max())  # NaN propagates: both finite iff every value is
     all_finite = math.isfinite(lo) and math.isfinite(hi)
+    if all_finite and a.size >= BANDS_KERNEL_MIN and kernel != "numpy":
+        k = _bands_kernel()
+        if k is not None:
+            return _counted_features(k, np.ascontiguousarray(a), lo, hi, dtype)
     out: Set[str] = set()
     fin = a
     if not all_finite:
@@ -191,6 +198,55 @@ def value_features(arr: np.ndarray, dtype: str) -> Set[str]:
             if abs(mean) >= 15 * (hi - lo) or _shifted(fin, mean, hi - lo):
                 out.add("shifted")
     if all_finite and hi < 0:
+        out.add("negative")
+    return out
+
+
+#: tensors below this many elements are classified by NumPy (importing Numba costs more there)
+BANDS_KERNEL_MIN = 1 << 15
+
+_KERNEL: List[Any] = []
+
+
+def _bands_kernel():
+    """The compiled counting loop, or None (no Numba, or ``DL_GATE_FUSED=0``)."""
+    if not _KERNEL:
+        import os
+
+        k = None
+        if os.environ.get("DL_GATE_FUSED", "1") != "0":
+            try:
+                from . import _bands_kernel as k
+            except ImportError:  # no Numba (or no wheel for this platform): NumPy classifies
+                k = None
+        _KERNEL.append(k)
+    return _KERNEL[0]
+
+
+def _counted_features(k, a: np.ndarray, lo: float, hi: float, dtype: str) -> Set[str]:
+    """:func:`value_features` of the flat, all-finite ``a`` (minimum ``lo``, maximum ``hi``)
+    from counts of magnitudes at or above each band edge and each end of the near-one band
+    (which lies inside the bulk band): the same decisions as the NumPy passes."""
+    edges, nlo, nhi = _band_edges(dtype)
+    g = k.at_or_above(a, *(float(e) for e in edges), float(nlo), float(nhi))
+    n = a.size
+    counts = (n - g[0], g[0] - g[1], g[1] - g[2], g[2] - g[3], g[3] - g[4], g[4] - g[5], g[5])
+    out: Set[str] = {_BINS[b] for b, c in enumerate(counts) if c and _BINS[b]}
+    if g[6] - g[7]:  # magnitudes in [nlo, nhi)
+        out.add("near_one")
+        if counts[3] and not ((g[2] - g[6]) or (g[7] - g[3])):  # bulk holds near-one values only
+            out.discard("bulk")
+    m_hi = max(abs(lo), abs(hi))
+    if m_hi < edges[2]:
+        out.add("all_tiny")
+    if n >= 2:
+        if lo == hi:
+            out.add("constant")
+        elif lo > 0 or hi < 0:
+            mean = float(a.mean())
+            if abs(mean) >= 15 * (hi - lo) or _shifted(a, mean, hi - lo):
+                out.add("shifted")
+    if hi < 0:
         out.add("negative")
     return out
 
