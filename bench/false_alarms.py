@@ -6,6 +6,10 @@ fixes), opens each benign refactor and each fix as a PR, runs ``dl-gate run`` wi
 
     python bench/false_alarms.py [--seeds 20] [--evals 40]
     python bench/false_alarms.py --bed refactor [--seeds 20]
+    python bench/false_alarms.py --gate grad_multiplier_factor=1 --gate grad_floor_factor=1
+
+``--gate KEY=VALUE`` sets one of the config's ``gate:`` settings for every run (what a rule's
+retirement would change, measured on the same PRs and seeds as the defaults).
 
 ``--bed refactor`` runs tests/test_refactor_bed.py's pairs in both directions instead: each
 direction whose verdict is "pass" counts a failing run as a false alarm; each direction that
@@ -29,11 +33,13 @@ def main() -> int:
     ap.add_argument("--evals", type=int, default=40)
     ap.add_argument("--cases", default="", help="comma-separated bed cases (default: all)")
     ap.add_argument("--bed", choices=("verdict", "refactor"), default="verdict")
+    ap.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
+                    help="a gate: setting of the config for every run (repeatable)")
     args = ap.parse_args()
     if args.bed == "refactor":
         return refactor_bed(args)
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-fa-"))
-    repo = make_repo(tmp, bed.OPS, config=bed.CONFIG, package="lib")
+    repo = make_repo(tmp, bed.OPS, config=with_gate(bed.CONFIG, args.gate), package="lib")
     prs = []  # (name, base, op)
     for case, (old, new) in sorted(bed.BENIGN.items()):
         bed.branch(repo, f"benign-{case}", "main", old, new)
@@ -65,12 +71,29 @@ def main() -> int:
     return 1 if alarms else 0
 
 
+def with_gate(config: str, settings) -> str:
+    """``config`` with a ``gate:`` mapping of ``settings`` (KEY=VALUE, values read as YAML)."""
+    if not settings:
+        return config
+    import yaml
+
+    gate = {}
+    for kv in settings:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--gate {kv!r}: expected KEY=VALUE")
+        gate[key.strip()] = yaml.safe_load(value)
+    cfg = yaml.safe_load(config)
+    cfg.setdefault("gate", {}).update(gate)
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
 def refactor_bed(args) -> int:
     from tests import test_refactor_bed as rb
     from tests.test_gate_run import git
 
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-rb-"))
-    repo = make_repo(tmp, rb.OPS, config=rb.CONFIG, package="lib")
+    repo = make_repo(tmp, rb.OPS, config=with_gate(rb.CONFIG, args.gate), package="lib")
     want = set(filter(None, args.cases.split(",")))
     alarms = misses = runs = 0
     t0 = time.time()
