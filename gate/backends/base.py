@@ -267,6 +267,8 @@ class ClassOperator:
         return self.default(*args, **kwargs)
 
     def at(self, dtype: str, device: str = "cpu"):
+        """The instance that runs at ``dtype`` on ``device``; for a Keras layer ``dtype`` may be a
+        dtype policy's name (``mixed_float16``: :func:`keras_mixed_policy`)."""
         key = (dtype, device)
         if key not in self._built:
             if self.keras:
@@ -304,6 +306,19 @@ def at_dtype(fn: Callable, dtype: str, device: str = "cpu") -> Callable:
     """``fn`` as it runs at ``dtype`` on ``device``: a :class:`ClassOperator` built for it,
     anything else unchanged."""
     return fn.at(dtype, device) if isinstance(fn, ClassOperator) else fn
+
+
+def keras_mixed_policy(fn: Callable, mode: str, dtype: str) -> Optional[str]:
+    """The Keras mixed-precision policy a variant builds ``fn`` with, or None: a Keras layer class
+    in mode ``operator`` at float16 / bfloat16 is built with ``dtype="mixed_float16"`` /
+    ``"mixed_bfloat16"`` (float32 variables, 16-bit compute) and called with float32 inputs that
+    the layer autocasts itself, as a model under ``keras.mixed_precision.set_global_policy`` runs
+    it: Keras's own autocast, as torch's operator mode is ``torch.autocast``. A layer that turns
+    autocast off to compute its statistics in float32 (keras' GroupNormalization) shows the
+    difference only there: in mode ``input`` its inputs already arrive in float16."""
+    if mode == "operator" and dtype in ("float16", "bfloat16") and isinstance(fn, ClassOperator) and fn.keras:
+        return f"mixed_{dtype}"
+    return None
 
 
 def flatten(result: Any) -> List[Any]:
