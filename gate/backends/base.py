@@ -131,7 +131,8 @@ class Backend(ABC):
     # -- running ------------------------------------------------------------------------
     @abstractmethod
     def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
-        """Call ``fn`` under the variant's computation mode (``input`` or ``operator``)."""
+        """Call ``fn`` under the variant's computation mode (``input`` or ``operator``: float32
+        inputs computed at ``dtype``, under autocast, a Keras layer class under its mixed policy)."""
 
     def compile(self, fn: Callable, how: str = "default", **options) -> Callable:  # pragma: no cover - per backend
         raise NotImplementedError(f"{self.name} has no compiled mode {how!r}")
@@ -241,10 +242,11 @@ class ClassOperator:
     once per dtype it is run at (:meth:`at`), so that it computes in the variant's dtype rather
     than in its float32 default. A Keras layer is built with ``dtype=`` (its dtype policy: a
     layer built without it keeps float32 and casts float16 inputs up, measuring float32 at every
-    dtype) and given the first instance's weights; a torch module is a copy of the one instance
-    moved ``.to(dtype, device)``. Every dtype, the float64 reference included, runs the same
-    weights, and a torch module's initial weights come from a fixed seed, so that head and base
-    (separate processes) run the same weights too. An instance the user declares is used as it is."""
+    dtype; in mode operator a mixed policy's name, :func:`keras_mixed_policy`) and given the first
+    instance's weights; a torch module is a copy of the one instance moved ``.to(dtype, device)``.
+    Every dtype, the float64 reference included, runs the same weights, and a torch module's
+    initial weights come from a fixed seed, so that head and base (separate processes) run the
+    same weights too. An instance the user declares is used as it is."""
 
     def __init__(self, cls: type, keras: bool, kwargs: Optional[Dict[str, Any]] = None):
         self.cls, self.keras = cls, keras

@@ -214,7 +214,8 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     if "operator" in (spec.get("modes") or ()):
         # a layer that does not run under its mixed policy (a constructor without **kwargs takes
         # no dtype=): the row keeps mode input, and says why
-        mixed = [v for k, v in variants.items() if k.split("/")[2:3] == ["operator"] and k.split("/")[0] in dtypes]
+        mixed = [v for k, v in variants.items()
+                 if k.split("/")[2:3] == ["operator"] and k.split("/")[0] in dtypes]
         bad = next((v for v in mixed if v[0] != "ok"), None) if mixed else ["", ""]
         if bad is not None:
             spec["modes"] = [m for m in spec["modes"] if m != "operator"]
