@@ -450,7 +450,6 @@ def test_a_layer_row_keeps_its_mixed_policy_mode_only_where_it_runs():
     op = _op([("x", None)], kind="layer")
     cand = _with_modes({"name": "lib.f", "callable": "lib.m:f", "kind": "composite", "sources": ["lib/m.py"],
                         "inputs": [{"name": "x", "shape": [4]}]}, MIXED_MODES)
-    assert list(cand)[:5] == ["name", "callable", "kind", "sources", "modes"]
     ok = ["ok", None]
     runs = {f"{d}/cpu/{m}": ok for d in ("float16", "bfloat16", "float32") for m in ("input", "operator")
             if not (m == "operator" and d == "float32")}

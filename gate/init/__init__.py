@@ -169,9 +169,8 @@ MIXED_MODES = ["input", "operator"]
 
 
 def _with_modes(spec: dict, modes: List[str]) -> dict:
-    """``spec`` with ``modes`` placed after its ``sources`` (or last)."""
-    spec = {k: v for k, v in spec.items() if k != "modes"}
-    return _after(spec, "sources", "modes", list(modes)) if "sources" in spec else dict(spec, modes=list(modes))
+    """``spec`` with ``modes`` (the file writes it after ``dtypes``: :func:`gate.init.yamlio.op_row`)."""
+    return dict(spec, modes=list(modes))
 
 
 def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_rec: int = 1
