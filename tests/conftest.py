@@ -77,7 +77,7 @@ SLOW_FILES = frozenset(f"test_{n}.py" for n in (
     "verdict_bed", "redteam", "containment", "kernels_triton", "input_bed", "gate_run", "stability_bed",
     "gate_verdict_rules", "default_inputs", "grad_probe", "localise", "contrast_search", "mixed_inputs",
     "robust_inputs", "oracles_gate_run", "zero_results", "false_alarms_docs", "false_alarms_refactor",
-    "false_alarms_improve", "keras_layer_class", "refactor_bed"))
+    "false_alarms_improve", "keras_layer_class", "refactor_bed", "keras_mixed_bed"))
 #: ...except one end-to-end run, so that the inner loop covers gate.pipeline and gate.supervise too
 FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-ulp >]"})
 
@@ -88,7 +88,7 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: file of a few long tests running alone at the end while the other worker idles)
 LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a CI run (--dist loadfile)
     "verdict_bed", "init", "redteam", "refactor_bed", "kernels_cpp", "containment", "kernels_triton", "gate_run",
-    "input_bed", "keras_layer_class", "example", "stability_bed", "gate_verdict_rules", "false_alarms_improve",
+    "input_bed", "keras_mixed_bed", "keras_layer_class", "example", "stability_bed", "gate_verdict_rules", "false_alarms_improve",
     "false_alarms_refactor", "localise", "default_inputs", "grad_probe", "contrast_search", "exhaustive",
     "oracles_isolation", "threads", "mixed_inputs", "cli_core", "false_alarms_docs", "oracles_gate_run",
     "robust_inputs", "zero_results", "core_fuzz", "action"))

@@ -444,6 +444,30 @@ def _op(params, kind="function"):
                              "annotation": None} for n, d in params])
 
 
+def test_a_layer_row_keeps_its_mixed_policy_mode_only_where_it_runs():
+    from gate.init import MIXED_MODES, _finish, _with_modes
+
+    op = _op([("x", None)], kind="layer")
+    cand = _with_modes({"name": "lib.f", "callable": "lib.m:f", "kind": "composite", "sources": ["lib/m.py"],
+                        "inputs": [{"name": "x", "shape": [4]}]}, MIXED_MODES)
+    ok = ["ok", None]
+    runs = {f"{d}/cpu/{m}": ok for d in ("float16", "bfloat16", "float32") for m in ("input", "operator")
+            if not (m == "operator" and d == "float32")}
+    spec, note = _finish(op, {"chosen": 0, "variants": runs}, [cand], "from 1 test call(s)")
+    assert spec["modes"] == ["input", "operator"] and "mixed" not in note, (spec, note)
+    # a mixed policy that fails at one dtype: mode operator off, and the row says why
+    fails = dict(runs, **{"bfloat16/cpu/operator": ["crash", "TypeError: bfloat16 and float32"]})
+    spec, note = _finish(op, {"chosen": 0, "variants": fails}, [cand], "from 1 test call(s)")
+    assert "modes" not in spec and "mixed-precision policy (mode operator) off (TypeError" in note, (spec, note)
+    # a dtype dropped in mode input does not count against the policy; no 16-bit dtype: no policy, no note
+    drop16 = dict(fails, **{"bfloat16/cpu/input": ["crash", "no bfloat16 kernel"]})
+    spec, note = _finish(op, {"chosen": 0, "variants": drop16}, [cand], "from 1 test call(s)")
+    assert spec["modes"] == ["input", "operator"] and spec["dtypes"] == ["float16", "float32"], (spec, note)
+    only32 = {k: (v if k.startswith("float32") else ["crash", "no kernel"]) for k, v in runs.items()}
+    spec, note = _finish(op, {"chosen": 0, "variants": only32}, [cand], "from 1 test call(s)")
+    assert "modes" not in spec and "mixed" not in note, (spec, note)
+
+
 def test_records_give_shared_dims_tied_params_and_index_inputs():
     import numpy as np
 
@@ -723,6 +747,11 @@ def test_init_on_a_keras_library(tmp_path):
     assert all(o.framework == "tensorflow" for o in cfg.ops)
     scaled = next(o for o in cfg.ops if o.name == "tfops.ScaledSwish")
     assert dict(scaled.construct) == {"beta": 1.5}, scaled.construct
+    # a layer class is gated under Keras's mixed-precision policies too (mode operator: built with
+    # dtype="mixed_float16", float32 inputs); a function keeps mode input
+    modes = {o.name: o.modes for o in cfg.ops}
+    assert modes == {"tfops.softplus_safe": ("input",), "tfops.Swish": ("input", "operator"),
+                     "tfops.ScaledSwish": ("input", "operator")}, modes
     # the Action's image holds torch only: a TensorFlow library's install step brings TensorFlow first
     assert "install: \"pip install 'tensorflow-cpu==2.21.*'" in (repo / ".github/workflows/dl-gate.yml").read_text()
 

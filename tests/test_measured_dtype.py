@@ -155,6 +155,81 @@ def test_a_keras_layer_class_is_built_in_each_run_s_dtype(tmp_path, monkeypatch)
         assert 0 < ev.metrics.ulp < 64, ev.metrics.ulp  # a real half-precision error, not float32's 0
 
 
+MIXED_SRC = """import keras
+from keras import ops
+
+
+class StatsNorm(keras.layers.Layer):
+    def __init__(self, upcast=True, **kwargs):
+        super().__init__(**kwargs)
+        self.autocast = not upcast  # keras' GroupNormalization: float32 inputs stay float32 under a mixed policy
+        self.seen = None
+
+    def build(self, shape):
+        self.gamma = self.add_weight(shape=(shape[-1],), initializer="ones", name="gamma")
+
+    def call(self, x):
+        self.seen = x.dtype
+        d = x - ops.mean(x, axis=-1, keepdims=True)
+        var = ops.mean(ops.square(d), axis=-1, keepdims=True)  # d*d overflows float16 above 256
+        y = d * ops.rsqrt(var + 1e-3) * ops.cast(self.gamma, x.dtype)
+        return ops.cast(y, self.compute_dtype)
+
+
+class Wide(StatsNorm):
+    def call(self, x):
+        return ops.cast(super().call(x), "float32")  # returned in float32 whatever the policy
+"""
+
+
+@pytest.mark.tf
+def test_a_keras_layer_class_in_mode_operator_runs_under_its_mixed_policy(tmp_path, monkeypatch):
+    """Mode ``operator`` of a Keras layer class: built with ``dtype="mixed_float16"`` (float32
+    variables, float16 compute) and called with float32 inputs holding float16 values, as a model
+    under a mixed policy runs it (keras-team/keras d863dc8a5b: GroupNormalization turns autocast
+    off so that its statistics are float32 there). The float16 output is a float16 measurement,
+    and a layer that returns float32 under its policy is what its users get, not an unmeasured
+    run (the policy decides the output dtype, as autocast does for torch)."""
+    (tmp_path / "keras_mixed.py").write_text(MIXED_SRC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    row = """
+- name: k.{name}
+  framework: tensorflow
+  callable: keras_mixed:{cls}
+  construct: {{upcast: {upcast}}}
+  modes: [input, operator]
+  dims: {{N: [2, 2], D: [8, 8]}}
+  inputs: [{{name: x, shape: [N, D]}}]
+  dtypes: [float16, bfloat16]
+"""
+    specs = user_ops(tmp_path, "".join(row.format(name=n, cls=c, upcast=u) for n, c, u in
+                                       (("up", "StatsNorm", "true"), ("down", "StatsNorm", "false"),
+                                        ("wide", "Wide", "true"))))
+    cand = Candidate(dims={}, params={}, arrays={"x": np.linspace(-600, 600, 16).reshape(2, 8)})
+
+    def run_at(name, dtype, mode):
+        runner = build_runner(specs[name], Variant(dtype, mode=mode))
+        return runner, runner.evaluate(cand, keep_outputs=True)[1]
+
+    runner, ev = run_at("k.up", "float16", "operator")
+    layer = runner.fn.at("mixed_float16").layer
+    assert layer.dtype_policy.name == "mixed_float16" and {w.dtype for w in layer.weights} == {"float32"}
+    assert layer.seen == "float32"  # the float32 inputs reached the statistics
+    assert ev.status == "ok" and ev.metrics.unmeasured is None, (ev.status, ev.error, ev.metrics.unmeasured)
+    assert [o.dtype for o in ev.outputs] == ["float16"]
+    assert ev.metrics.ulp < 2, ev.metrics.ulp  # float32 statistics, one rounding to float16
+    _, down = run_at("k.down", "float16", "operator")  # autocast on: the statistics in float16 overflow
+    assert down.metrics.unmeasured is None and down.metrics.ulp > 100, down.metrics.ulp
+    # mode input cannot tell the two apart: float16 inputs, float16 statistics either way
+    ins = [run_at(n, "float16", "input")[1].metrics.ulp for n in ("k.up", "k.down")]
+    assert ins[0] == ins[1] > 100, ins
+    _, bf = run_at("k.up", "bfloat16", "operator")
+    assert bf.status == "ok" and [o.dtype for o in bf.outputs] == ["bfloat16"] and bf.metrics.unmeasured is None
+    _, wide = run_at("k.wide", "float16", "operator")
+    assert wide.metrics.unmeasured is None and [o.dtype for o in wide.outputs] == ["float32"]
+    assert "returns float32" in (run_at("k.wide", "float16", "input")[1].metrics.unmeasured or "")
+
+
 def test_a_torch_module_class_runs_one_set_of_weights_at_every_dtype(tmp_path, monkeypatch):
     """A module with parameters named by its class: each dtype (the float64 reference too) runs a
     copy of one instance moved to it, so the weights agree and float64 inputs are not refused by

@@ -132,7 +132,8 @@ class Backend(ABC):
     # -- running ------------------------------------------------------------------------
     @abstractmethod
     def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
-        """Call ``fn`` under the variant's computation mode (``input`` or ``operator``)."""
+        """Call ``fn`` under the variant's computation mode (``input`` or ``operator``: float32
+        inputs computed at ``dtype``, under autocast, a Keras layer class under its mixed policy)."""
 
     def compile(self, fn: Callable, how: str = "default", **options) -> Callable:  # pragma: no cover - per backend
         raise NotImplementedError(f"{self.name} has no compiled mode {how!r}")
@@ -242,10 +243,11 @@ class ClassOperator:
     once per dtype it is run at (:meth:`at`), so that it computes in the variant's dtype rather
     than in its float32 default. A Keras layer is built with ``dtype=`` (its dtype policy: a
     layer built without it keeps float32 and casts float16 inputs up, measuring float32 at every
-    dtype) and given the first instance's weights; a torch module is a copy of the one instance
-    moved ``.to(dtype, device)``. Every dtype, the float64 reference included, runs the same
-    weights, and a torch module's initial weights come from a fixed seed, so that head and base
-    (separate processes) run the same weights too. An instance the user declares is used as it is."""
+    dtype; in mode operator a mixed policy's name, :func:`keras_mixed_policy`) and given the first
+    instance's weights; a torch module is a copy of the one instance moved ``.to(dtype, device)``.
+    Every dtype, the float64 reference included, runs the same weights, and a torch module's
+    initial weights come from a fixed seed, so that head and base (separate processes) run the
+    same weights too. An instance the user declares is used as it is."""
 
     def __init__(self, cls: type, keras: bool, kwargs: Optional[Dict[str, Any]] = None):
         self.cls, self.keras = cls, keras
@@ -268,6 +270,8 @@ class ClassOperator:
         return self.default(*args, **kwargs)
 
     def at(self, dtype: str, device: str = "cpu"):
+        """The instance that runs at ``dtype`` on ``device``; for a Keras layer ``dtype`` may be a
+        dtype policy's name (``mixed_float16``: :func:`keras_mixed_policy`)."""
         key = (dtype, device)
         if key not in self._built:
             if self.keras:
@@ -305,6 +309,19 @@ def at_dtype(fn: Callable, dtype: str, device: str = "cpu") -> Callable:
     """``fn`` as it runs at ``dtype`` on ``device``: a :class:`ClassOperator` built for it,
     anything else unchanged."""
     return fn.at(dtype, device) if isinstance(fn, ClassOperator) else fn
+
+
+def keras_mixed_policy(fn: Callable, mode: str, dtype: str) -> Optional[str]:
+    """The Keras mixed-precision policy a variant builds ``fn`` with, or None: a Keras layer class
+    in mode ``operator`` at float16 / bfloat16 is built with ``dtype="mixed_float16"`` /
+    ``"mixed_bfloat16"`` (float32 variables, 16-bit compute) and called with float32 inputs that
+    the layer autocasts itself, as a model under ``keras.mixed_precision.set_global_policy`` runs
+    it: Keras's own autocast, as torch's operator mode is ``torch.autocast``. A layer that turns
+    autocast off to compute its statistics in float32 (keras' GroupNormalization) shows the
+    difference only there: in mode ``input`` its inputs already arrive in float16."""
+    if mode == "operator" and dtype in ("float16", "bfloat16") and isinstance(fn, ClassOperator) and fn.keras:
+        return f"mixed_{dtype}"
+    return None
 
 
 def flatten(result: Any) -> List[Any]:

@@ -198,8 +198,9 @@ _BUILT = {}
 
 
 def at_dtype(fn, dtype):
-    """As the gate runs a Keras layer class named as the operator: built with dtype= and the
-    row's constructor arguments, per dtype, each given one default instance's weights."""
+    """As the gate runs a Keras layer class named as the operator: built with dtype= (a dtype, or
+    a mixed policy's name) and the row's constructor arguments, per dtype, each given one
+    default instance's weights."""
     if not isinstance(fn, type):
         return fn
     if (fn, dtype) not in _BUILT:
@@ -221,6 +222,10 @@ def at_dtype(fn, dtype):
 
 
 def call(fn, args, kwargs, mode, dtype):
+    if isinstance(fn, type) and mode == "operator" and dtype in ("float16", "bfloat16"):
+        # a Keras layer class under its mixed policy: float32 inputs, autocast by the layer itself
+        with tf.device(DEV):
+            return at_dtype(fn, "mixed_" + dtype)(*args, **kwargs)
     fn = at_dtype(fn, dtype)
     with tf.device(DEV):
         if mode == "operator" and dtype != "float64":

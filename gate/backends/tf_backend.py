@@ -14,7 +14,7 @@ from .base import before_tensorflow  # noqa: E402
 before_tensorflow()
 import tensorflow as tf  # noqa: E402
 
-from .base import Backend, Output, at_dtype, flatten, numpy_quantize  # noqa: E402
+from .base import Backend, Output, at_dtype, flatten, keras_mixed_policy, numpy_quantize  # noqa: E402
 
 DTYPES = {
     "float16": tf.float16,
@@ -99,6 +99,12 @@ class TFBackend(Backend):
         return outs
 
     def call(self, fn: Callable, args: Sequence, kwargs: dict, *, mode: str, dtype: str, device: str) -> Any:
+        policy = keras_mixed_policy(fn, mode, dtype)
+        if policy is not None:
+            # a Keras layer class under its mixed policy: the float32 inputs go in as they are (the
+            # layer autocasts them, or not), the outputs come back in the dtype the layer returns
+            with tf.device(_device(device)):
+                return at_dtype(fn, policy, device)(*args, **kwargs)
         fn = at_dtype(fn, dtype, device)
         with tf.device(_device(device)):
             if mode == "operator" and dtype != "float64":

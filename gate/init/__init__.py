@@ -161,6 +161,18 @@ def _after(row: dict, key: str, new: str, value) -> dict:
     return out
 
 
+#: the modes of a Keras layer class's row: ``input`` (built at the dtype, inputs cast) and
+#: ``operator`` (built with ``dtype="mixed_float16"`` / ``"mixed_bfloat16"``, float32 inputs the
+#: layer autocasts): a layer that computes its statistics in float32 only under a mixed policy
+#: (keras' GroupNormalization turns autocast off) is gated where its users run it
+MIXED_MODES = ["input", "operator"]
+
+
+def _with_modes(spec: dict, modes: List[str]) -> dict:
+    """``spec`` with ``modes`` (the file writes it after ``dtypes``: :func:`gate.init.yamlio.op_row`)."""
+    return dict(spec, modes=list(modes))
+
+
 def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_rec: int = 1
             ) -> Tuple[Optional[dict], str]:
     """The spec to write from the probe's answer, with what was dropped, or (None, why)."""
@@ -198,6 +210,18 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         return None, "runs at no dtype: " + "; ".join(notes)
     if len(dtypes) < len(LOW):
         spec["dtypes"] = dtypes
+    if "operator" in (spec.get("modes") or ()):
+        # a layer that does not run under its mixed policy (a constructor without **kwargs takes
+        # no dtype=): the row keeps mode input, and says why
+        mixed = [v for k, v in variants.items()
+                 if k.split("/")[2:3] == ["operator"] and k.split("/")[0] in dtypes]
+        bad = next((v for v in mixed if v[0] != "ok"), None) if mixed else ["", ""]
+        if bad is not None:
+            spec["modes"] = [m for m in spec["modes"] if m != "operator"]
+            if spec["modes"] == ["input"]:
+                del spec["modes"]
+            if mixed:  # else no 16-bit dtype runs: there is no mixed policy to gate
+                notes.append(f"mixed-precision policy (mode operator) off ({bad[1]})")
     lay = [v for k, v in variants.items() if k.endswith("/noncontiguous")]
     if lay and all(v[0] != "ok" for v in lay):
         spec["layouts"] = {}
@@ -413,6 +437,8 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         if construct is not None:  # every candidate builds the instance the tests built
             cands = [_after(c, "callable", "construct", construct) for c in cands]
             origin = f"{origin}; built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in construct.items())})"
+        if op.kind == "layer":  # and under Keras's mixed-precision policies (gate.backends.base.keras_mixed_policy)
+            cands = [_with_modes(c, MIXED_MODES) for c in cands]
         plans[op.name] = (op, cands, origin, n_rec)
 
     return plans

@@ -102,7 +102,7 @@ def _flow(v: Any) -> Any:
 
 def op_row(spec: dict, comment: Optional[str]) -> CommentedMap:
     row = CommentedMap()
-    for key in ("name", "callable", "kind", "sources", "params", "dims", "dtypes", "layouts", "grad", "inputs"):
+    for key in ("name", "callable", "kind", "sources", "params", "dims", "dtypes", "modes", "layouts", "grad", "inputs"):
         if key not in spec:
             continue
         v = spec[key]
