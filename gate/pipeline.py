@@ -32,6 +32,7 @@ from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
 from .report import FILES, make_output_dir
+from .report.annotations import NOT_GATED_WARNING
 
 
 @dataclass
@@ -538,9 +539,12 @@ def select_stage(opts: RunOptions, ctx: Context, report: V.GateReport) -> List[s
     selected, sel_dict = _selection(opts, ctx.cfg, ctx.catalog, ctx.merge_base, ctx.head_sha)
     report.selected = selected
     if sel_dict:
-        report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native") if k in sel_dict}
+        report.env["selection"] = {k: sel_dict.get(k) for k in ("cleared", "unmapped", "uncovered_native", "not_gated") if k in sel_dict}
         # e.g. an operator whose callable is no longer found: it is not gated, say so in the report
         report.warnings.extend(f"selection: {n}" for n in sel_dict.get("notes") or [])
+    for n in (sel_dict or {}).get("not_gated") or []:
+        report.warnings.append(f"{NOT_GATED_WARNING}{n['op']} changed ({n['file']}:{n['line']}, {n['symbol']}) and is not "
+                               f"gated: {n['why'] or 'listed under not_gated'}; add a row for it to gate it")
     gone = {} if opts.ops else removed_ops(ctx, [s["op"] for s in selected])
     if gone:
         for name, why in gone.items():
@@ -557,7 +561,9 @@ def select_stage(opts: RunOptions, ctx: Context, report: V.GateReport) -> List[s
         return names
     if not selected:
         report.outcome = Outcome.PASS.value
-        report.reason = "no operator changed: nothing in this diff reaches an operator's numerics"
+        ungated = sorted({n["op"] for n in (sel_dict or {}).get("not_gated") or []})
+        report.reason = ("no gated operator changed; changed but not gated: " + ", ".join(ungated) if ungated else
+                         "no operator changed: nothing in this diff reaches an operator's numerics")
         return []
     return [s["op"] for s in selected]
 

@@ -271,7 +271,11 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     assert "path" in left["focallib.save_tensor"]
     assert "name: str" in left["focallib.describe"]
     assert not any("_private_helper" in n for n in left)
-    assert "# Left out by dl-gate init" in text and "focallib.WeightedFocal" in text.split("Left out")[1]
+    # what is left out is listed under not_gated with its callable and why (a run names a change to one)
+    not_gated = {e["name"]: e for e in yaml.safe_load(text)["not_gated"]}
+    assert set(not_gated) == {n for n in left if n.startswith("focallib.")} and "focallib.WeightedFocal" in not_gated
+    assert not_gated["focallib.WeightedFocal"]["callable"].endswith(":WeightedFocal")
+    assert not_gated["focallib.WeightedFocal"]["why"] == left["focallib.WeightedFocal"]
     # the harvested calls are seeds beside the baselines
     assert rep.seeds > 0 and any((repo / "baselines" / "seeds").rglob("*.npz"))
     # every row was run once as refresh will read it: parsed from the file written

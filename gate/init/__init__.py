@@ -52,6 +52,7 @@ class InitReport:
     seeds: int = 0
     harvest: str = ""  # what the test run did
     tested: List[str] = field(default_factory=list)  # operators the tests were recorded calling
+    callables: Dict[str, str] = field(default_factory=dict)  # operator name -> module:qualname (of every candidate)
     checked: List[str] = field(default_factory=list)  # rows run once as read back from the written file
     seconds: float = 0.0
 
@@ -359,6 +360,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
         for s in ss:
             r = rows.get((m, s.name))
             name = _op_name(s, pkg.name, counts)
+            report.callables[name] = f"{m}:{s.name}"
             if only and name not in only and s.name not in only and f"{m}.{s.name}" not in only:
                 continue
             if r is None:
@@ -544,6 +546,12 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
         for name in sorted(keep_out & ({spec["name"] for spec, _ in final} | {o.name for o in ops})):
             report.left_out.append((name, "kept out by a `# dl-gate init: skip` line"))
         report.added, report.kept, _ = yamlio.merge(doc, [r for r in final if r[0]["name"] not in keep_out], [])
+        rows_now = {r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict)}
+        listed = _not_gated(report)
+        kept_listed = [e for e in doc.get("not_gated") or [] if isinstance(e, dict) and e.get("name") not in rows_now
+                       and e.get("name") not in {x["name"] for x in listed}]
+        if listed or kept_listed or "not_gated" in doc:
+            doc["not_gated"] = yamlio.not_gated_list(kept_listed + listed)
         report.removed = [r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict) and gone(r)]
         missing = [n for n in env_names if n not in (doc.get("env") or [])]
         if missing:
@@ -561,16 +569,28 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
                     "budget": "seconds: a PR's fuzzing in all, at most per_op for each operator (and each "
                               "operator's baseline), localisation",
                     "gate": "only a real regression fails the check"}
-        if report.left_out:
+        unlisted = [(n, w) for n, w in report.left_out if n not in report.callables]  # no callable: not_gated cannot name them
+        if unlisted:
             tail = "Left out by dl-gate init (add a row by hand to gate them):\n" + "\n".join(
-                f"  {n}: {w}" for n, w in report.left_out)
+                f"  {n}: {w}" for n, w in unlisted)
         header = yamlio.HEADER.format(when=f"dl-gate {__version__}, {when}")
         doc = yamlio.new_document(top, final, header, comments)
+        listed = _not_gated(report)
+        if listed:  # after the rows: what is not gated and why; a run names a change that reaches one
+            doc["not_gated"] = yamlio.not_gated_list(listed)
+            doc.yaml_set_comment_before_after_key(
+                "not_gated", before="\nNot gated: dl-gate init could not build a row for these (why below). A pull "
+                "request that changes one is named in the run's report as not gated; add a row to gate it.")
         report.added = [s["name"] for s, _ in final]
     text = yamlio.dump(doc)
     if not existing and tail:
         text += yamlio.comment_block(tail)
     return text
+
+
+def _not_gated(report: InitReport) -> List[Dict[str, str]]:
+    """``not_gated:`` entries (name, callable, why) of what was left out that has a callable."""
+    return [{"name": n, "callable": report.callables[n], "why": w} for n, w in report.left_out if n in report.callables]
 
 
 def same_as_probed(row: Optional[dict], spec, framework: str) -> bool:

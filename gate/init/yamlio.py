@@ -139,6 +139,16 @@ def new_document(top: Dict[str, Any], rows: Sequence[Tuple[dict, str]], header: 
     return doc
 
 
+def not_gated_list(entries: Sequence[Dict[str, str]]) -> CommentedSeq:
+    """The ``not_gated:`` list, one flow mapping (name, callable, why) a line."""
+    seq = CommentedSeq()
+    for e in entries:
+        m = CommentedMap((k, str(e[k])) for k in ("name", "callable", "why") if e.get(k) is not None)
+        m.fa.set_flow_style()
+        seq.append(m)
+    return seq
+
+
 def comment_block(text: str) -> str:
     """``text`` as a YAML comment block (appended after the last row)."""
     return "\n" + "\n".join("# " + line if line.strip() else "#" for line in text.rstrip().splitlines()) + "\n"

@@ -113,9 +113,21 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
         notes.append(Annotation(level, one_line(e), title))
     if report.outcome == "error" and not report.errors:
         notes.append(Annotation(level, one_line(report.reason), title))
+    # a change that reaches an operator the configuration does not gate: at the changed line
+    ungated = ((report.env.get("selection") or {}).get("not_gated") or []) if isinstance(report.env, dict) else []
+    for n in ungated:
+        notes.append(Annotation("warning", one_line(f"this change reaches {n['op']}, which is not gated: "
+                                                    f"{n.get('why') or 'listed under not_gated'}; add a row for it to gate it"),
+                                "dl-gate: not gated", n.get("file"), n.get("line")))
     for w in report.warnings:
+        if ungated and w.startswith(NOT_GATED_WARNING):
+            continue  # said at the changed line above
         notes.append(Annotation("warning", one_line(w), "dl-gate"))
     return notes
+
+
+#: how the run's warning about a change to an operator that is not gated begins (gate.pipeline)
+NOT_GATED_WARNING = "not gated: "
 
 
 def cap(notes: List[Annotation], per_level: int = ANNOTATIONS_PER_STEP) -> Tuple[List[Annotation], Dict[str, int]]:

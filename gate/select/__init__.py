@@ -7,8 +7,10 @@ path from it to the operator). The gate spends its budget on exactly these.
     sel.op_names()        # ["mylib.gelu", ...]
 
 Nothing is dropped silently: a changed symbol that reaches no operator is ``cleared`` (with why),
-a changed file nothing maps to is ``unmapped``, and a native op that changed but that no catalogue
-row declares is ``uncovered_native``."""
+a changed file nothing maps to is ``unmapped``, a native op that changed but that no catalogue
+row declares is ``uncovered_native``, and a change that reaches an operator the configuration
+lists under ``not_gated:`` (what ``dl-gate init`` could not build a row for) is ``not_gated``, with
+the reason it is not gated."""
 from __future__ import annotations
 
 import os
@@ -21,7 +23,7 @@ from ..changes.model import ChangedSymbol
 from ..errors import ConfigError
 from .aten import NativeFunctions
 from .globs import first_match, match
-from .model import Cleared, Reason, SelectedOp, Selection, UncoveredNative, Unmapped
+from .model import Cleared, NotGated, Reason, SelectedOp, Selection, UncoveredNative, Unmapped
 from .native import NativePropagator, op_label
 from .python import display, entry_node, native_targets, reach
 from .tfnames import tf_snake
@@ -86,9 +88,10 @@ def select_ops(repo: os.PathLike, base: str, head: str, catalog, config, changes
     changed_natives = _cpp_natives(syms, cb, git, sel, unreached)
     _aten_yaml_natives(syms, changed_natives)
     python_covered = _python_reach(syms, cb, catalog, changed_natives, sel, acc, unreached)
+    not_gated = _not_gated(syms, cb, config, sel)
     _natives_to_rows(changed_natives, python_covered, catalog, sel, acc)
     mapped_files, all_hits = _globs(cs, syms, ignored, gmap, all_globs, catalog, acc)
-    _unreached(cs, syms, unreached, catalog, sel, acc, mapped_files)
+    _unreached(cs, syms, unreached, catalog, sel, acc, mapped_files, not_gated)
     accounted |= mapped_files
     if all_hits:
         _select_all(all_hits, acc, catalog, cap, sel)
@@ -184,6 +187,38 @@ def _python_reach(syms, cb, catalog, changed_natives: dict, sel: Selection, acc:
     return python_covered
 
 
+def _not_gated(syms, cb, config, sel: Selection) -> set:
+    """Changed Python symbols that reach an operator listed under the configuration's
+    ``not_gated:`` (``{name, callable, why}``): recorded in ``sel.not_gated`` (the run says the
+    change is not gated, and why); returns their ids (such a change is not "cleared" as reaching
+    nothing; a row's ``sources`` still pick it up, as any change the analysis did not attribute)."""
+    raw = getattr(config, "raw", None) or {}
+    entries = [e for e in raw.get("not_gated") or [] if isinstance(e, dict) and e.get("callable") and e.get("name")]
+    py_syms = [s for s in syms if s.lang == "python" and s.semantic]
+    hit: set = set()
+    if not entries or not py_syms:
+        return hit
+    seen: set = set()
+    for side in ("head", "base"):
+        targets = {f"{s.data['module']}:{s.data['key']}": s for s in py_syms if s.side == side}
+        if not targets:
+            continue
+        idx = cb.py(side)
+        for e in entries:
+            node = entry_node(idx, str(e["callable"]))
+            if node is None:
+                continue
+            found = reach(idx, node, set(targets))
+            for t in found:
+                hit.add(id(targets[t]))
+            if found and e["name"] not in seen:
+                seen.add(e["name"])
+                t = min(found, key=lambda k: len(found[k]))
+                sym = targets[t]
+                sel.not_gated.append(NotGated(str(e["name"]), str(e.get("why") or ""), sym.file, sym.line, sym.symbol))
+    return hit
+
+
 def _python_entries(py_syms, targets, reached: set, cb, catalog, changed_natives: dict, sel: Selection,
                     acc: "_Acc") -> set:
     """Catalogue entry points whose call graph reaches a changed symbol or a changed native op."""
@@ -277,7 +312,8 @@ def _globs(cs: ChangeSet, syms, ignored: Dict[str, str], gmap, all_globs, catalo
     return mapped_files, all_hits
 
 
-def _unreached(cs: ChangeSet, syms, unreached: list, catalog, sel: Selection, acc: "_Acc", mapped_files: set) -> None:
+def _unreached(cs: ChangeSet, syms, unreached: list, catalog, sel: Selection, acc: "_Acc", mapped_files: set,
+               not_gated: set = frozenset()) -> None:
     """Semantic changes no analysis attributed: a row's sources pick them up, else they are cleared."""
     # a whole new / deleted file none of whose symbols matters is one line, not one per symbol
     status = {f.path: f.status for f in cs.files}
@@ -304,7 +340,7 @@ def _unreached(cs: ChangeSet, syms, unreached: list, catalog, sel: Selection, ac
             if src:
                 hit = True
                 acc.add(spec.name, Reason(s.file, s.line, s.symbol, [s.symbol, f"sources '{src}'", spec.name], "sources"))
-        if not hit and s.file not in mapped_files:
+        if not hit and s.file not in mapped_files and id(s) not in not_gated:
             sel.cleared.append(Cleared(s.file, s.line, s.symbol, why))
 
 
@@ -328,6 +364,7 @@ def _finish(cs: ChangeSet, ignored: Dict[str, str], accounted: set, acc: "_Acc",
     # 5. whatever is left is unmapped, never lost ----------------------------------------------
     for r in [r for lst in acc.ops.values() for r in lst] + [r for u in sel.uncovered_native for r in u.reasons]:
         accounted.add(r.file)
+    accounted.update(n.file for n in sel.not_gated)
     for f in cs.files:
         if f.path in ignored:
             sel.unmapped.append(Unmapped(f.path, f"ignored by select.ignore '{ignored[f.path]}'"))

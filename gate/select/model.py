@@ -68,6 +68,25 @@ class Unmapped:
 
 
 @dataclass
+class NotGated:
+    """A changed symbol that reaches an operator the configuration lists as not gated
+    (``not_gated:``, which ``dl-gate init`` writes for what it left out, with why)."""
+
+    op: str
+    why: str
+    file: str
+    line: int
+    symbol: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "NotGated":
+        return cls(**raw)
+
+
+@dataclass
 class UncoveredNative:
     op: str  # ATen op (``gelu``), custom op (``ns::op``) or TF op (``Relu``)
     framework: str  # torch | tensorflow
@@ -95,6 +114,7 @@ class Selection:
     capped: List[str] = field(default_factory=list)  # operators a select-all would add beyond `cap`
     notes: List[str] = field(default_factory=list)
     files_changed: int = 0
+    not_gated: List[NotGated] = field(default_factory=list)  # changes reaching operators listed as not gated
 
     def op_names(self) -> List[str]:
         return [s.op for s in self.selected]
@@ -114,6 +134,7 @@ class Selection:
             "unmapped": [u.to_dict() for u in self.unmapped],
             "uncovered_native": [u.to_dict() for u in self.uncovered_native],
             "capped": list(self.capped), "notes": list(self.notes),
+            "not_gated": [n.to_dict() for n in self.not_gated],
         }
 
     @classmethod
@@ -126,4 +147,5 @@ class Selection:
             unmapped=[Unmapped.from_dict(u) for u in raw.get("unmapped", [])],
             uncovered_native=[UncoveredNative.from_dict(u) for u in raw.get("uncovered_native", [])],
             capped=list(raw.get("capped", [])), notes=list(raw.get("notes", [])),
+            not_gated=[NotGated.from_dict(n) for n in raw.get("not_gated", [])],
         )

@@ -1,0 +1,98 @@
+"""A change to an operator that is not gated is said, not passed in silence (issue 28).
+
+`dl-gate init` lists what it could not build a row for under ``not_gated:`` (name, callable,
+why). Before, the list was a comment: a pull request that changed such an operator (nflows'
+splines left out when the library's test dependency was missing, a loss built from a tensor)
+passed with "no operator changed", the same words as a docs-only change. Now the selection
+follows the change to the operator, the run passes (nothing it could judge changed) and says
+which operator changed and why it is not gated: in the reason, the report's warnings, and a
+warning annotation at the changed line."""
+from __future__ import annotations
+
+from tests.test_gate_run import commit_pr, gate, git, make_repo
+
+OPS = '''import torch
+
+
+def scaled(x):
+    return x * 2.0
+
+
+def weighted(x, weights):
+    """Takes a list of tensors: init cannot infer a row for it."""
+    return x * sum(w.sum() for w in weights)
+'''
+
+HELPERS = '''def mix(x, w):
+    return x * w
+'''
+
+CONFIG = '''version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+ops:
+  - {name: mylib.scaled, callable: "mylib.ops:scaled", sources: [mylib/ops.py], dims: {N: [1, 8]},
+     inputs: [{name: x, shape: [N]}]}
+not_gated:
+  - {name: mylib.weighted, callable: "mylib.ops:weighted", why: "parameter weights: a list of tensors"}
+  - {name: mylib.blend, callable: "mylib.extra:blend", why: "constructor needs w and no test constructs it"}
+'''
+
+EXTRA = '''from .helpers import mix
+
+
+def blend(x, w):
+    return mix(x, w)
+'''
+
+
+def _repo(tmp_path):
+    repo = make_repo(tmp_path, ops_src=OPS, config=CONFIG)
+    (repo / "mylib" / "extra.py").write_text(EXTRA)
+    (repo / "mylib" / "helpers.py").write_text(HELPERS)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "extra")
+    return repo
+
+
+def test_a_change_reaching_only_an_operator_that_is_not_gated_is_named_with_why(tmp_path):
+    repo = _repo(tmp_path)
+    # a helper two calls below the operator that is not gated
+    commit_pr(repo, "pr", "HEAD", "return x * w", "return x * w * 0.5", path="mylib/helpers.py")
+    code, report = gate(repo, tmp_path)
+    assert code == 0 and report.outcome == "pass", report.reason
+    assert report.reason == "no gated operator changed; changed but not gated: mylib.blend"
+    (warn,) = [w for w in report.warnings if "mylib.blend" in w]
+    assert "mylib/helpers.py:2" in warn and "constructor needs w and no test constructs it" in warn
+    (ng,) = report.env["selection"]["not_gated"]
+    assert (ng["op"], ng["file"], ng["line"]) == ("mylib.blend", "mylib/helpers.py", 2)
+    assert not any(c["file"] == "mylib/helpers.py" for c in report.env["selection"]["cleared"])  # not "reaches nothing"
+    from gate.report.annotations import build_annotations
+
+    notes = [n for n in build_annotations(report) if n.level == "warning"]
+    assert [(n.file, n.line) for n in notes] == [("mylib/helpers.py", 2)], notes
+    assert "mylib.blend, which is not gated" in notes[0].message
+    md = (tmp_path / "out-0" / "report.md").read_text()
+    assert "mylib.blend" in md and "not gated" in md
+
+
+def test_a_change_beside_a_gated_operator_gates_it_and_names_the_one_that_is_not(tmp_path):
+    repo = _repo(tmp_path)
+    commit_pr(repo, "pr", "HEAD", "return x * sum(w.sum() for w in weights)",
+              "return x * sum(w.mean() for w in weights)", path="mylib/ops.py")
+    code, report = gate(repo, tmp_path)
+    # the row's sources (its file) still pick the change up: mylib.scaled is fuzzed, unchanged, passes
+    assert code == 0 and {v.op for v in report.verdicts} == {"mylib.scaled"}, report.reason
+    assert any(w.startswith("not gated: mylib.weighted changed (mylib/ops.py:10") for w in report.warnings), report.warnings
+
+
+def test_a_docs_change_says_no_operator_changed(tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "README.md").write_text("docs\n")
+    git(repo, "checkout", "-q", "-b", "docs")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "docs")
+    code, report = gate(repo, tmp_path)
+    assert code == 0 and report.reason.startswith("no operator changed"), report.reason
+    assert not any("not gated" in w for w in report.warnings)
