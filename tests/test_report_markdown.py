@@ -201,3 +201,21 @@ def test_a_new_file_sink_is_one_registry_line(tmp_path, monkeypatch):
     assert paths["csv"].read_text().startswith("mylib.")
     assert json.loads(paths["report"].read_text())["artifacts"]["csv"] == "verdicts.csv"
     assert list(rep.written(tmp_path / "out"))[-2:] == ["csv", "report"]  # report.json last, as written
+
+
+def test_report_md_next_steps_name_the_folder_it_was_written_to(tmp_path, monkeypatch):
+    """A local `dl-gate run --out out` writes report.md whose next steps say `out/...` (they said
+    `dl-gate-out/`, the Action's artifact folder, whatever --out was); a folder outside the working
+    directory is named in full."""
+    from gate.report import write_markdown
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    md = write_markdown(rich_report(), tmp_path / "out" / "report.md").read_text()
+    assert "dl-gate explain 'out/report.json#" in md and "python out/repro/" in md
+    assert "explain 'dl-gate-out" not in md and "`python dl-gate-out" not in md  # (a verdict's own stored command is its own)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    md = write_markdown(rich_report(), tmp_path / "out" / "report.md").read_text()
+    assert f"python {(tmp_path / 'out').resolve().as_posix()}/repro/" in md

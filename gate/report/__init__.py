@@ -55,10 +55,21 @@ def write_json(report: GateReport, path: os.PathLike, root: Optional[os.PathLike
 
 
 def write_markdown(report: GateReport, path: os.PathLike, root: Optional[os.PathLike] = None) -> Path:
-    """``report.md``: the full Markdown report."""
+    """``report.md``: the full Markdown report; its next steps name the folder it is written to
+    (relative to the working directory when inside it: ``out`` for ``--out out``; the Action's
+    is ``dl-gate-out``, the folder its artifact downloads to)."""
     from .markdown import render_markdown
 
-    return _write_text(Path(path), render_markdown(report))
+    return _write_text(Path(path), render_markdown(report, out=shown_folder(Path(path).parent)))
+
+
+def shown_folder(folder: Path) -> str:
+    """``folder`` as a command run from the working directory names it (POSIX separators)."""
+    try:
+        rel = Path(os.path.relpath(Path(folder).resolve(), Path.cwd().resolve()))
+    except ValueError:  # another drive (Windows)
+        return Path(folder).resolve().as_posix()
+    return rel.as_posix() if not rel.as_posix().startswith("..") else Path(folder).resolve().as_posix()
 
 
 def write_all(report: GateReport, out_dir: os.PathLike, root: Optional[os.PathLike] = None) -> Dict[str, Path]:

@@ -294,13 +294,14 @@ def _worth_details(report: GateReport, v: VariantVerdict) -> bool:
         v.head_nonfinite or v.base_nonfinite)
 
 
-def _blocks(report: GateReport, repo_url: Optional[str], step: Optional[str] = None) -> List[_Block]:
+def _blocks(report: GateReport, repo_url: Optional[str], step: Optional[str] = None,
+            out: str = digest.OUT) -> List[_Block]:
     blocks: List[_Block] = [
         _Block((0,), (0,), verdict_line(report)),
         _Block((1,), (0,), "\n" + _meta_line(report) + "\n"),
     ]
     for i, c in enumerate(digest.causes(report)):  # one root cause per changed line, first
-        blocks.append(_Block((1, 1, i), (1, i), cause_block(report, i + 1, c, repo_url) + "\n"))
+        blocks.append(_Block((1, 1, i), (1, i), cause_block(report, i + 1, c, repo_url, out) + "\n"))
     if step:
         blocks.append(_Block((1, 2), (1, -1), step + "\n"))
     if report.errors:
@@ -350,12 +351,14 @@ def _cut_note(rows: int, sections: int, full_report: Optional[str]) -> str:
 
 def render_markdown(report: GateReport, limit: int = SUMMARY_LIMIT, full_report: Optional[str] = None,
                     repo_url: Optional[str] = None, footer: str = "", run_id: Optional[str] = None,
-                    repository: Optional[str] = None) -> str:
+                    repository: Optional[str] = None, out: str = digest.OUT) -> str:
     """The Markdown report, at most ``limit`` bytes (UTF-8; GitHub counts the comment limit in
     characters, which is never more). ``full_report`` (a URL or a path) is where a cut report
-    points; ``repo_url`` (``https://github.com/OWNER/REPO``) turns source locations into links."""
-    step = next_step_block(digest.next_step(report, run_id=run_id, repository=repository), full_report)
-    blocks = _blocks(report, repo_url, step)
+    points; ``repo_url`` (``https://github.com/OWNER/REPO``) turns source locations into links;
+    ``out``: the folder the next steps name (the artifact's download folder, or where a local
+    run wrote its report)."""
+    step = next_step_block(digest.next_step(report, out=out, run_id=run_id, repository=repository), full_report)
+    blocks = _blocks(report, repo_url, step, out)
     tail = ("\n" + footer) if footer else ""
     total = sum(b.size for b in blocks) + _nbytes(tail)
     if total <= limit:
