@@ -503,33 +503,66 @@ def removed_ops(ctx: Context, selected: Sequence[str] = ()) -> Dict[str, str]:
     suspects = [s for s in user if s.name in missing or (importable and s.name in selected)]
     if not suspects:
         return {}
+    paths = [str((ctx.cfg.root / p).resolve()) for p in (ctx.cfg.raw.get("python_path") or ["."])]
+    answers = _imports_in_worker(ctx, suspects, paths)
+    if answers is None:
+        answers = _import_probe(ctx.repo, paths, [s.callable for s in suspects], "head")
+    broken = {s.name: answers[s.callable] for s in suspects if answers.get(s.callable)}
+    _not_base_either(ctx, [s for s in suspects if s.name in broken and s.name not in missing], broken)
+    return {s.name: (f"{s.callable} is defined on base and not on head" if s.name in missing else
+                     f"{s.callable} does not import on head") + f" ({broken[s.name]})"
+            for s in suspects if s.name in broken}
+
+
+def _import_probe(cwd: Path, paths: Sequence[str], callables: Sequence[str], side: str) -> Dict[str, str]:
+    """callable -> why it does not import or resolve ("" when it does), asked of a separate
+    process with the workers' environment, run in ``cwd`` with ``paths`` first on its path."""
     import sys
     import tempfile
 
     from .backends.sandbox import worker_env
 
-    paths = [str((ctx.cfg.root / p).resolve()) for p in (ctx.cfg.raw.get("python_path") or ["."])]
-    answers = _imports_in_worker(ctx, suspects, paths)
-    if answers is not None:
-        return {s.name: (f"{s.callable} is defined on base and not on head" if s.name in missing else
-                         f"{s.callable} does not import on head") + f" ({answers[s.callable]})"
-                for s in suspects if answers.get(s.callable)}
     with tempfile.TemporaryDirectory(prefix="dl-gate-resolve-") as tmp:
         out = Path(tmp) / "resolved.json"
         proc = None
         try:
-            proc = subprocess.run([sys.executable, "-c", _PROBE, str(out), json.dumps([s.callable for s in suspects])],
-                                  cwd=str(ctx.repo), env=worker_env(path_front=paths), capture_output=True,
+            proc = subprocess.run([sys.executable, "-c", _PROBE, str(out), json.dumps(list(callables))],
+                                  cwd=str(cwd), env=worker_env(path_front=list(paths)), capture_output=True,
                                   text=True, timeout=300)
-            answers = json.loads(out.read_text())
+            return json.loads(out.read_text())
         except subprocess.TimeoutExpired:
-            answers = {s.callable: "importing it on head did not finish in 300s" for s in suspects}
+            return {c: f"importing it on {side} did not finish in 300s" for c in callables}
         except (OSError, ValueError):  # the import ended the process before it answered
             code = proc.returncode if proc is not None else None
-            answers = {s.callable: f"importing it on head ended the process with exit code {code}" for s in suspects}
-    return {s.name: (f"{s.callable} is defined on base and not on head" if s.name in missing else
-                     f"{s.callable} does not import on head") + f" ({answers[s.callable]})"
-            for s in suspects if answers.get(s.callable)}
+            return {c: f"importing it on {side} ended the process with exit code {code}" for c in callables}
+
+
+def _not_base_either(ctx: Context, suspects: Sequence[OpSpec], broken: Dict[str, str]) -> None:
+    """Operators that do not import on head are imported on base too, in the same environment: one
+    that does not import there either is not the PR's doing but the job's (a dependency missing,
+    a variable in the config's ``env:`` unset): a setup error naming it, never a regression."""
+    if not suspects:
+        return
+    cfg = ctx.bcfg or ctx.cfg
+    try:  # the config's folder within the repository (python_path is relative to it)
+        rel = Path(ctx.cfg.root).resolve().relative_to(Path(ctx.repo).resolve())
+    except ValueError:
+        rel = Path(".")
+    with worktree(ctx.repo, ctx.merge_base) as tree:
+        paths = [str((tree / rel / p).resolve()) for p in (cfg.raw.get("python_path") or ["."])]
+        on_base = _import_probe(tree, paths, [s.callable for s in suspects], "base")
+    both = [s for s in suspects if on_base.get(s.callable)]
+    if not both:
+        return
+    import os
+
+    s = both[0]
+    unset = [n for n in (ctx.cfg.raw.get("env") or []) if n not in os.environ]
+    hint = (f"; the config's env: names {', '.join(unset)}, not set in this job's environment" if unset else
+            "; install what the library needs in the job (the Action's install: input)")
+    more = f" (and {len(both) - 1} more)" if len(both) > 1 else ""
+    raise SetupError(f"{s.callable} does not import on head nor on base {ctx.merge_base[:10]}, in the same "
+                     f"environment{more}: {broken[s.name]}{hint}")
 
 
 def select_stage(opts: RunOptions, ctx: Context, report: V.GateReport) -> List[str]:

@@ -269,3 +269,46 @@ def test_the_base_replay_keeps_its_share_and_a_variant_it_leaves_is_held_against
     head_only = SimpleNamespace(cfg=SimpleNamespace(budget={"replay": 0}), bcfg=SimpleNamespace(budget={}))
     assert _replay_share(SimpleNamespace(evals=40), head_only) is None
     assert _replay_share(SimpleNamespace(evals=None), head_only) == REPLAY_SHARE
+
+
+ENV_OPS = '''import os
+
+import torch
+
+BACKEND = os.environ["MYLIB_BACKEND"]  # the library reads its backend when imported
+
+
+def scale(x):
+    return x * 2.0
+'''
+
+ENV_CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+env: [MYLIB_BACKEND]
+gate: {dtypes: [float32]}
+ops:
+  - {name: mylib.scale, callable: "mylib.ops:scale", sources: [mylib/ops.py], dims: {N: [1, 8]},
+     inputs: [{name: x, shape: [N]}]}
+'''
+
+
+def test_an_operator_that_imports_on_neither_side_is_a_setup_error_not_a_regression(tmp_path, monkeypatch):
+    """tensorflow/addons as a new user ran it (issue 28's acceptance): the library needs a variable
+    the config's env: names, the job did not set it, and every changed operator failed as
+    "operator removed or broken: does not import on head", a regression, although base did not
+    import either. Base is imported in the same environment: an error naming the variable."""
+    monkeypatch.setenv("MYLIB_BACKEND", "cpu")
+    repo = make_repo(tmp_path, ops_src=ENV_OPS, config=ENV_CONFIG)  # baselines refreshed with it set
+    commit_pr(repo, "pr", "HEAD", "return x * 2.0", "return 2.0 * x", path="mylib/ops.py")
+    monkeypatch.delenv("MYLIB_BACKEND")
+    code, report = gate(repo, tmp_path)
+    assert report.outcome == "error" and code not in (0, 1), (code, report.reason)
+    assert "does not import on head nor on base" in report.reason and "MYLIB_BACKEND" in report.reason, report.reason
+    assert report.env.get("setup_error") is True
+    # set, the same PR is judged (and passes)
+    monkeypatch.setenv("MYLIB_BACKEND", "cpu")
+    code, report = gate(repo, tmp_path, seed=1)
+    assert code == 0, report.reason

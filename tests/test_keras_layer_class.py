@@ -7,11 +7,10 @@ run's dtype, finds the regression, and the fix in the other direction passes; th
 reproduces on head only."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
+from tests.helpers.repro import assert_repro_head_then_base
 from tests.test_gate_run import gate, git, make_repo
 
 pytest.importorskip("tensorflow")
@@ -74,12 +73,7 @@ def test_dropping_the_float32_upcast_of_a_keras_layer_class_fails_at_float16(tmp
     assert "ulp >" in v.reason or "new NaN/Inf" in v.reason, v.reason
     assert not any(x.outcome == "not-measured" for x in report.verdicts), [(x.key, x.reason) for x in report.verdicts]
     script = v.diagnosis["repro_script"]
-    on_head = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
-    assert on_head.returncode == 1, on_head.stdout + on_head.stderr
-    git(repo, "checkout", "-q", "main")
-    on_base = subprocess.run([sys.executable, "-W", "ignore", script, "--repo", str(repo)], capture_output=True,
-                             text=True)
-    assert on_base.returncode == 0, on_base.stdout + on_base.stderr
+    assert_repro_head_then_base(script, repo)
 
 
 @pytest.mark.tf

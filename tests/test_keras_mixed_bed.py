@@ -9,11 +9,10 @@ the revert fails there, the fix in the other direction passes, and the repro scr
 layer the same way (exit 1 on head, 0 on base)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
+from tests.helpers.repro import assert_repro_head_then_base
 from tests.test_gate_run import gate, git, make_repo
 
 pytest.importorskip("tensorflow")
@@ -93,12 +92,7 @@ def test_reverting_the_autocast_off_fails_under_the_mixed_policy_only(tmp_path):
     assert not any(x.outcome == "not-measured" for x in report.verdicts), _why(report)
     script = v.diagnosis["repro_script"]
     assert 'MODE = \'operator\'' in open(script).read()
-    on_head = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
-    assert on_head.returncode == 1, on_head.stdout + on_head.stderr
-    git(repo, "checkout", "-q", "main")
-    on_base = subprocess.run([sys.executable, "-W", "ignore", script, "--repo", str(repo)], capture_output=True,
-                             text=True)
-    assert on_base.returncode == 0, on_base.stdout + on_base.stderr
+    assert_repro_head_then_base(script, repo)
 
 
 @pytest.mark.tf
