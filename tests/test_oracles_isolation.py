@@ -117,3 +117,39 @@ def test_segfault_via_cli_with_isolation_from_config(tmp_path):
     assert finding["metrics"]["ulp"] == 0.0  # relu is exact everywhere else
     assert finding["env"]["framework"] == "torch"  # reported by the worker
     assert list((tmp_path / "inputs" / "planted.segv").glob("*.crash0.npz"))
+
+
+@pytest.mark.tf
+def test_a_tensorflow_worker_is_kept_for_the_next_variant_and_a_crashed_one_is_not():
+    """TensorFlow cannot be imported before the fork (its import starts threads): each worker
+    imported it, 5-9 s on a 2-core runner, once per variant. A worker that finished cleanly is kept
+    for the next runner of the framework with the same import path (a new init: the runner is
+    rebuilt, the import stays); a torch worker is forked warm and never kept."""
+    pytest.importorskip("tensorflow")
+    import numpy as np
+
+    from gate.backends import isolate
+    from gate.ops.catalog import load_catalog
+    from gate.search.inputs import draw
+
+    cat = load_catalog(builtin=("tensorflow", "torch"))
+    tf_spec = next(s for s in cat if s.framework == "tensorflow")
+    opts = IsolateOptions(start_timeout=180)
+    first = build_runner(tf_spec, Variant("float32"), isolate=opts)
+    pid = first._active.proc.pid
+    first.evaluate(draw(tf_spec, np.random.default_rng(0)))
+    first.close()
+    second = build_runner(tf_spec, Variant("float16"), isolate=opts)
+    assert second._active.proc.pid == pid and second.variant.dtype == "float16"
+    second._discard_active(kill=True)  # as after a crash or a hang: never kept
+    third = build_runner(tf_spec, Variant("float32"), isolate=opts)
+    assert third._active.proc.pid != pid
+    third.close()
+    torch_spec = next(s for s in cat if s.framework == "torch")
+    t1 = build_runner(torch_spec, Variant("float32"), isolate=opts)
+    tpid = t1._active.proc.pid
+    t1.close()
+    t2 = build_runner(torch_spec, Variant("float32"), isolate=opts)
+    assert t2._active.proc.pid != tpid
+    t2.close()
+    isolate._close_idle()

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import errors
 from ..errors import GateError
@@ -290,9 +290,61 @@ def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]
 
 @atexit.register
 def _close_zygotes() -> None:
+    _close_idle()
     for z in list(_ZYGOTES.values()):
         z.close()
     _ZYGOTES.clear()
+
+
+#: workers kept for the next runner, by :func:`_reuse_key`: a framework the zygote cannot
+#: preload (TensorFlow: its import starts threads, so each worker imported it after the fork,
+#: 5-9 s a worker on a 2-core runner, once for every variant) keeps a worker that finished
+#: cleanly for the next runner with the same import path, which sends it a new ``init`` (the
+#: runner is rebuilt; the framework stays imported). Workers of a preloading zygote (torch) are
+#: forked warm in milliseconds and never kept; head's and base's workers never mix (their
+#: import paths differ); a worker that crashed, hung or was killed is never kept.
+_IDLE: Dict[tuple, List["_Worker"]] = {}
+_IDLE_LOCK = threading.Lock()
+IDLE_PER_KEY = 2
+
+
+def _reuse_key(spec: Any, options: "IsolateOptions", factory: str) -> Optional[tuple]:
+    if not options.zygote or PRELOAD.get(spec.framework, ()):
+        return None
+    return (spec.framework, options.sys_path, options.cwd, options.memory_limit(), factory)
+
+
+def _take_idle(key: Optional[tuple]) -> Optional["_Worker"]:
+    if key is None:
+        return None
+    with _IDLE_LOCK:
+        pool = _IDLE.get(key) or []
+        while pool:
+            w = pool.pop()
+            if w.proc.poll() is None and not w.gone():
+                return w
+            w.kill()
+    return None
+
+
+def _keep_idle(key: Optional[tuple], worker: "_Worker") -> bool:
+    """Keep ``worker`` for the next runner of ``key``; False when it is not kept (close it)."""
+    if key is None or worker.proc.poll() is not None or worker.gone():
+        return False
+    with _IDLE_LOCK:
+        pool = _IDLE.setdefault(key, [])
+        if len(pool) >= IDLE_PER_KEY:
+            return False
+        pool.append(worker)
+    return True
+
+
+def _close_idle() -> None:
+    with _IDLE_LOCK:
+        workers = [w for pool in _IDLE.values() for w in pool]
+        _IDLE.clear()
+    for w in workers:
+        w.close()
 
 
 class _RemoteBackend:
@@ -343,11 +395,16 @@ class _Worker:
             os.close(c2p_w)
         self.tx = Sender(Connection(p2c_w, readable=False))  # large arrays through shared memory (ipc)
         self.rx = Receiver(Connection(c2p_r, writable=False))
+        self.init(spec, variant, options, factory)
+
+    def init(self, spec: Any, variant: Any, options: IsolateOptions, factory: str = RUNNER_FACTORY) -> None:
+        """Ask the worker to build the runner of ``spec`` under ``variant``: sent now, answered
+        (:meth:`ready`) once it has imported the framework and built it; a worker kept idle
+        (:func:`_keep_idle`) gets it again for the next runner."""
         self.fresh = True
         self.env: Optional[dict] = None
         self.flush_subnormals = False
         self.devices: list = []
-        # sent now, answered when the worker has imported the framework and built the runner
         self.tx.send(("init", {"sys_path": list(options.sys_path if options.sys_path is not None else sys.path),
                                "spec": spec, "variant": variant, "memory": options.memory_limit(),
                                "cwd": options.cwd, "factory": factory}))
@@ -487,7 +544,11 @@ class IsolatedRunner:
     def _ensure_active(self) -> _Worker:
         if self._active is None:
             self.stats["starts"] += 1
-            worker = _Worker(self.spec, self.variant, self.options, self.factory)
+            worker = _take_idle(_reuse_key(self.spec, self.options, self.factory))
+            if worker is not None:
+                worker.init(self.spec, self.variant, self.options, self.factory)
+            else:
+                worker = _Worker(self.spec, self.variant, self.options, self.factory)
             try:
                 self.env = worker.ready(self.options.start_timeout, self.what)
                 self.devices = worker.devices or self.devices
@@ -508,6 +569,12 @@ class IsolatedRunner:
             self._active = None
 
     def close(self) -> None:
+        """Done with this runner: its worker is kept for the next runner where the framework's
+        import is costly (:func:`_keep_idle`), else closed."""
+        w = self._active
+        if w is not None and _keep_idle(_reuse_key(self.spec, self.options, self.factory), w):
+            self._active = None
+            return
         self._discard_active()
 
     def __enter__(self) -> "IsolatedRunner":
@@ -518,7 +585,7 @@ class IsolatedRunner:
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
-            self.close()
+            self._discard_active()
         except Exception:
             pass
 
