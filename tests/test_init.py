@@ -94,6 +94,19 @@ class Projection(torch.nn.Module):
         return torch.tanh(self.lin(x))
 
 
+class Smoothed(torch.nn.Module):
+    """Defaults only; the tests build it with their own setting (pytorch-metric-learning's
+    PNPLoss(variant="Ds")): the row is built as they build it."""
+
+    def __init__(self, eps: float = 0.1, mode: str = "hard"):
+        super().__init__()
+        self.eps, self.mode = eps, mode
+
+    def forward(self, x):
+        s = torch.softmax(x, dim=-1)
+        return s * (1 - self.eps) + self.eps / x.shape[-1] if self.mode == "soft" else s
+
+
 def _private_helper(x):
     return x
 '''
@@ -186,6 +199,12 @@ def test_softplus():
     assert Softplus.apply(torch.randn(4, 6)).shape == (4, 6)
 
 
+def test_smoothed():
+    from focallib.focal import Smoothed
+
+    assert Smoothed(eps=0.25, mode="soft")(torch.randn(3, 5)).shape == (3, 5)
+
+
 def test_normalize_rejects_an_unknown_mode():
     import pytest
     from focallib import normalize
@@ -232,7 +251,10 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     ops = {o.name: o for o in cfg.ops}
     assert set(ops) == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
                         "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh",
-                        "focallib.normalize", "focallib.Projection"}, sorted(ops)
+                        "focallib.normalize", "focallib.Projection", "focallib.Smoothed"}, sorted(ops)
+    # a constructor with defaults only, built by the tests with their own setting: built as they build it
+    assert dict(ops["focallib.Smoothed"].construct) == {"eps": 0.25, "mode": "soft"}, ops["focallib.Smoothed"].construct
+    assert "built as Smoothed(eps=0.25, mode='soft') as the tests build it" in text
     focal = ops["focallib.binary_focal_loss_with_logits"]
     # from the tests' calls: the batch size varies (2, 5), the 3 never does
     assert [t.name for t in focal.inputs] == ["input", "target"]

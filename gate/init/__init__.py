@@ -400,9 +400,9 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
                 report.left_out.append((op.name, why))
                 continue
         # a constructor with defaults only that the tests build with their own arguments: its
-        # calls as they were made, on those instances, are candidates after the default-built
-        # ones (keras' GroupNormalization(groups=4) on 4 channels: built with the default
-        # groups=32 every recorded call raises)
+        # calls as they were made, on those instances, are the first candidates, the default-built
+        # ones after them (keras' GroupNormalization(groups=4) on 4 channels: built with the
+        # default groups=32 every recorded call raises; PNPLoss(variant='Ds'): the tests' setting)
         as_built: List[dict] = []
         if op.kind in ("module", "layer") and construct is None and any(r.kind == "init" for r in recs):
             built, mine, _ = constructed(op, recs)
@@ -427,10 +427,14 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
             else:
                 origin = f"test calls not usable: {inf.why}"
         if as_built:
-            cands.extend(as_built)
+            # built as the tests build it first (their calls were made on those instances: the
+            # arguments are settings the library is used with, PNPLoss(variant='Ds')); the
+            # default-built instance, with every recorded call, after it
+            cands[:0] = as_built
             n_rec = len(cands)
             origin = origin or f"from {len(mine)} test call(s)"
-            origin = f"{origin}; else built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in built.items())})"
+            origin = (f"{origin}; built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in built.items())}) as the "
+                      "tests build it, else with its defaults")
         probes, why = probe_specs(op, op.framework, sources)
         cands.extend(probes)
         if not cands:
