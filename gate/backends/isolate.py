@@ -305,7 +305,8 @@ def _close_zygotes() -> None:
 #: import paths differ); a worker that crashed, hung or was killed is never kept.
 _IDLE: Dict[tuple, List["_Worker"]] = {}
 _IDLE_LOCK = threading.Lock()
-IDLE_PER_KEY = 2
+IDLE_MAX = 2  # in all (a TensorFlow worker holds hundreds of MB): the oldest are closed first
+_ORDER: List["_Worker"] = []  # the kept workers, oldest first
 
 
 def _reuse_key(spec: Any, options: "IsolateOptions", factory: str) -> Optional[tuple]:
@@ -321,6 +322,8 @@ def _take_idle(key: Optional[tuple]) -> Optional["_Worker"]:
         pool = _IDLE.get(key) or []
         while pool:
             w = pool.pop()
+            if w in _ORDER:
+                _ORDER.remove(w)
             if w.proc.poll() is None and not w.gone():
                 return w
             w.kill()
@@ -332,19 +335,34 @@ def _keep_idle(key: Optional[tuple], worker: "_Worker") -> bool:
     if key is None or worker.proc.poll() is not None or worker.gone():
         return False
     with _IDLE_LOCK:
-        pool = _IDLE.setdefault(key, [])
-        if len(pool) >= IDLE_PER_KEY:
-            return False
-        pool.append(worker)
+        _IDLE.setdefault(key, []).append(worker)
+        _ORDER.append(worker)
+        evicted = []
+        while len(_ORDER) > IDLE_MAX:
+            old = _ORDER.pop(0)
+            for pool in _IDLE.values():
+                if old in pool:
+                    pool.remove(old)
+            evicted.append(old)
+    for w in evicted:
+        w.close()
     return True
 
 
+
 def _close_idle() -> None:
+    """Close every kept worker (the end of a run: a later run in this process starts afresh)."""
     with _IDLE_LOCK:
-        workers = [w for pool in _IDLE.values() for w in pool]
+        workers = list(_ORDER)
         _IDLE.clear()
+        _ORDER.clear()
     for w in workers:
         w.close()
+
+
+def close_idle() -> None:
+    """The run is over: its kept workers go (:func:`_keep_idle`)."""
+    _close_idle()
 
 
 class _RemoteBackend:
