@@ -1077,3 +1077,17 @@ def test_widened_options_cover_floats_and_sizes_but_not_axes():
     assert got["k"] == [4, 16]  # the default, then half (= the default) and twice
     assert "dim" not in got and "flag" not in got  # an axis is another function; a bool is not a size
     assert widened_options(op, {"params": {"k": 1}}) == {"k": [4]}  # 1 has no half: only the default
+
+
+def test_the_files_framework_is_that_of_most_operators():
+    """keras-hub (acceptance): a Keras library with a torch backend module was written under
+    `framework: torch`, every row saying tensorflow (and its workflow installed torch first)."""
+    from dataclasses import replace
+
+    from gate.init import file_framework
+
+    tf_op, torch_op = replace(_op([("x", None)], kind="layer"), framework="tensorflow"), _op([("x", None)])
+    assert torch_op.framework == "torch"
+    assert file_framework("torch", [tf_op, tf_op, torch_op]) == "tensorflow"
+    assert file_framework("torch", [tf_op, torch_op]) == "torch"  # a tie keeps the import scan's guess
+    assert file_framework("tensorflow", []) == "tensorflow"

@@ -18,6 +18,7 @@ The stages, each its own module:
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import inspect
 import os
@@ -286,6 +287,7 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
         f"{sum(len(v) for v in syms.values())} public definitions in {len(syms)} modules")
     env = dict(env or {})
     ops = _classify(repo, pkg, framework, syms, sys_path, only, report, env)
+    framework = file_framework(framework, ops)
     # 2. the library's own tests ----------------------------------------------------------
     records: Dict[str, list] = {}
     if tests is None and not no_tests:
@@ -325,6 +327,17 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
         report.seeds = _store_seeds(parse_config(text, path, repo), records, plans)
     report.seconds = time.monotonic() - t_start
     return report
+
+
+def file_framework(guess: str, ops: Sequence["Operator"]) -> str:
+    """The file's top-level ``framework``: that of most operator candidates (a Keras library that
+    also imports torch in a backend module is a TensorFlow one: keras-hub's layers were written
+    under ``framework: torch``, each row saying tensorflow), else the import scan's ``guess``."""
+    counts = collections.Counter(op.framework for op in ops)
+    if not counts:
+        return guess
+    top, n = counts.most_common(1)[0]
+    return top if n > counts.get(guess, 0) else guess
 
 
 def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: InitReport,
