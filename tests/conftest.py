@@ -87,11 +87,11 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
 LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a CI run (--dist loadfile)
-    "verdict_bed", "init", "redteam", "refactor_bed", "kernels_cpp", "containment", "kernels_triton", "gate_run",
-    "input_bed", "keras_mixed_bed", "keras_layer_class", "example", "stability_bed", "gate_verdict_rules", "false_alarms_improve",
-    "false_alarms_refactor", "localise", "default_inputs", "grad_probe", "contrast_search", "exhaustive",
-    "oracles_isolation", "threads", "mixed_inputs", "cli_core", "false_alarms_docs", "oracles_gate_run",
-    "robust_inputs", "zero_results", "core_fuzz", "action"))
+    "verdict_bed", "init", "redteam", "kernels_cpp", "refactor_bed", "containment", "gate_run", "kernels_triton",
+    "input_bed", "example", "stability_bed", "keras_mixed_bed", "gate_verdict_rules", "keras_layer_class",
+    "default_inputs", "localise", "grad_probe", "false_alarms_refactor", "false_alarms_improve", "contrast_search",
+    "exhaustive", "oracles_isolation", "threads", "not_gated", "cli_core", "mixed_inputs", "false_alarms_docs",
+    "oracles_gate_run", "robust_inputs", "zero_results", "core_fuzz"))
 
 
 def pytest_collection_modifyitems(config, items):

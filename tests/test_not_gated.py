@@ -9,6 +9,8 @@ which operator changed and why it is not gated: in the reason, the report's warn
 warning annotation at the changed line."""
 from __future__ import annotations
 
+import pytest
+
 from tests.test_gate_run import commit_pr, gate, git, make_repo
 
 OPS = '''import torch
@@ -47,8 +49,10 @@ def blend(x, w):
 '''
 
 
-def _repo(tmp_path):
-    repo = make_repo(tmp_path, ops_src=OPS, config=CONFIG)
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One repository (its baselines refreshed once); each test opens its PR from main."""
+    repo = make_repo(tmp_path_factory.mktemp("not-gated"), ops_src=OPS, config=CONFIG)
     (repo / "mylib" / "extra.py").write_text(EXTRA)
     (repo / "mylib" / "helpers.py").write_text(HELPERS)
     git(repo, "add", "-A")
@@ -56,10 +60,10 @@ def _repo(tmp_path):
     return repo
 
 
-def test_a_change_reaching_only_an_operator_that_is_not_gated_is_named_with_why(tmp_path):
-    repo = _repo(tmp_path)
+def test_a_change_reaching_only_an_operator_that_is_not_gated_is_named_with_why(shared, tmp_path):
+    repo = shared
     # a helper two calls below the operator that is not gated
-    commit_pr(repo, "pr", "HEAD", "return x * w", "return x * w * 0.5", path="mylib/helpers.py")
+    commit_pr(repo, "pr-helper", "main", "return x * w", "return x * w * 0.5", path="mylib/helpers.py")
     code, report = gate(repo, tmp_path)
     assert code == 0 and report.outcome == "pass", report.reason
     assert report.reason == "no gated operator changed; changed but not gated: mylib.blend"
@@ -77,9 +81,9 @@ def test_a_change_reaching_only_an_operator_that_is_not_gated_is_named_with_why(
     assert "mylib.blend" in md and "not gated" in md
 
 
-def test_a_change_beside_a_gated_operator_gates_it_and_names_the_one_that_is_not(tmp_path):
-    repo = _repo(tmp_path)
-    commit_pr(repo, "pr", "HEAD", "return x * sum(w.sum() for w in weights)",
+def test_a_change_beside_a_gated_operator_gates_it_and_names_the_one_that_is_not(shared, tmp_path):
+    repo = shared
+    commit_pr(repo, "pr-beside", "main", "return x * sum(w.sum() for w in weights)",
               "return x * sum(w.mean() for w in weights)", path="mylib/ops.py")
     code, report = gate(repo, tmp_path)
     # the row's sources (its file) still pick the change up: mylib.scaled is fuzzed, unchanged, passes
@@ -87,10 +91,10 @@ def test_a_change_beside_a_gated_operator_gates_it_and_names_the_one_that_is_not
     assert any(w.startswith("not gated: mylib.weighted changed (mylib/ops.py:10") for w in report.warnings), report.warnings
 
 
-def test_a_docs_change_says_no_operator_changed(tmp_path):
-    repo = _repo(tmp_path)
+def test_a_docs_change_says_no_operator_changed(shared, tmp_path):
+    repo = shared
+    git(repo, "checkout", "-q", "-B", "docs", "main")
     (repo / "README.md").write_text("docs\n")
-    git(repo, "checkout", "-q", "-b", "docs")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "docs")
     code, report = gate(repo, tmp_path)
