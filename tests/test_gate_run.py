@@ -88,7 +88,7 @@ def commit_pr(repo: Path, name: str, start: str, old: str, new: str, path: str =
 
 
 def make_repo(tmp_path: Path, ops_src: str = BASE_OPS, baselines: bool = True, config: str = CONFIG,
-              package: str = "mylib") -> Path:
+              package: str = "mylib", fresh_process: bool = False) -> Path:
     """A git repository on ``main``: ``package/ops.py`` and ``.dl-gate.yml``, baselines committed."""
     repo = tmp_path / "repo"
     (repo / package).mkdir(parents=True)
@@ -99,18 +99,31 @@ def make_repo(tmp_path: Path, ops_src: str = BASE_OPS, baselines: bool = True, c
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "base")
     if baselines:
-        refresh(repo)
+        refresh(repo, fresh_process)
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", "baselines")
     return repo
 
 
-def refresh(repo: Path):
-    code = ("import sys; from gate.cli import main; "
-            "sys.exit(main(['baseline', 'refresh', '--evals', '40', '--seed', '0']))")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    res = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stderr
+def refresh(repo: Path, fresh_process: bool = False):
+    """`dl-gate baseline refresh` in ``repo``, in this process as `gate` runs the gate (the
+    operators run in isolated workers either way; a subprocess paid an interpreter and a torch
+    import, ~2.5 s, for each of the beds' repositories); ``fresh_process``: in a new process (its
+    workers see this process's environment as it is now, not as a running zygote saw it)."""
+    if fresh_process:
+        code = ("import sys; from gate.cli import main; "
+                "sys.exit(main(['baseline', 'refresh', '--evals', '40', '--seed', '0']))")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        res = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr
+        return
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        code = main(["baseline", "refresh", "--evals", "40", "--seed", "0"])
+    finally:
+        os.chdir(old)
+    assert code == 0, f"baseline refresh exited {code}"
 
 
 def open_pr(repo: Path, name: str):
@@ -301,7 +314,7 @@ def test_an_operator_that_imports_on_neither_side_is_a_setup_error_not_a_regress
     "operator removed or broken: does not import on head", a regression, although base did not
     import either. Base is imported in the same environment: an error naming the variable."""
     monkeypatch.setenv("MYLIB_BACKEND", "cpu")
-    repo = make_repo(tmp_path, ops_src=ENV_OPS, config=ENV_CONFIG)  # baselines refreshed with it set
+    repo = make_repo(tmp_path, ops_src=ENV_OPS, config=ENV_CONFIG, fresh_process=True)  # refreshed with it set
     commit_pr(repo, "pr", "HEAD", "return x * 2.0", "return 2.0 * x", path="mylib/ops.py")
     monkeypatch.delenv("MYLIB_BACKEND")
     code, report = gate(repo, tmp_path)
