@@ -298,7 +298,7 @@ def _close_zygotes() -> None:
 
 #: workers kept for the next runner, by :func:`_reuse_key`: a framework the zygote cannot
 #: preload (TensorFlow: its import starts threads, so each worker imported it after the fork,
-#: 5-9 s a worker on a 2-core runner, once for every variant) keeps a worker that finished
+#: ~9 s a worker on a 2-core runner (a Keras layer's run: 18 s for 2 variants), once for every variant) keeps a worker that finished
 #: cleanly for the next runner with the same import path, which sends it a new ``init`` (the
 #: runner is rebuilt; the framework stays imported). Workers of a preloading zygote (torch) are
 #: forked warm in milliseconds and never kept; head's and base's workers never mix (their
