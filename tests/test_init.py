@@ -566,6 +566,22 @@ def test_module_records_drop_self_and_tests_range_is_widened():
     assert widen(spec)["inputs"] == [{"name": "input", "shape": [2, 3]}]
 
 
+def test_labels_the_tests_pass_as_zeros_and_ones_stay_in_zero_one():
+    # fvcore's focal loss (acceptance run, fvcore bfff2ef): the tests pass targets of 0 and 1;
+    # opened to real values the search drew targets of -65504 and 5e17, every loss overflowed on
+    # both sides, and the upcast fix read as a 3e7-ulp regression. Logits drawn by torch.rand still open
+    import numpy as np
+
+    op = _op([("inputs", None), ("targets", None)])
+    labels = np.array([[1.0, 0.0, 1.0, 1.0]])
+    recs = [CallRecord(op="lib.f", args=[TensorArg((1, 4), "float32", np.random.rand(1, 4)),
+                                        TensorArg((1, 4), "float32", labels)], kwargs={})]
+    spec = from_records(op, recs, "torch", []).spec
+    assert spec["inputs"][1]["domain"] == {"name": "prob", "lo": 0.0, "hi": 1.0}, spec["inputs"]
+    wide = widen(spec)
+    assert "domain" not in wide["inputs"][0] and wide["inputs"][1] == spec["inputs"][1], wide["inputs"]
+
+
 def test_a_class_with_defaults_is_built_as_the_tests_built_it():
     # keras' GroupNormalization (acceptance run on keras-team/keras d863dc8a5b): its constructor
     # has defaults only (groups=32); the tests build it as GroupNormalization(groups=4,

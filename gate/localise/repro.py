@@ -33,13 +33,14 @@ FORMATS = {FORMATS}
 
 
 def ulp(x, dtype):
-    """Unit in the last place of |x| in ``dtype`` (subnormal spacing near zero)."""
+    """Unit in the last place of |x| in ``dtype`` (subnormal spacing near zero; beyond the
+    dtype's range, the same digits as if its exponent went on)."""
     p, emin, emax = FORMATS[dtype]
     x = np.abs(np.asarray(x, dtype=np.float64))
     with np.errstate(all="ignore"):
         _, e = np.frexp(np.where(np.isfinite(x), x, 0.0))
-    e = np.where(x == 0, emin, np.where(np.isfinite(x), e - 1, emax))
-    return np.ldexp(1.0, (np.clip(e, emin, emax) - (p - 1)).astype(np.int32))
+    e = np.where(x == 0, emin, np.where(np.isfinite(x), e - 1, 1023))
+    return np.ldexp(1.0, (np.clip(e, emin, 1023) - (p - 1)).astype(np.int32))
 
 
 def overflow_bound(dtype):

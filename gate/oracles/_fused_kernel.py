@@ -54,8 +54,9 @@ def _min8(x0, x1, x2, x3, x4, x5, x6, x7):
 
 @numba.njit(cache=True, nogil=True)
 def _scales(p, emin, emax):
-    """(2^-(p-1), the smallest ulp, the largest ulp) of a format of p bits and exponents emin..emax."""
-    return math.ldexp(1.0, -(p - 1)), math.ldexp(1.0, emin - (p - 1)), math.ldexp(1.0, emax - (p - 1))
+    """(2^-(p-1), the smallest ulp, the largest ulp) of a format of p bits and exponents emin..:
+    above the format's range the ulp goes on growing (gate.search.score.ulp), up to float64's."""
+    return math.ldexp(1.0, -(p - 1)), math.ldexp(1.0, emin - (p - 1)), math.ldexp(1.0, 1023 - (p - 1))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -66,8 +67,8 @@ def _tree8(r):
 
 @numba.njit(cache=True, nogil=True)
 def ulp_of(bi, scl, lo_ulp, hi_ulp):
-    """gate.search.score.ulp of one value: its exponent bits as 2^e, scaled by 2^-(p-1), clamped
-    to the dtype's range (0 and subnormals: the smallest; inf and NaN: the largest)."""
+    """gate.search.score.ulp of one value: its exponent bits as 2^e, scaled by 2^-(p-1), bounded
+    (0 and subnormals: the dtype's smallest; inf and NaN: float64's largest exponent's)."""
     bits = np.float64(bi).view(np.uint64) & _EXP
     return min(max(np.uint64(bits).view(np.float64) * scl, lo_ulp), hi_ulp)
 
