@@ -255,3 +255,23 @@ def test_an_improvements_nan_columns_say_what_the_outputs_hold(spec):
     v = judge(spec, head, base)
     assert v.outcome == V.IMPROVEMENT and v.reason.startswith("head fixes NaN/Inf"), v.reason
     assert (v.head_nonfinite, v.base_nonfinite) == (1, 2), (v.head_nonfinite, v.base_nonfinite)
+
+
+def test_inf_that_rounds_a_true_value_beyond_the_range_is_not_new_where_bases_value_is_inside_it():
+    # a rotary embedding's positions fixed (keras-hub #1508), on inputs near float16's end: the
+    # true 65600 rounds to inf in float16 and head says so; base's wrong angle gave 65504, finite
+    # and close, but no float16 value is the answer. A base value beyond the range (a float32 box
+    # area of 300000, torchvision #3383) holds the answer: head's inf is new there
+    from gate.judge.decide import new_nonfinite
+
+    def pair(head_out, base_out, base_dtype):
+        h = ReplayResult(status="ok", metrics=Metrics(ulp=0.0, nonfinite=1), outputs=[np.asarray(head_out, np.float64)],
+                         reference=[np.asarray([65600.0, 1.0])])
+        b = ReplayResult(status="ok", metrics=Metrics(ulp=1.5), outputs=[np.asarray(base_out, base_dtype)],
+                         reference=[np.asarray([65600.0, 1.0])])
+        return h, b
+
+    assert new_nonfinite(*pair([np.inf, 1.0], [65504.0, 1.0], np.float16), "float16") == 0
+    assert new_nonfinite(*pair([np.inf, 1.0], [65600.0, 1.0], np.float32), "float16") == 1
+    assert new_nonfinite(*pair([np.inf, 1.0], [30000.0, 1.0], np.float16), "float16") == 0  # far off: noise
+    assert new_nonfinite(*pair([np.inf, 1.0], [65504.0, 1.0], np.float16), None) == 1  # no dtype: every inf counts

@@ -201,6 +201,11 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         hinted.append(pname)
     variants = answer.get("variants") or {}
     notes = []
+    reach = answer.get("reach") or {}
+    if reach and isinstance(spec.get("dims"), dict):
+        spec["dims"] = {d: (list(r) + [reach[d]] if d in reach else r) for d, r in spec["dims"].items()}
+        notes.append(f"{', '.join(sorted(reach))}: the tests' sizes, reaching {max(reach.values())} by the search's "
+                     "size mutation")
     dtypes = []
     for d in LOW:
         st = variants.get(f"{d}/cpu/input")
@@ -241,6 +246,11 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     if hinted:
         notes.insert(0, f"{', '.join(hinted)}: values from the type hints")
     return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
+
+
+#: how far past the tests' sizes init lets the search aim a dim: 4096 holds a float16 position or
+#: count past 2048 (where consecutive integers stop being representable) and a bfloat16 one past 256
+DIM_REACH = 4096
 
 
 def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] = None, config: str = CONFIG,
@@ -476,7 +486,7 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
             log(f"probed {done[0]}/{len(plans)} operators")
 
     probe_req = [{"name": n, "candidates": c, "options": {**hinted_options(op, c[0]), **widened_options(op, c[0])},
-                  "recorded": n_rec} for n, (op, c, _, n_rec) in plans.items()]
+                  "recorded": n_rec, "reach": DIM_REACH} for n, (op, c, _, n_rec) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
                          sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress, env_extra=env)

@@ -141,7 +141,7 @@ def classify(req: dict) -> None:
             _emit(row)
 
 
-def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all: bool = False):
+def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all: bool = False, fixed_dims=None):
     """Outcome of the gate's runner for ``variant`` on ``seeds`` draws: ``("ok", None)`` as soon as
     one runs (``need_all``: when every one does), else the last failure's (status, message)."""
     import numpy as np
@@ -160,7 +160,7 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
     for s in range(seeds):
         rng = np.random.default_rng(1000 + s)
         try:
-            cand = draw(search_spec, rng, size_scale=0.5 if s else 0.25)
+            cand = draw(search_spec, rng, size_scale=0.5 if s else 0.25, fixed_dims=fixed_dims)
         except Exception as exc:
             return "error", f"{type(exc).__name__}: {exc}"
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -258,6 +258,24 @@ def probe(req: dict) -> None:
                     if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, keep=True, need_all=True)[0] == "ok":
                         ok.setdefault(pname, []).append(v)
             result["options"] = ok
+        if chosen is not None and op.get("reach"):
+            # sizes past the tests' (a position past 2048 in float16, a reduction of 4096 terms:
+            # keras-hub's rotary embedding, tested on 4 positions): each dim that runs at the
+            # reach gets it, aimed at by the search's size mutation, its draws staying the tests'
+            reach: Dict[str, int] = {}
+            for d, rng_ in (chosen.get("dims") or {}).items():
+                top = int(op["reach"])
+                if not (isinstance(rng_, list) and len(rng_) == 2 and all(isinstance(x, int) for x in rng_)
+                        and rng_[1] < top):
+                    continue
+                trial = dict(chosen, dims={**chosen["dims"], d: [rng_[0], rng_[1], top]})
+                try:
+                    tspec = OpSpec.from_dict(trial, defaults, origin="user")
+                except Exception:
+                    continue
+                if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, fixed_dims={d: top})[0] == "ok":
+                    reach[d] = top
+            result["reach"] = reach
         if chosen is not None:
             variants = {}
             for v in variants_for(spec, available_devices=("cpu",)):

@@ -271,6 +271,10 @@ class OpSpec:
     inputs: tuple  # of TensorSpec
     params: tuple = ()  # of ParamSpec
     dims: tuple = ()  # ((name, (lo_expr, hi_expr)), ...) in draw order
+    #: ((name, size), ...): how far past ``hi`` a dim may be aimed (``dims: {C: [1, 4, 4096]}``):
+    #: draws stay in [lo, hi] (fast evaluations); the search's size mutation reaches up to it
+    #: (a position past 2048 in float16, a reduction of 4096 terms) within MAX_ELEMENTS
+    reach: tuple = ()
     dtypes: tuple = LOW_DTYPES
     devices: tuple = ("cpu", "cuda")
     modes: tuple = ("input",)
@@ -336,7 +340,7 @@ class OpSpec:
             "callable": self.callable,
             "inputs": [t.to_dict() for t in self.inputs],
             "params": {p.name: p.to_dict() for p in self.params},
-            "dims": {n: list(r) for n, r in self.dims},
+            "dims": {n: list(r) + ([dict(self.reach)[n]] if n in dict(self.reach) else []) for n, r in self.dims},
             "dtypes": list(self.dtypes),
             "devices": list(self.devices),
             "modes": list(self.modes),
@@ -380,7 +384,8 @@ class OpSpec:
                 ulp=float(thr.get("ulp", math.inf)), abs=float(thr.get("abs", math.inf))
             )
         dims_raw = merged.get("dims") or {}
-        dims = tuple((str(k), tuple(v) if isinstance(v, (list, tuple)) else (v, v)) for k, v in dims_raw.items())
+        dims = tuple((str(k), tuple(v[:2]) if isinstance(v, (list, tuple)) else (v, v)) for k, v in dims_raw.items())
+        reach = tuple((str(k), int(v[2])) for k, v in dims_raw.items() if isinstance(v, (list, tuple)) and len(v) > 2)
         layouts_raw = merged.get("layouts")
         user_torch = origin == "user" and merged.get("framework") == "torch"
         if layouts_raw is None and user_torch and any(len(t.get("shape") or ()) >= 1 for t in merged.get("inputs") or ()):
@@ -396,6 +401,7 @@ class OpSpec:
                 inputs=tuple(TensorSpec.from_dict(t) for t in merged["inputs"]),
                 params=tuple(ParamSpec.from_dict(k, v) for k, v in dict(merged.get("params") or {}).items()),
                 dims=dims,
+                reach=reach,
                 dtypes=tuple(merged.get("dtypes", LOW_DTYPES)),
                 devices=tuple(merged.get("devices", ("cpu", "cuda"))),
                 modes=tuple(merged.get("modes", ("input",))),

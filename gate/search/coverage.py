@@ -332,11 +332,12 @@ def dim_envelope(spec: OpSpec) -> Dict[str, Tuple[float, float]]:
     """[lowest lower bound, highest upper bound] of every dim over the spec's value spaces."""
     options = _param_options(spec)
     env: Dict[str, Tuple[float, float]] = {}
+    reach = dict(spec.reach)
     for name, (lo_e, hi_e) in spec.dims:
         lo = _extremes(lo_e, options)
         hi = _extremes(hi_e, options)
         a = lo[0] if lo else 0.0
-        b = hi[1] if hi else math.inf
+        b = max(hi[1], reach.get(name, -math.inf)) if hi else math.inf
         env[name] = (max(a, 0.0), b)
         options[name] = sorted({env[name][0], env[name][1]} - {math.inf}) or [0]
     return env

@@ -135,11 +135,12 @@ def draw_dims(spec: OpSpec, params: Mapping[str, Any], rng: np.random.Generator,
     """Dims in declaration order; ``None`` when the parameters admit no valid shape."""
     env: Dict[str, Any] = dict(params)
     dims: Dict[str, int] = {}
+    reach = dict(spec.reach)
     for name, (lo_e, hi_e) in spec.dims:
         lo, hi = int(expr.evaluate(lo_e, env)), int(expr.evaluate(hi_e, env))
         if lo > hi:
             return None
-        if fixed and name in fixed and lo <= fixed[name] <= hi:
+        if fixed and name in fixed and lo <= fixed[name] <= max(hi, reach.get(name, hi)):
             v = int(fixed[name])
         else:
             # favour small sizes (fast evaluations) but reach the top of the range
@@ -151,6 +152,52 @@ def draw_dims(spec: OpSpec, params: Mapping[str, Any], rng: np.random.Generator,
                 v = min(max(v, lo), hi)
         dims[name] = v
         env[name] = v
+    return dims
+
+
+#: the most elements one input of a drawn candidate holds: a dim aimed at its reach (4096) beside
+#: others drawn large would otherwise make one evaluation of a 3-d input 10^10 values
+MAX_ELEMENTS = 1 << 20
+
+
+def largest_input(spec: OpSpec, params: Mapping[str, Any], dims: Mapping[str, int]) -> int:
+    env = {**params, **dims}
+    try:
+        derived = derived_params(spec, params, dims)
+        env.update(derived)
+        return max((math.prod(tensor_shape(t, env)) for t in spec.inputs), default=0)
+    except Exception:
+        return 0  # a shape the spec cannot size here: left to the operator to refuse
+
+
+def within_elements(spec: OpSpec, params: Mapping[str, Any], dims: Dict[str, int],
+                    fixed: Optional[Mapping[str, int]] = None) -> Optional[Dict[str, int]]:
+    """``dims`` with the largest input at most :data:`MAX_ELEMENTS`: the largest dims not asked
+    for (``fixed``) halved first, then the asked ones; each kept in its range (``None`` when a
+    dependent bound no longer holds)."""
+    if not spec.dims or largest_input(spec, params, dims) <= MAX_ELEMENTS:
+        return dims
+    dims = dict(dims)
+    lows: Dict[str, int] = {}
+    env: Dict[str, Any] = dict(params)
+    for name, (lo_e, _) in spec.dims:
+        lows[name] = int(expr.evaluate(lo_e, env))
+        env[name] = dims[name]
+    for _ in range(64 * len(dims)):
+        if largest_input(spec, params, dims) <= MAX_ELEMENTS:
+            break
+        free = [d for d in dims if dims[d] > max(lows.get(d, 1), 1)]
+        if not free:
+            break
+        d = min(free, key=lambda d: (bool(fixed and d in fixed), -dims[d]))
+        dims[d] = max(lows.get(d, 1), 1, dims[d] // 2)
+    env = dict(params)
+    for name, (lo_e, hi_e) in spec.dims:  # dependent bounds (D: [1, N]) still hold?
+        lo, hi = int(expr.evaluate(lo_e, env)), int(expr.evaluate(hi_e, env))
+        top = max(hi, dict(spec.reach).get(name, hi))
+        if not lo <= dims[name] <= top:
+            return None
+        env[name] = dims[name]
     return dims
 
 
@@ -260,10 +307,14 @@ def build_arrays(spec: OpSpec, dims: Mapping[str, int], params: Mapping[str, Any
 def draw(spec: OpSpec, rng: np.random.Generator, *, fixed_params: Optional[Mapping[str, Any]] = None,
          fixed_dims: Optional[Mapping[str, int]] = None, like: Optional[Mapping[str, np.ndarray]] = None,
          size_scale: float = 1.0, origin: str = "seed") -> Candidate:
-    """A fresh candidate from the spec's value spaces."""
+    """A fresh candidate from the spec's value spaces (its largest input within MAX_ELEMENTS)."""
     for _ in range(50):
         params = draw_params(spec, rng, fixed_params)
         dims = draw_dims(spec, params, rng, fixed_dims, size_scale)
+        if dims is None:
+            fixed_params = None
+            continue
+        dims = within_elements(spec, params, dims, fixed_dims)
         if dims is None:
             fixed_params = None
             continue

@@ -10,6 +10,7 @@ see :mod:`gate.search.schedule`; uniform when the scheduler has none)."""
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -195,6 +196,13 @@ def reshape(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *,
             if v is not None:
                 keep = {k: n for k, n in cand.dims.items() if k != d and rng.random() < 0.5}
                 fixed_dims = {**keep, d: v}
+    elif spec.reach and rng.random() < 0.25:
+        # past the drawn range, up to the dim's reach (log-uniform): sizes the tests never used
+        d, top = spec.reach[int(rng.integers(len(spec.reach)))]
+        lo = max(2, dim_envelope(spec)[d][0])
+        if top >= lo:
+            v = int(round(math.exp(rng.uniform(math.log(lo), math.log(top)))))
+            fixed_dims = {d: min(max(v, int(lo)), int(top))}
     return draw(spec, rng, fixed_params=base, fixed_dims=fixed_dims, like=cand.arrays, origin="reshape")
 
 
