@@ -770,22 +770,38 @@ def test_init_on_a_keras_library(tmp_path):
 
             def call(self, x):
                 return x * ops.sigmoid(self.beta * x)
+
+
+        class FocalLoss(keras.losses.Loss):
+            def __init__(self, gamma, **kwargs):
+                super().__init__(**kwargs)
+                self.gamma = gamma
+
+            def call(self, y_true, y_pred):
+                p_t = y_true * ops.sigmoid(y_pred) + (1 - y_true) * ops.sigmoid(-y_pred)
+                return -((1 - p_t) ** self.gamma) * ops.log(p_t + 1e-7)
         '''))
     (repo / "tests" / "test_ops.py").write_text(textwrap.dedent('''
         import numpy as np
-        from tfops import ScaledSwish
+        from tfops import FocalLoss, ScaledSwish
 
 
         def test_scaled_swish():
             x = np.linspace(-3, 3, 12, dtype="float32").reshape(3, 4)
             assert ScaledSwish(beta=1.5)(x).shape == (3, 4)
+
+
+        def test_focal_loss():
+            y = np.array([[0.0, 1.0, 1.0, 0.0]], dtype="float32")
+            assert float(FocalLoss(gamma=2.0)(y, np.linspace(-2, 2, 4, dtype="float32")[None])) > 0
         '''))
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     rep = run_init(repo, probe_timeout=30)
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
     assert cfg.raw["framework"] == "tensorflow"
     kinds = {name: kind for name, kind, _ in rep.found}
-    assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer", "tfops.ScaledSwish": "layer"}, rep.left_out
+    assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer", "tfops.ScaledSwish": "layer",
+                     "tfops.FocalLoss": "layer"}, rep.left_out
     assert all(o.framework == "tensorflow" for o in cfg.ops)
     scaled = next(o for o in cfg.ops if o.name == "tfops.ScaledSwish")
     assert dict(scaled.construct) == {"beta": 1.5}, scaled.construct
@@ -793,7 +809,11 @@ def test_init_on_a_keras_library(tmp_path):
     # dtype="mixed_float16", float32 inputs); a function keeps mode input
     modes = {o.name: o.modes for o in cfg.ops}
     assert modes == {"tfops.softplus_safe": ("input",), "tfops.Swish": ("input", "operator"),
-                     "tfops.ScaledSwish": ("input", "operator")}, modes
+                     "tfops.ScaledSwish": ("input", "operator"), "tfops.FocalLoss": ("input",)}, modes
+    # a Keras Loss class is built as its test builds it, and its 0/1 labels stay labels
+    focal = next(o for o in cfg.ops if o.name == "tfops.FocalLoss")
+    assert dict(focal.construct) == {"gamma": 2.0}, focal.construct
+    assert focal.inputs[0].domain.name == "prob", focal.inputs
     # the Action's image holds torch only: a TensorFlow library's install step brings TensorFlow first
     assert "install: \"pip install 'tensorflow-cpu==2.21.*'" in (repo / ".github/workflows/dl-gate.yml").read_text()
 

@@ -138,6 +138,48 @@ def test_a_keras_layer_left_at_its_float32_policy_is_not_measured_at_float16(tmp
 
 
 @pytest.mark.tf
+def test_a_keras_loss_class_with_constructor_arguments_is_built_in_each_run_s_dtype(tmp_path, monkeypatch):
+    """A Keras ``Loss`` subclass (artemmavrin/focal-loss's BinaryFocalLoss(gamma=2)) named by its
+    class: built with the row's construct and ``dtype=`` the run's dtype (a Loss computes at its
+    dtype, float32 by default: a float16 run would measure float32), called as losses are,
+    ``loss(y_true, y_pred)``. init left Loss classes out ("not an nn.Module or a Keras Layer")."""
+    (tmp_path / "keras_loss.py").write_text('''import keras
+from keras import ops
+
+
+class FocalLoss(keras.losses.Loss):
+    def __init__(self, gamma, **kwargs):
+        super().__init__(**kwargs)
+        self.gamma = gamma
+
+    def call(self, y_true, y_pred):
+        p = ops.sigmoid(y_pred)
+        p_t = y_true * p + (1 - y_true) * (1 - p)
+        return -((1 - p_t) ** self.gamma) * ops.log(p_t + 1e-7)
+''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = user_ops(tmp_path, """
+- name: k.FocalLoss
+  framework: tensorflow
+  callable: keras_loss:FocalLoss
+  construct: {gamma: 2.0}
+  dims: {N: [4, 4]}
+  inputs: [{name: y_true, shape: [N, 8], domain: {name: prob, lo: 0.0, hi: 1.0}}, {name: y_pred, shape: [N, 8]}]
+  dtypes: [float16, float32]
+""")
+    from gate.plan import Variant
+    from gate.oracles.registry import build_runner
+
+    cand = Candidate(dims={"N": 4}, params={}, arrays={"y_true": (np.arange(32).reshape(4, 8) % 2).astype(float),
+                                                         "y_pred": np.linspace(-3, 3, 32).reshape(4, 8)})
+    for dtype in ("float16", "float32"):
+        ev = build_runner(specs["k.FocalLoss"], Variant(dtype)).evaluate(cand, keep_outputs=True)[1]
+        assert ev.status == "ok" and ev.metrics.unmeasured is None, (dtype, ev.status, ev.error, ev.metrics)
+        assert [o.dtype for o in ev.outputs] == [dtype] and ev.outputs[0].array.shape == ()
+    assert ev.metrics.ulp < 8
+
+
+@pytest.mark.tf
 def test_a_keras_layer_class_is_built_in_each_run_s_dtype(tmp_path, monkeypatch):
     """Named by its class (what `dl-gate init` writes for a Layer), the gate builds the layer:
     with ``dtype=`` the run's dtype, so float16 is measured against a float64 reference (issue 28:

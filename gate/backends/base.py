@@ -223,7 +223,8 @@ def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]]
         if construct:
             raise ConfigError(f"{path} is an autograd.Function: construct is for an nn.Module or Keras Layer")
         return cls.apply  # type: ignore[attr-defined]
-    if any(b.endswith(".Module") and b.startswith("torch.nn.") or b.endswith(".Layer") for b in bases):
+    keras_loss = any(b.endswith(".Loss") and "keras" in b for b in bases)
+    if any(b.endswith(".Module") and b.startswith("torch.nn.") or b.endswith(".Layer") for b in bases) or keras_loss:
         try:
             return ClassOperator(cls, keras=not any(b.startswith("torch.nn.") for b in bases), kwargs=construct)
         except Exception as exc:
@@ -295,7 +296,7 @@ class _KerasAt:
     def __call__(self, *args, **kwargs):
         if not self.ready:
             out = self.layer(*args, **kwargs)  # builds the layer's weights
-            if self.layer.weights:
+            if getattr(self.layer, "weights", None):  # a Keras Loss has none
                 if not self.default.built:
                     self.default(*args, **kwargs)
                 self.layer.set_weights(self.default.get_weights())

@@ -396,7 +396,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
                 continue
             op = Operator(name=name, module=m, qualname=s.name, kind=r["kind"], file=s.file, line=s.line,
                           framework=r.get("framework", framework), params=r.get("params") or [],
-                          init=r.get("init") or [])
+                          init=r.get("init") or [], loss=bool(r.get("loss")))
             ops.append(op)  # a constructor that needs arguments: built as the tests build it, if they do
             by_sym[name] = s
     if not ops:
@@ -466,7 +466,9 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         if construct is not None:  # every candidate builds the instance the tests built
             cands = [_after(c, "callable", "construct", construct) for c in cands]
             origin = f"{origin}; built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in construct.items())})"
-        if op.kind == "layer":  # and under Keras's mixed-precision policies (gate.backends.base.keras_mixed_policy)
+        # a layer under Keras's mixed-precision policies too (gate.backends.base.keras_mixed_policy);
+        # not a Loss: a model's loss computes at its own dtype (float32 unless given one)
+        if op.kind == "layer" and not op.loss:
             cands = [_with_modes(c, MIXED_MODES) for c in cands]
         plans[op.name] = (op, cands, origin, n_rec)
 

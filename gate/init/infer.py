@@ -50,6 +50,7 @@ class Operator:
     framework: str = "torch"
     params: List[dict] = field(default_factory=list)  # the call signature (self/ctx dropped)
     init: List[dict] = field(default_factory=list)  # constructor signature of a class
+    loss: bool = False  # a Keras Loss class (kind layer): computes at its dtype=, no mixed policy of its own
 
     @property
     def callable(self) -> str:

@@ -124,8 +124,15 @@ def classify(req: dict) -> None:
                     init = _params_of(obj.__init__, drop_first=True)
                     row.update(kind="layer", params=_params_of(obj.call, drop_first=True), init=init,
                                framework="tensorflow")
+                elif any(m.endswith(".Loss") and "keras" in m for m in mro) and callable(getattr(obj, "call", None)):
+                    # a Keras Loss class (FocalLoss(gamma=2)): built like a layer, in the variant's dtype
+                    # (its dtype= is the dtype it computes in: float32 by default, whatever it is given)
+                    init = _params_of(obj.__init__, drop_first=True)
+                    row.update(kind="layer", params=_params_of(obj.call, drop_first=True), init=init,
+                               framework="tensorflow", loss=True)
                 else:
-                    row["skip"] = "a class that is not an nn.Module, a Keras Layer or an autograd.Function"
+                    row["skip"] = ("a class that is not an nn.Module, a Keras Layer or Loss, or an "
+                                   "autograd.Function")
             elif type(obj).__name__ in ("CustomOpDef",) and hasattr(obj, "_init_fn"):
                 row.update(kind="custom_op", params=_params_of(obj._init_fn), framework="torch")
             elif inspect.isfunction(obj) or inspect.isbuiltin(obj) or callable(obj):
