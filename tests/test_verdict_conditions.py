@@ -59,6 +59,10 @@ def test_head_raising_no_kernel_where_base_returns_is_a_new_crash(spec):
     # and the same with the runner's crash status
     v = judge(spec, [raises(status="crash"), ok()], [ok(), ok()])
     assert v.outcome == V.REGRESSION and "new crash" in v.reason, (v.outcome, v.reason)
+    # the float64 run raising (an invalid evaluation: the runner runs it first) is said as such
+    # (tensorflow/addons' focal loss revert read "head raises TypeError" for a float64 failure)
+    v = judge(spec, [raises("TypeError: in user code", status="invalid"), ok()], [ok(), ok()])
+    assert v.outcome == V.REGRESSION and v.reason.startswith("new crash: head's float64 run fails (TypeError"), v.reason
 
 
 def test_base_raising_where_head_returns_is_a_fixed_crash(spec):

@@ -489,7 +489,10 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
     if b.status == UNAVAILABLE:
         return
     if _fails(h) and b.status == OK:
-        t.regress(math.inf, i, f"new crash: head raises {h.error} where base returns")
+        # an INVALID evaluation is the float64 run's failure (the runner runs it first): a float64
+        # caller's new crash, said as such (tensorflow/addons' focal loss read "head raises")
+        what = f"head's float64 run fails ({h.error})" if h.status == INVALID else f"head raises {h.error}"
+        t.regress(math.inf, i, f"new crash: {what} where base returns")
         return
     if h.status == OK and b.status == UNSUPPORTED and str(b.error or "").startswith(NOT_DIFFERENTIABLE):
         t.gained += 1
