@@ -275,3 +275,14 @@ def test_inf_that_rounds_a_true_value_beyond_the_range_is_not_new_where_bases_va
     assert new_nonfinite(*pair([np.inf, 1.0], [65600.0, 1.0], np.float32), "float16") == 1
     assert new_nonfinite(*pair([np.inf, 1.0], [30000.0, 1.0], np.float16), "float16") == 0  # far off: noise
     assert new_nonfinite(*pair([np.inf, 1.0], [65504.0, 1.0], np.float16), None) == 1  # no dtype: every inf counts
+
+
+def test_the_threshold_shown_is_the_largest_bar_an_input_was_held_to(spec):
+    # fvcore's acceptance run: on an input where both sides flush a subnormal result (base 1.55e7
+    # "ulp", not half its digits), the float32 row read "threshold 3.1e+07" beside "pass"; the
+    # inputs judged were held to max(floor, 2 x 0.6)
+    flush = rr([0.0], [1e-30], ulp=1.55e7)
+    v = judge(spec, [rr([1.0], [1.0], ulp=0.5), rr([0.0], [1e-30], ulp=1.55e7)],
+              [rr([1.0000001], [1.0], ulp=0.6), flush])
+    assert v.outcome == V.PASS, (v.outcome, v.reason)
+    assert v.threshold == max(GateSettings().floor(spec, F32), 2 * 0.6), v.threshold

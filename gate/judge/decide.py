@@ -464,7 +464,10 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     if t.worst[1] >= 0:
         return _regression(vv, t, head, base, inputs, m, floor, by_output)
     vv.base_error, vv.head_error = t.base_max, t.head_max_same
-    vv.threshold = max(floor, m * t.base_max)
+    # the largest bar an input was held to: base's errors where it kept half its digits (on an
+    # input where both sides flush a subnormal result to 0, base's 1e7 "ulp" is no bar and no
+    # input was judged against it: shown, it read as a threshold of 3e7)
+    vv.threshold = max(floor, t.base_reach, m * t.base_judged_max)
     if t.gained and t.pairs == 0 and t.identical == 0:
         # the mirror of "gradient lost": base's output carried no gradient, head's does (ignite #1675)
         vv.outcome = V.IMPROVEMENT
