@@ -14,6 +14,11 @@ retirement would change, measured on the same PRs and seeds as the defaults).
 ``--bed refactor`` runs tests/test_refactor_bed.py's pairs in both directions instead: each
 direction whose verdict is "pass" counts a failing run as a false alarm; each direction that
 must fail counts a passing run as a miss (and a failure of another outcome as wrong).
+
+``--bed upcast`` (tests/test_upcast_bed.py: fvcore bfff2ef, an upcast fix that returns float32)
+and ``--bed reach`` (tests/test_size_reach_bed.py: keras-hub #1508's rotary positions, with the
+config `dl-gate init` writes for it) run one fix and its revert: the fix must pass (exit 0), the
+revert fail (exit 1).
 """
 import argparse
 import sys
@@ -32,12 +37,14 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--evals", type=int, default=40)
     ap.add_argument("--cases", default="", help="comma-separated bed cases (default: all)")
-    ap.add_argument("--bed", choices=("verdict", "refactor"), default="verdict")
+    ap.add_argument("--bed", choices=("verdict", "refactor", "upcast", "reach"), default="verdict")
     ap.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
                     help="a gate: setting of the config for every run (repeatable)")
     args = ap.parse_args()
     if args.bed == "refactor":
         return refactor_bed(args)
+    if args.bed in ("upcast", "reach"):
+        return fix_revert_bed(args)
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-fa-"))
     repo = make_repo(tmp, bed.OPS, config=with_gate(bed.CONFIG, args.gate), package="lib")
     prs = []  # (name, base, op)
@@ -122,6 +129,59 @@ def refactor_bed(args) -> int:
         print(f"{name:12s} {direction}  want {what:28s} {args.seeds - len(bad)}/{args.seeds} right"
               + (f"  wrong: {bad}" if bad else ""), flush=True)
     print(f"false alarms: {alarms}, misses or wrong outcomes: {misses}, of {runs} runs, {time.time() - t0:.0f}s")
+    return 1 if alarms or misses else 0
+
+
+def fix_revert_bed(args) -> int:
+    """One real fix as a PR on its parent (must pass) and its revert (must fail), seeds 1..N."""
+    from tests.test_gate_run import gate, git
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"dl-gate-{args.bed}-"))
+    if args.bed == "upcast":
+        from tests import test_upcast_bed as ub
+
+        config, fixed, buggy, path = with_gate(ub.CONFIG, args.gate), ub.FIXED, ub.REVERTED, "mylib/ops.py"
+
+        def repo_at(where, src):
+            return make_repo(where, ops_src=src, config=config)
+    else:
+        from gate.init import run_init
+        from tests import test_size_reach_bed as rb
+
+        lib = rb._lib(tmp / "init", rb.ROPE.replace("{POS}", rb.FIXED_POS))
+        run_init(lib, workflows=False, probe_timeout=20)
+        config = with_gate((lib / ".dl-gate.yml").read_text(), args.gate)
+        fixed, buggy = rb.ROPE.replace("{POS}", rb.FIXED_POS), rb.ROPE.replace("{POS}", rb.BUGGY_POS)
+        path = "ropelib/rope.py"
+
+        def repo_at(where, src):
+            repo = rb._lib(where, src)
+            (repo / ".dl-gate.yml").write_text(config)
+            from tests.test_gate_run import refresh
+
+            refresh(repo)
+            git(repo, "add", "-A")
+            git(repo, "commit", "-q", "-m", "dl-gate")
+            return repo
+    alarms = misses = runs = 0
+    t0 = time.time()
+    for direction, base_src, head_src, want in (("fix", buggy, fixed, 0), ("revert", fixed, buggy, 1)):
+        repo = repo_at(tmp / direction, base_src)
+        git(repo, "checkout", "-q", "-b", "pr")
+        (repo / path).write_text(head_src)
+        git(repo, "commit", "-q", "-am", direction)
+        bad = []
+        for seed in range(1, args.seeds + 1):
+            code, report = gate(repo, tmp / direction, seed=seed, evals=args.evals)
+            runs += 1
+            if code != want:
+                bad.append((seed, code, [(v.key, v.outcome, v.reason[:120]) for v in report.verdicts
+                                         if v.outcome not in bed.PASSING][:2]))
+        alarms += len(bad) if want == 0 else 0
+        misses += len(bad) if want == 1 else 0
+        print(f"{args.bed} {direction:7s} want exit {want}: {args.seeds - len(bad)}/{args.seeds} right"
+              + (f"  wrong: {bad}" if bad else ""), flush=True)
+    print(f"false alarms: {alarms}, misses: {misses}, of {runs} runs, {time.time() - t0:.0f}s")
     return 1 if alarms or misses else 0
 
 

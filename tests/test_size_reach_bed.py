@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from gate.init import run_init
+from tests.helpers.repro import assert_repro_head_then_base
 from tests.test_gate_run import gate
 
 FIXED_POS = "    pos = torch.arange(seq, dtype=torch.float32)\n"
@@ -110,10 +111,17 @@ def _gate_pr(tmp_path: Path, config_text: str, base_pos: str, head_pos: str):
 
 def test_positions_cast_to_the_compute_dtype_fail_past_the_tests_sizes(tmp_path, config_text):
     code, report = _gate_pr(tmp_path, config_text, FIXED_POS, BUGGY_POS)
+    repo = tmp_path / "repo"
     why = [(v.key, v.outcome, v.reason) for v in report.verdicts]
     assert code == 1, why
     failed = [v for v in report.verdicts if v.outcome == "regression"]
     assert any(v.variant["dtype"] in ("float16", "bfloat16") for v in failed), why
+    # the repro scripts agree with the judge: exit 1 on head, 0 on base
+    scripts = [v.diagnosis["repro_script"] for v in failed if v.diagnosis and v.diagnosis.get("repro_script")]
+    assert scripts, why
+    for script in scripts:
+        git(repo, "checkout", "-q", "pr")
+        assert_repro_head_then_base(script, repo)
 
 
 def test_the_fix_passes(tmp_path, config_text):
