@@ -286,3 +286,28 @@ def test_the_threshold_shown_is_the_largest_bar_an_input_was_held_to(spec):
               [rr([1.0000001], [1.0], ulp=0.6), flush])
     assert v.outcome == V.PASS, (v.outcome, v.reason)
     assert v.threshold == max(GateSettings().floor(spec, F32), 2 * 0.6), v.threshold
+
+
+def test_inf_for_a_value_at_the_ranges_end_is_not_new_where_bases_value_there_was_noise():
+    # bench/false_alarms.py --bed reach (keras-hub #1508's rotary fix) on an input of +-3.39e38 in
+    # bfloat16: x*cos + rot*sin overflows for a true -3.395e38 (inside the range, its top binade);
+    # base's wrong angle gave -8.9e37 there (94 ulp off: noise). Base right there keeps it new
+    from gate.judge.decide import new_nonfinite
+
+    true = -3.3952602154211693e38
+
+    def pair(base_out):
+        h = ReplayResult(status="ok", metrics=Metrics(ulp=0.0, nonfinite=1), outputs=[np.asarray([-np.inf, 1.0])],
+                         reference=[np.asarray([true, 1.0])])
+        b = ReplayResult(status="ok", metrics=Metrics(ulp=1.0), outputs=[np.asarray([base_out, 1.0])],
+                         reference=[np.asarray([true, 1.0])])
+        return h, b
+
+    assert new_nonfinite(*pair(-8.905827571758936e37), "bfloat16") == 0
+    assert new_nonfinite(*pair(-3.3895313892515355e38), "bfloat16") == 1  # base had it (the largest finite)
+    # a value far from the range's end that overflows is new whatever base's value was
+    h = ReplayResult(status="ok", metrics=Metrics(ulp=0.0, nonfinite=1), outputs=[np.asarray([np.inf])],
+                     reference=[np.asarray([3.0e30])])
+    b = ReplayResult(status="ok", metrics=Metrics(ulp=1.0), outputs=[np.asarray([1.0e30])],
+                     reference=[np.asarray([3.0e30])])
+    assert new_nonfinite(h, b, "bfloat16") == 1

@@ -104,7 +104,9 @@ def test_init_lets_the_search_reach_past_the_tests_sizes(config_text):
 
 def _gate_pr(tmp_path: Path, config_text: str, base_pos: str, head_pos: str):
     repo = _lib(tmp_path, base_pos)
-    (repo / ".dl-gate.yml").write_text(config_text)
+    cfg = yaml.safe_load(config_text)
+    cfg.setdefault("budget", {})["localise"] = 10  # the suite's time: one finding's repro is what is checked
+    (repo / ".dl-gate.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     _pr(repo, base_pos, head_pos)
     return gate(repo, tmp_path, evals=60)
 

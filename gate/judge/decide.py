@@ -259,25 +259,35 @@ def _ref(r: ReplayResult, k: int, shape) -> Optional[np.ndarray]:
 
 def _rounded_overflow(x: np.ndarray, y: np.ndarray, rx: Optional[np.ndarray], ry: Optional[np.ndarray],
                       dtype: str) -> np.ndarray:
-    """Elements where ``x`` is +-inf, the correct rounding to ``dtype`` of its finite float64 run
-    ``rx``, and ``y``'s finite value does not hold the answer: it is off from its float64 run
-    ``ry`` (``rx`` without one) by 2^(p/2) ulps of ``dtype`` or more, or it is inside the dtype's
-    range, where no value is the answer (a float16 65504 for a true 65600, whose float16 rounding
-    is inf: a rotary embedding's fix, keras-hub #1508, on inputs near the range's end). A wider
-    output's value beyond the range that is right (a float32 box area of 300000) keeps it new."""
+    """Elements where ``x`` is +-inf standing for its finite float64 value ``rx`` at the end of
+    the dtype's range, and ``y``'s finite value does not hold the answer either:
+
+    * ``rx`` beyond the range (``x`` its correct rounding): ``y`` off from its float64 run ``ry``
+      (``rx`` without one) by 2^(p/2) ulps of ``dtype`` or more, or inside the range, where no
+      value is the answer (a float16 65504 for a true 65600);
+    * ``rx`` inside the range's top binade (an intermediate of a result that large overflows:
+      ``x*cos + y*sin`` at bfloat16's 3.4e38): ``y`` off by 2^(p/2) ulps or more (keras-hub
+      #1508's rotary fix, on inputs at the range's end: base's wrong angle gave -8.9e37 for a
+      true -3.395e38, head -inf).
+
+    A finite value of ``y`` that is right keeps ``x``'s infinity new: a wider output beyond the
+    range (a float32 box area of 300000), or a value at the range's end that ``x`` overflowed."""
     if rx is None:
         return np.zeros(x.shape, dtype=bool)
     from ..oracles.precision import overflow_bound, ulp
 
     ry = rx if ry is None else ry
+    ovf = overflow_bound(dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        right = np.isinf(x) & np.isfinite(rx) & (np.abs(rx) >= overflow_bound(dtype)) & (np.sign(x) == np.sign(rx))
-        if not right.any():
-            return right
+        edge = np.isinf(x) & np.isfinite(rx) & (np.abs(rx) >= ovf / 2) & (np.sign(x) == np.sign(rx))
+        if not edge.any():
+            return edge
         ok = np.isfinite(ry) & np.isfinite(y)
         off = np.abs(y.astype(np.float64) - np.where(ok, ry, 0.0)) / ulp(np.where(ok, ry, 0.0), dtype)
-        inside = np.abs(y.astype(np.float64)) < overflow_bound(dtype)
-        return right & ok & ((off >= half_digits_ulps(dtype)) | inside)
+        noise = off >= half_digits_ulps(dtype)
+        beyond = np.abs(rx) >= ovf
+        inside = np.abs(y.astype(np.float64)) < ovf
+        return edge & ok & (noise | (beyond & inside))
 
 
 def decide(
