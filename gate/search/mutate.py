@@ -95,14 +95,13 @@ def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: Opti
         vals = edge_values(dom, dtype)
     if vals.size == 0:
         return None
-    a = cand.arrays[name].copy()
-    flat = a.reshape(-1)
-    k = max(1, int(flat.size * rng.choice([0.0, 0.05, 0.3, 1.0])))
-    idx = pick_positions(rng, flat.size, k)
-    if idx is None:
-        flat[:] = randoms.choice(rng, vals, flat.size)
-    else:
-        flat[idx] = randoms.choice(rng, vals, idx.size)
+    a = cand.arrays[name]
+    k = max(1, int(a.size * rng.choice([0.0, 0.05, 0.3, 1.0])))
+    idx = pick_positions(rng, a.size, k)
+    if idx is None:  # every element: no copy of the parent to overwrite
+        return cand.derive("edge", **{name: randoms.choice(rng, vals, a.size).reshape(a.shape)})
+    flat = a.copy().reshape(-1)
+    flat[idx] = randoms.choice(rng, vals, idx.size)
     return cand.derive("edge", **{name: flat.reshape(a.shape)})
 
 
