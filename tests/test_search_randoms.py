@@ -209,3 +209,9 @@ def test_large_index_and_mask_draws_are_in_range():
     assert 0.45 < m.mean() < 0.55
     i = R.integers_shaped(rng, 5, (3, BIG))
     assert i.shape == (3, BIG) and i.min() == 0 and i.max() == 4
+
+
+def test_warm_compiles_every_loop_or_says_it_cannot(monkeypatch):
+    assert R.warm() is (K is not None)
+    monkeypatch.setattr(R, "_KERNEL", [None])
+    assert R.warm() is False

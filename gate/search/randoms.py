@@ -61,6 +61,20 @@ def kernel():
     return _KERNEL[0]
 
 
+def warm() -> bool:
+    """Compile (or load from Numba's cache) every loop the search uses; True when available."""
+    k = kernel()
+    if k is None:
+        return False
+    rng = np.random.default_rng(0)
+    n = MIN_ELEMENTS
+    for f in (lambda: standard_normal(rng, (n,)), lambda: uniform(rng, 0.0, 1.0, (n,)),
+              lambda: integers(rng, 3, n), lambda: resample(rng, np.ones(4), (n,)),
+              lambda: signed(rng, np.ones(n)), lambda: noise(rng, np.ones(n), 0.1)):
+        f()
+    return True
+
+
 @functools.lru_cache(maxsize=None)
 def tables():
     """(Q, D, T): ``Q[j] = Φ⁻¹(j / 2¹⁶)`` for j in 1..65535 (``Q[0]`` unused), ``D[j] = Q[j+1] - Q[j]``
