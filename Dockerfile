@@ -37,7 +37,7 @@ COPY pyproject.toml README.md ./
 COPY gate ./gate
 RUN pip install --no-cache-dir "/src[${EXTRAS}]" \
  && find /opt/venv -depth -name __pycache__ -type d -exec rm -rf {} + \
- && python -c "from gate.oracles import fused; assert fused.warm()" \
+ && python -c "from gate.oracles import fused; from gate.search import randoms; assert fused.warm() and randoms.warm()" \
  && dl-gate --version
 
 FROM python:${PYTHON_VERSION}-slim-bookworm

@@ -29,8 +29,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") is None:
     # the fused scoring kernel compiled once into Numba's on-disk cache (~4 s), so that the
     # workers and the gate's processes load it (~0.3 s) instead of each compiling it
     from gate.oracles import fused
+    from gate.search import randoms
 
     fused.warm()
+    randoms.warm()  # the search's random-number loops likewise (~2 s compiled, then loaded)
 
 
 def _action_remote() -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..ops import expr
 from ..ops.spec import Domain, ImportRef, OpSpec, TensorSpec
+from . import randoms
 from .score import ulp
 
 
@@ -220,11 +221,13 @@ def tensor_shape(t: TensorSpec, env: Mapping[str, Any]) -> tuple:
 
 
 def draw_values(domain: Domain, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """Uniform inside a bounded domain, else normal of the domain's scale (folded at a bound);
+    a large array's random numbers come from :mod:`gate.search.randoms`."""
     lo, hi = domain.lo, domain.hi
     if lo is not None and hi is not None:
         w = hi - lo
-        return rng.uniform(lo + 0.02 * w, lo + 0.98 * w, shape)
-    n = rng.standard_normal(shape)
+        return randoms.uniform(rng, lo + 0.02 * w, lo + 0.98 * w, shape)
+    n = randoms.standard_normal(rng, shape)
     n *= domain.scale
     if lo is not None:
         np.abs(n, out=n)
@@ -240,7 +243,7 @@ def pick_positions(rng: np.random.Generator, n: int, k: int) -> Optional[np.ndar
     permutation on a large tensor); ``None`` when ``k >= n`` means every position."""
     if k >= n:
         return None
-    return rng.integers(0, n, size=k)
+    return randoms.integers(rng, n, k)
 
 
 def project(arr: np.ndarray, domain: Domain) -> np.ndarray:
@@ -293,12 +296,12 @@ def build_arrays(spec: OpSpec, dims: Mapping[str, int], params: Mapping[str, Any
         shape = tensor_shape(t, env)
         if t.kind == "index":
             hi = int(expr.evaluate(t.index_hi, env)) if t.index_hi is not None else 2
-            arrays[t.name] = rng.integers(0, max(hi, 1), size=shape).astype(np.int64)
+            arrays[t.name] = randoms.integers_shaped(rng, max(hi, 1), shape).astype(np.int64)
         elif t.kind == "bool":
-            arrays[t.name] = (rng.random(shape) < 0.5).astype(np.int64)
+            arrays[t.name] = (randoms.random(rng, shape) < 0.5).astype(np.int64)
         elif like is not None and t.name in like and like[t.name].size and like[t.name].dtype.kind == "f":
             src = like[t.name].ravel()
-            arrays[t.name] = src[rng.integers(0, src.size, size=shape)] if shape else np.asarray(src[0])
+            arrays[t.name] = randoms.resample(rng, src, shape) if shape else np.asarray(src[0])
         else:
             arrays[t.name] = draw_values(t.domain, shape, rng)
     return arrays
@@ -346,6 +349,16 @@ def float_facts(dtype: str) -> Dict[str, float]:
         "log_max": math.log(big),
         "sqrt_max": math.sqrt(big),
     }
+
+
+def _all_inside(flat: np.ndarray, domain: Domain) -> bool:
+    """Every value finite and strictly inside the open domain (two reductions; NaN: False)."""
+    if flat.size == 0:
+        return True
+    lo, hi = float(flat.min()), float(flat.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    return (domain.lo is None or lo > domain.lo) and (domain.hi is None or hi < domain.hi)
 
 
 def inside(vals: np.ndarray, domain: Domain) -> np.ndarray:
@@ -465,7 +478,7 @@ def _signed(mags: np.ndarray, domain: Domain, rng: np.random.Generator) -> np.nd
     pos_ok = domain.hi is None or domain.hi > 0
     neg_ok = domain.lo is None or domain.lo < 0
     if pos_ok and neg_ok:
-        return mags * rng.choice([-1.0, 1.0], size=mags.shape)
+        return randoms.signed(rng, mags)
     return mags if pos_ok else -mags
 
 
@@ -504,18 +517,35 @@ def sample_band(a: float, b: float, domain: Domain, rng: np.random.Generator, n:
     ivs = band_intervals(a, b, domain)
     if not ivs or n <= 0:
         return np.zeros(0)
-    which = rng.integers(len(ivs), size=n)
+    if len(ivs) == 1 and n >= randoms.MIN_ELEMENTS:  # one interval: no choice, no masks
+        (l, h), = ivs
+        t = _log_uniform(abs(l), abs(h), rng, n)
+        return t if l >= 0 else np.negative(t, out=t)
+    if len(ivs) == 2 and n >= randoms.MIN_ELEMENTS and ivs[1] == (-ivs[0][1], -ivs[0][0]):
+        # mirror images (either sign allowed): a magnitude and a random sign, as likely as
+        # choosing one of the two intervals, without a mask per interval
+        return randoms.signed(rng, _log_uniform(ivs[0][0], ivs[0][1], rng, n))
+    which = randoms.integers(rng, len(ivs), n)
     out = np.empty(n)
     for k, (l, h) in enumerate(ivs):
         m = which == k
         if not np.any(m):
             continue
-        ml, mh = sorted((abs(l), abs(h)))
-        ml = max(ml, np.finfo(np.float64).tiny)
-        t = rng.uniform(0.05, 0.95, int(m.sum()))
-        mag = np.exp(math.log(ml) + t * (math.log(mh) - math.log(ml)))
+        mag = _log_uniform(abs(l), abs(h), rng, int(m.sum()))
         out[m] = mag if l >= 0 else -mag
     return out
+
+
+def _log_uniform(a: float, b: float, rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` magnitudes log-uniform between ``a`` and ``b``, 5 % away from either end."""
+    ml, mh = sorted((a, b))
+    ml = max(ml, np.finfo(np.float64).tiny)
+    t = randoms.uniform(rng, 0.05, 0.95, n)
+    if n < randoms.MIN_ELEMENTS:
+        return np.exp(math.log(ml) + t * (math.log(mh) - math.log(ml)))
+    t *= math.log(mh) - math.log(ml)
+    t += math.log(ml)
+    return np.exp(t, out=t)
 
 
 def _feature_scalars(feature: str, domain: Domain, dtype: str, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -526,8 +556,9 @@ def _feature_scalars(feature: str, domain: Domain, dtype: str, rng: np.random.Ge
     bands = element_bands(dtype)
     if feature == "near_one":
         f = float_facts(dtype)
-        vals = 1.0 + rng.integers(-4, 5, n) * f["eps"] / 2
-        vals[rng.random(n) < 0.3] = f["below_one"]
+        vals = 1.0 + (randoms.integers(rng, 9, n) - 4 if n >= randoms.MIN_ELEMENTS
+                      else rng.integers(-4, 5, n)) * f["eps"] / 2
+        vals[randoms.random(rng, n) < 0.3] = f["below_one"]
         vals = inside(_signed(vals, domain, rng), domain)
         if vals.size:
             return vals[rng.integers(vals.size, size=n)]
@@ -542,8 +573,13 @@ def regime_values(regime: str, domain: Domain, shape: tuple, rng: np.random.Gene
     near_max) replace a random share of ``base`` (default: a bulk draw); whole-tensor regimes
     (all_tiny, constant, shifted, negative) replace everything."""
     size = int(np.prod(shape)) if shape else 1
-    arr = (np.array(base, dtype=np.float64, copy=True) if base is not None and base.shape == tuple(shape)
-           else draw_values(domain, shape, rng))
+    has_base = base is not None and base.shape == tuple(shape)
+    if size >= randoms.MIN_ELEMENTS and regime in ("all_tiny", "shifted", "negative"):
+        # every element is replaced: no copy of the base, no draw (for a large array; a small one
+        # keeps its draws, so its candidates stay as they were)
+        arr = np.empty(tuple(shape))
+    else:
+        arr = (np.array(base, dtype=np.float64, copy=True) if has_base else draw_values(domain, shape, rng))
     if regime == "bulk" or size == 0:
         return arr
     flat = arr.reshape(-1)
@@ -564,7 +600,13 @@ def regime_values(regime: str, domain: Domain, shape: tuple, rng: np.random.Gene
             return None
         flat[:] = vals
     elif regime == "constant":
-        pool = np.concatenate([inside(flat, domain), edge_values(domain, dtype)])
+        edges = edge_values(domain, dtype)
+        if size >= randoms.MIN_ELEMENTS and _all_inside(flat, domain):
+            # the same pick as below without a filtered copy of the tensor: every value is in the pool
+            i = int(rng.integers(size + edges.size))
+            flat[:] = flat[i] if i < size else edges[i - size]
+            return flat.reshape(arr.shape)
+        pool = np.concatenate([inside(flat, domain), edges])
         if pool.size == 0:
             return None
         flat[:] = pool[int(rng.integers(pool.size))]
@@ -582,13 +624,31 @@ def regime_values(regime: str, domain: Domain, shape: tuple, rng: np.random.Gene
         s = max(abs(c) * 10.0 ** rng.uniform(-5, -2.5), 2 * step)
         if lo is not None and hi is not None:
             s = min(s, (hi - lo) * 0.05)
-        flat[:] = c + s * rng.standard_normal(size)
-        flat[:] = project(flat, domain)
+        if size >= randoms.MIN_ELEMENTS:
+            z = randoms.standard_normal(rng, size)
+            z *= s
+            z += c
+            flat[:] = project(z, domain)
+        else:
+            flat[:] = c + s * rng.standard_normal(size)
+            flat[:] = project(flat, domain)
     elif regime == "negative":
         if domain.lo is not None and domain.lo >= 0:
             return None
         hi = 0.0 if domain.hi is None else min(domain.hi, 0.0)
-        if domain.lo is not None:
+        if size >= randoms.MIN_ELEMENTS:
+            if domain.lo is not None:
+                z = randoms.uniform(rng, 0.02, 0.98, size)
+                z *= hi - domain.lo
+                z += domain.lo
+            else:
+                z = randoms.standard_normal(rng, size)
+                np.abs(z, out=z)
+                z *= domain.scale
+                np.subtract(hi, z, out=z)
+                z -= 1e-3 * domain.scale
+            flat[:] = z
+        elif domain.lo is not None:
             flat[:] = domain.lo + (hi - domain.lo) * rng.uniform(0.02, 0.98, size)
         else:
             flat[:] = hi - np.abs(rng.standard_normal(size)) * domain.scale - 1e-3 * domain.scale

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..ops.spec import OpSpec
+from . import randoms
 from .coverage import dim_envelope, feasible_values, param_universe, realise_param, realise_size, size_classes_between
 from .inputs import (Candidate, build_arrays, derived_params, draw, draw_dims, draw_params, edge_values,
                      pick_positions, project, regime_values)
@@ -71,13 +72,8 @@ def noise(cand: Candidate, spec: OpSpec, rng: np.random.Generator) -> Optional[C
     name = _pick_tensor(spec, cand, rng)
     if name is None:
         return None
-    a = cand.arrays[name]
     rel = 10.0 ** rng.uniform(-4, -1)
-    step = np.abs(a)
-    step += 1e-12
-    step *= rng.standard_normal(a.shape)
-    step *= rel
-    step += a
+    step = randoms.noise(rng, cand.arrays[name], rel)  # a + rel·(|a| + 1e-12)·N(0, 1), one pass
     return cand.derive("noise", **{name: project(step, _domain(spec, name))})
 
 
@@ -100,14 +96,13 @@ def edge(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *, dtype: Opti
         vals = edge_values(dom, dtype)
     if vals.size == 0:
         return None
-    a = cand.arrays[name].copy()
-    flat = a.reshape(-1)
-    k = max(1, int(flat.size * rng.choice([0.0, 0.05, 0.3, 1.0])))
-    idx = pick_positions(rng, flat.size, k)
-    if idx is None:
-        flat[:] = rng.choice(vals, size=flat.size)
-    else:
-        flat[idx] = rng.choice(vals, size=idx.size)
+    a = cand.arrays[name]
+    k = max(1, int(a.size * rng.choice([0.0, 0.05, 0.3, 1.0])))
+    idx = pick_positions(rng, a.size, k)
+    if idx is None:  # every element: no copy of the parent to overwrite
+        return cand.derive("edge", **{name: randoms.choice(rng, vals, a.size).reshape(a.shape)})
+    flat = a.copy().reshape(-1)
+    flat[idx] = randoms.choice(rng, vals, idx.size)
     return cand.derive("edge", **{name: flat.reshape(a.shape)})
 
 
@@ -172,7 +167,7 @@ def param(cand: Candidate, spec: OpSpec, rng: np.random.Generator, *,
     params = derived_params(spec, params, dims)
     new = Candidate(dims=dims, params=params, arrays={}, origin="param")
     if dims == cand.dims:
-        new.arrays = {k: v.copy() for k, v in cand.arrays.items()}
+        new.arrays = dict(cand.arrays)  # shared: a candidate's arrays are never written in place
     else:
         new.arrays = build_arrays(spec, dims, params, rng, like=cand.arrays)
     return new
