@@ -204,7 +204,8 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     reach = answer.get("reach") or {}
     if reach and isinstance(spec.get("dims"), dict):
         spec["dims"] = {d: (list(r) + [reach[d]] if d in reach else r) for d, r in spec["dims"].items()}
-        notes.append(f"{', '.join(sorted(reach))}: the tests' sizes, reaching {max(reach.values())} by the search's "
+        sized = "the tests' sizes" if answer["chosen"] < n_rec else "the probed sizes"
+        notes.append(f"{', '.join(sorted(reach))}: {sized}, reaching {max(reach.values())} by the search's "
                      "size mutation")
     dtypes = []
     for d in LOW:

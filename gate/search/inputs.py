@@ -156,9 +156,11 @@ def draw_dims(spec: OpSpec, params: Mapping[str, Any], rng: np.random.Generator,
     return dims
 
 
-#: the most elements one input of a drawn candidate holds: a dim aimed at its reach (4096) beside
-#: others drawn large would otherwise make one evaluation of a 3-d input 10^10 values
-MAX_ELEMENTS = 1 << 20
+#: the most elements one input of a candidate holds when a dim is past its drawn range (aimed at
+#: its reach, 4096): [2, 4096, 8] fits; a 4096 beside others drawn large would make one evaluation
+#: of a 3-d input 10^10 values, and 1M-element evaluations of a Keras image layer made keras-cv's
+#: refresh 8 s a variant. Draws inside the declared ranges are not capped (as before reach).
+MAX_ELEMENTS = 1 << 16
 
 
 def largest_input(spec: OpSpec, params: Mapping[str, Any], dims: Mapping[str, int]) -> int:
@@ -173,10 +175,11 @@ def largest_input(spec: OpSpec, params: Mapping[str, Any], dims: Mapping[str, in
 
 def within_elements(spec: OpSpec, params: Mapping[str, Any], dims: Dict[str, int],
                     fixed: Optional[Mapping[str, int]] = None) -> Optional[Dict[str, int]]:
-    """``dims`` with the largest input at most :data:`MAX_ELEMENTS`: the largest dims not asked
-    for (``fixed``) halved first, then the asked ones; each kept in its range (``None`` when a
-    dependent bound no longer holds)."""
-    if not spec.dims or largest_input(spec, params, dims) <= MAX_ELEMENTS:
+    """``dims`` where one is past its drawn range (its reach): the largest input at most
+    :data:`MAX_ELEMENTS`, the largest dims not asked for (``fixed``) halved first, then the asked
+    ones; each kept in its range (``None`` when a dependent bound no longer holds). Dims inside
+    their ranges are returned as they are."""
+    if not spec.reach or not _past_range(spec, params, dims) or largest_input(spec, params, dims) <= MAX_ELEMENTS:
         return dims
     dims = dict(dims)
     lows: Dict[str, int] = {}
@@ -200,6 +203,15 @@ def within_elements(spec: OpSpec, params: Mapping[str, Any], dims: Dict[str, int
             return None
         env[name] = dims[name]
     return dims
+
+
+def _past_range(spec: OpSpec, params: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
+    env: Dict[str, Any] = dict(params)
+    for name, (_, hi_e) in spec.dims:
+        if dims[name] > int(expr.evaluate(hi_e, env)):
+            return True
+        env[name] = dims[name]
+    return False
 
 
 def derived_params(spec: OpSpec, params: Mapping[str, Any], dims: Mapping[str, int]) -> Dict[str, Any]:
