@@ -1127,3 +1127,24 @@ def test_the_files_framework_is_that_of_most_operators():
     assert file_framework("torch", [tf_op, tf_op, torch_op]) == "tensorflow"
     assert file_framework("torch", [tf_op, torch_op]) == "torch"  # a tie keeps the import scan's guess
     assert file_framework("tensorflow", []) == "tensorflow"
+
+
+def test_one_test_module_that_cannot_be_collected_does_not_stop_the_others(tmp_path):
+    """keras-cv (acceptance run): one test module downloads a vocabulary at import; with no
+    network pytest stopped at collection ("exited 2") and only the calls made before it were
+    recorded. The default command collects what it can, and the harvest says what stopped."""
+    repo = tmp_path / "collrepo"
+    (repo / "colllib").mkdir(parents=True)
+    (repo / "colllib" / "__init__.py").write_text("import torch\n\n\ndef softplus(x):\n"
+                                                  "    return torch.log1p(torch.exp(x))\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_a_download.py").write_text("raise ConnectionError('no network to fetch the vocabulary')\n")
+    (repo / "tests" / "test_ops.py").write_text(
+        "import torch\n\nfrom colllib import softplus\n\n\ndef test_it():\n"
+        "    assert softplus(torch.linspace(-3, 3, 7).reshape(1, 7)).shape == (1, 7)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, workflows=False, no_tests=False, probe_timeout=20)
+    assert "1 distinct calls of 1 operators" in rep.harvest, rep.harvest
+    assert "ConnectionError" in rep.harvest, rep.harvest
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert cfg.ops[0].inputs[0].shape == (1, 7)  # from the recorded call

@@ -121,6 +121,8 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     if not any(r.kind == "call" for v in by.values() for r in v):  # why: the test run's own last words
         what += (f"; the tests said: {tail}" if tail else "") + (
             " (a test that needs an environment variable: --env NAME=VALUE; another command: --tests CMD)")
+    elif code not in (0, 124, 130, -2) and tail:  # some calls recorded: what stopped the others
+        what += f"; the tests said: {tail}"
     return by, what
 
 
