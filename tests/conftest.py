@@ -79,7 +79,7 @@ SLOW_FILES = frozenset(f"test_{n}.py" for n in (
     "verdict_bed", "redteam", "containment", "kernels_triton", "input_bed", "gate_run", "stability_bed",
     "gate_verdict_rules", "default_inputs", "grad_probe", "localise", "contrast_search", "mixed_inputs",
     "robust_inputs", "oracles_gate_run", "zero_results", "false_alarms_docs", "false_alarms_refactor",
-    "false_alarms_improve", "keras_layer_class", "refactor_bed", "keras_mixed_bed"))
+    "false_alarms_improve", "keras_layer_class", "refactor_bed", "keras_mixed_bed", "size_reach_bed", "upcast_bed"))
 #: ...except one end-to-end run, so that the inner loop covers gate.pipeline and gate.supervise too
 FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-ulp >]"})
 
@@ -90,7 +90,8 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: file of a few long tests running alone at the end while the other worker idles)
 LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a CI run (--dist loadfile)
     "verdict_bed", "init", "redteam", "kernels_cpp", "refactor_bed", "containment", "gate_run", "kernels_triton",
-    "input_bed", "example", "stability_bed", "keras_mixed_bed", "gate_verdict_rules", "keras_layer_class",
+    "input_bed", "example", "size_reach_bed", "stability_bed", "keras_mixed_bed", "gate_verdict_rules",
+    "upcast_bed", "keras_layer_class",
     "default_inputs", "localise", "grad_probe", "false_alarms_refactor", "false_alarms_improve", "contrast_search",
     "exhaustive", "oracles_isolation", "threads", "not_gated", "cli_core", "mixed_inputs", "false_alarms_docs",
     "oracles_gate_run", "robust_inputs", "zero_results", "core_fuzz"))
