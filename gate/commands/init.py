@@ -19,7 +19,7 @@ def register(sub) -> None:
                        epilog="examples:\n  dl-gate init\n  dl-gate init --tests \"pytest tests/test_ops.py\" "
                               "--package mylib",
                        description="Find the operators of the package in the current repository (public "
-                                   "functions, nn.Module / Keras Layer classes, autograd.Functions, torch.library "
+                                   "functions, nn.Module / Keras Layer and Loss classes, autograd.Functions, torch.library "
                                    "custom ops), infer their inputs and parameters from the calls the library's "
                                    "own tests make, from signatures and by probing small tensors (in a child "
                                    "process), run every spec once at each dtype, and write the config. "
