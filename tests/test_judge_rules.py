@@ -311,3 +311,23 @@ def test_inf_for_a_value_at_the_ranges_end_is_not_new_where_bases_value_there_wa
     b = ReplayResult(status="ok", metrics=Metrics(ulp=1.0), outputs=[np.asarray([1.0e30])],
                      reference=[np.asarray([3.0e30])])
     assert new_nonfinite(h, b, "bfloat16") == 1
+
+
+def test_overflows_at_the_ranges_end_that_moved_are_not_new_when_base_has_as_many():
+    # the rotary fix's bed at bfloat16 +-3.3e38 (bench/false_alarms.py --bed reach, 7 of 20
+    # seeds): x*cos + rot*sin of values near the largest overflows or not by the rounding of
+    # each product; head's exact angles overflow element 0 (a true -3.3934e38, base right
+    # there), base's rounded ones overflow elements 1 and 2. Counted, they moved; more on head is new
+    from gate.judge.decide import new_nonfinite
+
+    ref = np.asarray([-3.3934e38, 3.39e38, 3.38e38, 1.0])
+
+    def pair(head_out, base_out):
+        return (ReplayResult(status="ok", metrics=Metrics(ulp=0.0, nonfinite=1), outputs=[np.asarray(head_out)],
+                             reference=[ref]),
+                ReplayResult(status="ok", metrics=Metrics(ulp=0.2), outputs=[np.asarray(base_out)], reference=[ref]))
+
+    big = 3.3895313892515355e38
+    assert new_nonfinite(*pair([-np.inf, big, big, 1.0], [-big, np.inf, np.inf, 1.0]), "bfloat16") == 0
+    assert new_nonfinite(*pair([-np.inf, np.inf, big, 1.0], [-big, big, np.inf, 1.0]), "bfloat16") == 2
+    assert new_nonfinite(*pair([-np.inf, big, big, np.nan], [-big, np.inf, np.inf, 1.0]), "bfloat16") == 1  # NaN: new
