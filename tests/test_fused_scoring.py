@@ -119,6 +119,14 @@ def test_degenerate_outputs(floor):
         "one inf output": (np.where(np.arange(n) == n - 1, np.inf, 1.0), np.ones(n)),
         "negative zeros": (np.full(n, -0.0), np.zeros(n)),
         "float64 overflow of the difference": (np.full(n, 1e308), np.full(n, -1e308)),
+        # every block takes the general leaf (a NaN in each): its maxima over the block's scratch,
+        # then the first index of a tie, an infinite error, the largest representable |b|
+        "ties of the max error beside NaN": (np.tile([1.0, 2.0, np.nan, 2.0], n // 4), np.tile([2.0, 1.0, 1.0, 1.0], n // 4)),
+        "tie across blocks beside NaN": (np.where(np.arange(n) % 128 == 5, 3.0, np.where(np.arange(n) % 64 == 1, np.nan, 1.0)),
+                                         np.ones(n)),
+        "overflow of the difference beside NaN": (np.tile([1e308, np.nan, 0.0, 1.0], n // 4), np.tile([-1e308, 1.0, 0.0, 2.0], n // 4)),
+        "largest |b| beyond the range beside inf": (np.tile([np.inf, 1.0, 2.0, 3.0], n // 4),
+                                                    np.tile([1.0, 1e39, -7e4, 3.0], n // 4)),
     }
     for name, (a, b) in cases.items():
         for dtype in DTYPES:

@@ -58,3 +58,63 @@ def test_a_search_on_a_wide_domain_never_feeds_float16_an_infinity(tmp_path):
     assert f.evals == 60 and seen and f.best is not None
     for x in seen + [f.best.arrays["x"]]:
         assert np.isfinite(x).all() and np.abs(x).max() <= 65504.0, x
+
+
+def _same_bits(x, y) -> bool:
+    nx, ny = np.isnan(x), np.isnan(y)
+    return bool((nx == ny).all() and (x[~nx].view(np.uint64) == y[~ny].view(np.uint64)).all())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_rounding_first_gives_the_values_of_the_range_check_then_rounding(dtype):
+    """quantize_inputs rounds first and checks the range only where the rounded values are not
+    all finite (rounding is monotone: a finite value beyond the range rounds to the largest finite
+    value, as its clipped value does, or to an infinity): the values are those of clipping first."""
+    from gate.oracles.runner import _rounded_within
+
+    backend = get_backend("torch")
+    rng = np.random.default_rng(7)
+    big = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+           "float64": 1.7976931348623157e308}[dtype]
+    specials = np.array([big, -big, big * (1 + 2.0 ** -12), -big * (1 + 2.0 ** -9), big * 2, 1e300, -1e300,
+                         np.inf, -np.inf, np.nan, 0.0, -0.0, 5e-324, 65519.0, 65520.0, 3.3961e38, 3.41e38])
+    for n in (5, 1 << 15, 40_000):
+        for mix in ("normal", "beyond", "beyond, rounds to big", "nonfinite"):
+            a = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)
+            k = rng.integers(0, n, max(1, n // 100))
+            if mix == "beyond":
+                a[k] = rng.choice(specials[:7], k.size)
+            elif mix == "beyond, rounds to big":
+                a[k] = big * (1 + 2.0 ** -30) * rng.choice([-1.0, 1.0], k.size)
+            elif mix == "nonfinite":
+                a[k] = rng.choice(specials, k.size)
+            with np.errstate(all="ignore"):
+                want = backend.quantize(within_dtype(a, dtype), dtype)
+                got, extremes = _rounded_within(backend, a, dtype)
+            assert _same_bits(got, want), (n, mix)
+            if extremes is not None:
+                assert dtype != "float64" and np.isfinite(got).all() and extremes == (got.min(), got.max())
+
+
+def test_a_large_quantized_input_hands_its_extremes_to_coverage():
+    """Rounding a large input reads its least and greatest rounded values (the range check);
+    coverage's value features of that very array take them from there, and give the classes of
+    its own passes."""
+    from gate.search import coverage
+
+    spec = load_catalog([], builtin=("torch",)).get("torch.tanh")
+    backend = get_backend("torch")
+    name = spec.inputs[0].name
+    rng = np.random.default_rng(3)
+    for dtype in ("float16", "bfloat16", "float32"):
+        for a in (rng.standard_normal(1 << 16), -np.abs(rng.standard_normal(1 << 16)) * 1e-3 - 7.0,
+                  np.full(1 << 16, 2.5), rng.standard_normal(1 << 16) * 1e-42):
+            q = quantize_inputs(spec, backend, Candidate(dims={}, params={}, arrays={name: a}), dtype).arrays[name]
+            assert coverage._remembered(q, dtype) == (float(q.min()), float(q.max()))
+            assert coverage._remembered(q.copy(), dtype) is None and coverage._remembered(q, "float64") is None
+            assert coverage.value_features(q, dtype) == coverage.value_features(q, dtype, kernel="numpy")
+        nan = rng.standard_normal(1 << 16)
+        nan[5] = np.nan
+        q = quantize_inputs(spec, backend, Candidate(dims={}, params={}, arrays={name: nan}), dtype).arrays[name]
+        assert coverage._remembered(q, dtype) is None  # not all finite: coverage reads it itself
+        assert "nonfinite" in coverage.value_features(q, dtype)

@@ -63,3 +63,28 @@ def test_large_arrays_take_the_kernel_and_keep_their_shape():
     assert q.shape == x.shape and q.dtype == np.float64
     with np.errstate(over="ignore", invalid="ignore"):
         assert same_bits(q.reshape(-1), x.astype(np.float16).astype(np.float64).reshape(-1))
+
+
+def test_float32_rounding_hands_its_float32_values_to_the_next_float32_call_once():
+    """torch's backend rounds a large array to float32 in one pass that also keeps the float32
+    values; the first float32 call of that very array is given them (no second conversion), a
+    later one converts again (a tensor of its own)."""
+    torch = pytest.importorskip("torch")
+    from gate.backends import get_backend
+
+    b = get_backend("torch")
+    x = adversarial("float32", 1 << 16, 5).reshape(256, 256)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = base._quantize(x, "float32")
+    q = b.quantize(x, "float32")
+    assert same_bits(q, want) and q.shape == x.shape
+    assert b._twin[0] is not None and b._twin[0]() is q
+    assert b._take_twin(q.copy()) is None  # another array of the same values: not this one's
+    t64 = b.to_native(q, "float64", "cpu")  # the reference's call: no float32 values
+    t1 = b.to_native(q, "float32", "cpu")
+    assert b._twin == (None, None)
+    t2 = b.to_native(q, "float32", "cpu")
+    assert t1.dtype == t2.dtype == torch.float32 and t1.shape == t2.shape == x.shape
+    assert t1.data_ptr() != t2.data_ptr()
+    assert same_bits(t1.numpy().astype(np.float64), want) and torch.equal(t1.nan_to_num(0.0), t2.nan_to_num(0.0))
+    assert same_bits(t64.numpy(), want)

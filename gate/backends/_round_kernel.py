@@ -57,3 +57,13 @@ def round_to(a, out, p, emin, big, via_float32):
 def round_float32(a, out):
     for i in range(a.shape[0]):
         out[i] = np.float64(np.float32(a[i]))
+
+
+@numba.njit(cache=True, nogil=True)
+def round_float32_twin(a, out, out32):
+    """:func:`round_float32`, and the float32 values themselves into ``out32`` (what the
+    operator's float32 call is given: no second conversion of the candidate)."""
+    for i in range(a.shape[0]):
+        x = np.float32(a[i])
+        out32[i] = x
+        out[i] = np.float64(x)

@@ -396,6 +396,23 @@ def kernel_quantize(k, arr: np.ndarray, dtype: str) -> np.ndarray:
     return out.reshape(arr.shape)
 
 
+def float32_twin(arr: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """``(numpy_quantize(arr, "float32"), the same values as float32)`` from one compiled pass,
+    or None where :func:`numpy_quantize` would not take the compiled loop (a small array, no
+    Numba, ``DL_GATE_FUSED=0``)."""
+    arr = np.asarray(arr, dtype=np.float64)
+    if arr.size < ROUND_KERNEL_MIN:
+        return None
+    k = _round_kernel()
+    if k is None:
+        return None
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    out = np.empty_like(flat)
+    out32 = np.empty(flat.shape, dtype=np.float32)
+    k.round_float32_twin(flat, out, out32)
+    return out.reshape(arr.shape), out32.reshape(arr.shape)
+
+
 def _quantize(arr: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float64":
         return arr.copy()

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .base import Backend, NotDifferentiable, Output, at_dtype, flatten, numpy_quantize
+from .base import Backend, NotDifferentiable, Output, at_dtype, flatten, float32_twin, numpy_quantize
 
 DTYPES = {
     "float16": torch.float16,
@@ -151,16 +152,38 @@ class TorchBackend(Backend):
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
+    #: (weak reference to the last large array rounded to float32, its float32 values): the
+    #: first float32 call of that array is given them instead of converting it again
+    _twin: Tuple[Any, Any] = (None, None)
+
     def quantize(self, arr: np.ndarray, dtype: str) -> np.ndarray:
         if dtype == "bfloat16":
             t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
             return t.to(torch.bfloat16).to(torch.float64).numpy()
+        if dtype == "float32":
+            got = float32_twin(arr)
+            if got is not None:
+                self._twin = (weakref.ref(got[0]), got[1])
+                return got[0]
         return numpy_quantize(arr, dtype)
 
+    def _take_twin(self, arr: np.ndarray) -> Optional[np.ndarray]:
+        """The float32 values of ``arr`` if it is the array last rounded to float32, once (the
+        tensor made of them is the call's own: an operator writing into its input cannot
+        change a later call's)."""
+        ref, twin = self._twin
+        if ref is None or ref() is not arr:
+            return None
+        self._twin = (None, None)
+        return twin
+
     def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any:
+        twin = self._take_twin(arr) if dtype == "float32" else None
         arr = np.ascontiguousarray(arr)
         if arr.dtype.kind in "iub":
             t = torch.from_numpy(arr).to(device=device)
+        elif twin is not None:  # the same values, converted as they were rounded
+            t = torch.from_numpy(twin).to(device=device)
         else:
             t = torch.from_numpy(arr.astype(np.float64, copy=False)).to(device=device, dtype=DTYPES[dtype])
         if memory_format == "channels_last" and t.dim() == 4:

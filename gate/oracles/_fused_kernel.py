@@ -29,6 +29,7 @@ import numba
 import numpy as np
 
 _FM = {"nnan", "ninf", "nsz"}  # max/min only: exact in any order, NaN excluded by the caller
+_NN = {"nnan", "nsz"}  # the same, where an infinity may occur (an error between two huge float64 values)
 _EXP = np.uint64(0x7FF0000000000000)
 
 
@@ -152,21 +153,58 @@ def lane_sum(e, n):
     return s
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_NN)
+def _max_nn(x, y):
+    return x if x > y else y
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_NN)
+def _block_max(v, n):
+    """The largest of ``v[:n]`` (never NaN; 0.0 for n = 0), in any order (exact): eight lanes,
+    which the compiler keeps in vector registers."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = 0.0
+    m = n - n % 8
+    for g in range(0, m, 8):
+        m0 = _max_nn(m0, v[g])
+        m1 = _max_nn(m1, v[g + 1])
+        m2 = _max_nn(m2, v[g + 2])
+        m3 = _max_nn(m3, v[g + 3])
+        m4 = _max_nn(m4, v[g + 4])
+        m5 = _max_nn(m5, v[g + 5])
+        m6 = _max_nn(m6, v[g + 6])
+        m7 = _max_nn(m7, v[g + 7])
+    r = _max_nn(_max_nn(_max_nn(m0, m1), _max_nn(m2, m3)), _max_nn(_max_nn(m4, m5), _max_nn(m6, m7)))
+    for t in range(m, n):
+        r = _max_nn(r, v[t])
+    return r
+
+
 @numba.njit(cache=True, nogil=True)
-def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q):
+def _first(v, n, target):
+    """The first t < n with v[t] == target (0 when none)."""
+    for t in range(n):
+        if v[t] == target:
+            return t
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q, w):
     """Both sums of one block by every rule of the NumPy path's general branch; the block's
     maxima (first index), NaN/Inf count, largest representable |b| and judged counts are merged
-    into ``st``/``it`` once (blocks come in order: strict > keeps the first). ``r``, ``q``:
-    scratch of 128 for the block's errors and ulp errors (reused from block to block): the
-    rules are applied element by element first, then the sums and maxima taken over the
-    scratch in loops without branches on the data. Also counted, for the caller to tell which
+    into ``st``/``it`` once (blocks come in order: strict > keeps the first). ``r``, ``q``, ``w``:
+    scratch of 128 for the block's errors, ulp errors and representable magnitudes (reused from
+    block to block): the rules are applied element by element first, then the sums and maxima
+    taken over the scratch in loops without branches on the data (maxima in eight lanes, then
+    the first index of the block's largest only where it beats the running one: as a scan that
+    keeps the first strictly greater value finds it). Also counted, for the caller to tell which
     branch NumPy would have taken: non-finite outputs (``it[5]``), references NaN, infinite or
     beyond the range (``it[6]``), and elements both below the smallest normal number that differ
     (``it[7]``: a flush to zero changes their error)."""
-    mag = 0.0
-    nonfinite = judged_n = beyond = unrep = out_nonfinite = flushed = 0
+    counts = np.int64(0)  # six counts of at most 128, eight bits each: one sum, not six
     # bitwise & ~ on booleans (~ is a logical not on a boolean in Numba): no short-circuit, no
-    # branch on the data (outputs here mix NaN/Inf, tiny and normal values at random)
+    # branch on the data (outputs here mix NaN/Inf, tiny and normal values at random); no float
+    # reduction either (a running maximum kept this loop from being vectorised: 8 ns an element)
     for t in range(n):
         i = lo + t
         ai = np.float64(a[i])
@@ -177,13 +215,9 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
         fin_b = absb < np.inf
         tiny = ftz & (absb < mn) & (absa < mn)  # a flush to zero: not judged
         judged = fin_a & fin_b & ~tiny
-        nonfinite += np.int64(rep & ~fin_a)
-        unrep += np.int64(~rep)
-        out_nonfinite += np.int64(~fin_a)
-        flushed += np.int64(tiny & (ai != bi))
-        judged_n += np.int64(judged)
-        beyond += np.int64(judged & ~rep)
-        mag = absb if (rep & (absb > mag)) else mag
+        counts += (np.int64(rep & ~fin_a) | (np.int64(~rep) << 8) | (np.int64(~fin_a) << 16)
+                   | (np.int64(tiny & (ai != bi)) << 24) | (np.int64(judged) << 32) | (np.int64(judged & ~rep) << 40))
+        w[t] = absb if rep else 0.0  # the largest representable |b|: a maximum of these, from 0
         d = abs(ai - bi)
         r[t] = d if judged else 0.0
     s1 = lane_sum(r, n)
@@ -192,30 +226,23 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
         for t in range(n):
             q[t] = r[t] / ulp_of(b[lo + t], scl, lo_ulp, hi_ulp)
         s2 = lane_sum(q, n)
-    e_max = u_max = -1.0
-    e_idx = u_idx = lo
-    for t in range(n):
-        if r[t] > e_max:
-            e_max = r[t]
-            e_idx = lo + t
-    if by_dtype:
-        for t in range(n):
-            if q[t] > u_max:
-                u_max = q[t]
-                u_idx = lo + t
+    # r, q and w hold no NaN (an error is taken only between finite values, 0.0 elsewhere)
+    e_max = _block_max(r, n)
     if e_max > st[0]:
         st[0] = e_max
-        it[0] = e_idx
-    if u_max > st[1]:
-        st[1] = u_max
-        it[1] = u_idx
-    st[2] = max(st[2], mag)
-    it[2] += nonfinite
-    it[3] += judged_n
-    it[4] += beyond
-    it[5] += out_nonfinite
-    it[6] += unrep
-    it[7] += flushed
+        it[0] = lo + _first(r, n, e_max)
+    if by_dtype:
+        u_max = _block_max(q, n)
+        if u_max > st[1]:
+            st[1] = u_max
+            it[1] = lo + _first(q, n, u_max)
+    st[2] = max(st[2], _block_max(w, n))
+    it[2] += counts & 255  # NaN/Inf outputs where the reference is representable
+    it[3] += (counts >> 32) & 255  # judged
+    it[4] += (counts >> 40) & 255  # judged, the reference beyond the range
+    it[5] += (counts >> 16) & 255  # non-finite outputs
+    it[6] += (counts >> 8) & 255  # references NaN, infinite or beyond the range
+    it[7] += (counts >> 24) & 255  # elements a flush to zero changes
     return s1, s2
 
 
@@ -230,6 +257,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
     scl, lo_ulp, hi_ulp = _scales(p, emin, emax)
     r = np.zeros(128)
     q = np.zeros(128)
+    w = np.zeros(128)
     st[0] = -1.0
     st[1] = -1.0
     st[2] = 0.0
@@ -264,7 +292,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
                 st[2] = max(st[2], mb)
                 it[3] += n - tiny
             else:
-                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q)
+                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q, w)
             sp -= 1
             v1[vp] = s1
             v2[vp] = s2

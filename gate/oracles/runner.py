@@ -32,11 +32,34 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
             continue
         d = t.dtype_at(dtype)  # an input that keeps its own dtype (mixed precision)
         a64 = np.asarray(a, dtype=np.float64)
-        if not exhaustive:
-            a64 = within_dtype(a64, d)
-        q = backend.quantize(a64, d)
-        out.arrays[t.name] = q if exhaustive else inside_after_rounding(q, t.domain, d)
+        if exhaustive:
+            out.arrays[t.name] = backend.quantize(a64, d)
+            continue
+        q, extremes = _rounded_within(backend, a64, d)
+        kept = inside_after_rounding(q, t.domain, d)
+        if extremes is not None and kept is q:  # the values run: coverage needs not read their extremes again
+            from ..search import coverage
+
+            coverage.remember(q, d, *extremes)
+        out.arrays[t.name] = kept
     return out
+
+
+def _rounded_within(backend: Backend, a64: np.ndarray, d: str):
+    """``(backend.quantize(within_dtype(a64, d), d), extremes)``, rounding first: rounding is
+    monotone, so a finite value beyond ``d``'s range rounds either to the largest finite value
+    (as its clipped value does) or to an infinity. When the rounded values' least and greatest
+    (two reductions, NaN propagates) are finite, no value was clipped and nothing else needs
+    checking: ``extremes`` are those two, and :func:`within_dtype`'s own two reductions of the
+    input are saved. Otherwise (``extremes`` None) the range is checked as always, and the
+    input rounded again only where a value was clipped."""
+    q = backend.quantize(a64, d)
+    if q.size and d != "float64" and q.dtype.kind == "f":
+        lo, hi = float(q.min()), float(q.max())
+        if math.isfinite(lo) and math.isfinite(hi):
+            return q, (lo, hi)
+    w = within_dtype(a64, d)
+    return (q if w is a64 else backend.quantize(w, d)), None
 
 
 def within_dtype(a: np.ndarray, dtype: str) -> np.ndarray:

@@ -25,9 +25,11 @@ them (generation that prefers uncovered classes and pairs).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import math
+import weakref
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
@@ -145,10 +147,12 @@ def value_features(arr: np.ndarray, dtype: str, kernel: str = "auto") -> Set[str
     all-finite tensor of :data:`BANDS_KERNEL_MIN` elements or more has its bands counted by one
     compiled loop instead (:mod:`gate.search._bands_kernel`) where Numba is there;
     ``kernel="numpy"``: this function's own passes (the definition the loop is held to)."""
+    known = _remembered(arr, dtype) if kernel != "numpy" else None
     a = np.asarray(arr, dtype=np.float64).reshape(-1)
     if a.size == 0:
         return {"empty"}
-    lo, hi = float(a.min()), float(a.max())  # NaN propagates: both finite iff every value is
+    # the extremes, from the rounding (gate.oracles.runner) where it read them already
+    lo, hi = known if known is not None else (float(a.min()), float(a.max()))  # NaN propagates: both finite iff every value is
     all_finite = math.isfinite(lo) and math.isfinite(hi)
     if all_finite and a.size >= BANDS_KERNEL_MIN and kernel != "numpy":
         k = _bands_kernel()
@@ -221,6 +225,25 @@ def _bands_kernel():
                 k = None
         _KERNEL.append(k)
     return _KERNEL[0]
+
+
+#: (weak reference to an array, dtype, its least value, its greatest) of the last few all-finite
+#: arrays whose extremes were read as they were rounded to ``dtype``
+_REMEMBERED: "collections.deque" = collections.deque(maxlen=8)
+
+
+def remember(arr: np.ndarray, dtype: str, lo: float, hi: float) -> None:
+    """``arr`` (rounded to ``dtype``, all finite, and never written in place afterwards, as every
+    candidate array) has least value ``lo`` and greatest ``hi``: :func:`value_features` of this
+    very object for ``dtype`` does not read them again. Only a weak reference is kept."""
+    _REMEMBERED.append((weakref.ref(arr), dtype, float(lo), float(hi)))
+
+
+def _remembered(arr, dtype: str):
+    for ref, dt, lo, hi in reversed(_REMEMBERED):
+        if ref() is arr and dt == dtype:
+            return lo, hi
+    return None
 
 
 def _counted_features(k, a: np.ndarray, lo: float, hi: float, dtype: str) -> Set[str]:
