@@ -77,6 +77,14 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         i, n = shard
         names = names[i - 1::n]
     check_writable(out, names)
+    import os
+
+    unset = [n for n in (cfg.raw.get("env") or []) if n not in os.environ]
+    hint = ""
+    if unset:  # init wrote them because the library's tests (or its import) need them
+        hint = (f"; the config's env: names {', '.join(unset)}, not set here: export {unset[0]}=... as the "
+                "job does (dl-gate init --env gave its value)")
+        say(f"warning: the config's env: names {', '.join(unset)}, not set in this environment")
     if per_op is None and total:  # --budget: total seconds, shared by this shard's operators
         per_op = total / len(names)
     gate_cfg = cfg.gate
@@ -113,7 +121,7 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     changes = write_rows(out, [f for f in findings if f not in unmeasured], frameworks)
     if unmeasured:
         raise GateError(f"{len(unmeasured)} variant(s) could not be measured, e.g. {unmeasured[0].id}: "
-                        f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written)")
+                        f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written){hint}")
     return changes
 
 

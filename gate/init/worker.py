@@ -83,7 +83,20 @@ def _import_error(exc: BaseException, module: str) -> dict:
     elif isinstance(exc, ModuleNotFoundError) and getattr(exc, "name", None):
         top = exc.name.split(".")[0]
         hint = f"a dependency is missing: `pip install {top}` (or the package's declared dependencies), then re-run"
+    elif _keras2_under_keras3(exc, text):
+        # larq (acceptance run): tf.keras code that Keras 3 no longer has (LocallyConnected1D)
+        hint = ("Keras 2 code under Keras 3: `pip install tf-keras`, then `export TF_USE_LEGACY_KERAS=1` and "
+                "re-run `dl-gate init --env TF_USE_LEGACY_KERAS=1` (the job gets it from the config's env:)")
     return {"error": f"{name}: {text}", "where": where, "hint": hint}
+
+
+def _keras2_under_keras3(exc: BaseException, text: str) -> bool:
+    """An import that fails inside Keras 3 on a name only Keras 2 (tf.keras, tf-keras) has."""
+    if os.environ.get("TF_USE_LEGACY_KERAS") or not isinstance(exc, (AttributeError, ImportError)):
+        return False
+    frames = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+    return "keras" in text and ("has no attribute" in text or "cannot import name" in text) or \
+        any("/keras/" in f for f in frames[-2:]) and "has no attribute" in text
 
 
 def _mro_names(cls) -> List[str]:
