@@ -10,7 +10,7 @@ import numpy as np
 
 from gate.init.worker import _import_error
 from gate.search.harvest import load_records
-from tests.test_gate_run import CONFIG, git, make_repo
+from tests.test_gate_run import CONFIG, make_repo
 
 
 def test_keras2_code_under_keras3_gets_the_legacy_keras_hint(monkeypatch):
@@ -42,4 +42,3 @@ def test_refresh_names_a_config_env_variable_that_is_not_set(tmp_path, monkeypat
                           "mylib.log1p"], cwd=repo, capture_output=True, text=True, timeout=600)
     out = res.stdout + res.stderr
     assert "env: names DL_GATE_TEST_UNSET_VAR, not set in this environment" in out, out[-2000:]
-    git(repo, "status")

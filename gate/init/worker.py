@@ -94,9 +94,7 @@ def _keras2_under_keras3(exc: BaseException, text: str) -> bool:
     """An import that fails inside Keras 3 on a name only Keras 2 (tf.keras, tf-keras) has."""
     if os.environ.get("TF_USE_LEGACY_KERAS") or not isinstance(exc, (AttributeError, ImportError)):
         return False
-    frames = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
-    return "keras" in text and ("has no attribute" in text or "cannot import name" in text) or \
-        any("/keras/" in f for f in frames[-2:]) and "has no attribute" in text
+    return "keras" in text and ("has no attribute" in text or "cannot import name" in text)
 
 
 def _mro_names(cls) -> List[str]:
