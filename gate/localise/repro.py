@@ -165,6 +165,34 @@ def build(dtype, low):
     return args, kwargs
 
 
+def new_nonfinite_mask(o, b, r, rb, dtype):
+    """This checkout's new NaN/Inf as the gate's judge defines it (gate.judge.decide's
+    new_nonfinite_masks; a test holds the two equal): NaN/Inf where base's stored output ``b`` is
+    finite, except an infinity that stands for a value at the range's end (its float64 value ``r``
+    in the top binade or beyond, same sign) where base's value is no answer either (half its
+    digits off its float64 run ``rb``, or inside the range where the true value is beyond it),
+    and overflows at the range's end that moved (base has as many on the same input at elements
+    this checkout keeps finite)."""
+    o = np.asarray(o)
+    mask = ~np.isfinite(o) & np.isfinite(b)
+    if not mask.any() or r is None:
+        return mask
+    rb = r if rb is None or np.shape(rb) != o.shape else np.asarray(rb, np.float64)
+    ovf = overflow_bound(dtype)
+    with np.errstate(all="ignore"):
+        edge = np.isinf(o) & np.isfinite(r) & (np.abs(r) >= ovf / 2) & (np.sign(o) == np.sign(r))
+        off = np.abs(b - np.where(np.isfinite(rb), rb, 0.0)) / ulp(np.where(np.isfinite(rb), rb, 0.0), dtype)
+        noise = off >= 2.0 ** (FORMATS[dtype][0] / 2)
+        beyond_inside = (np.abs(r) >= ovf) & (np.abs(b) < ovf)
+        mask &= ~(edge & np.isfinite(rb) & (noise | beyond_inside))
+        top = ovf / 2
+        mine = mask & np.isinf(o) & np.isfinite(r) & (np.abs(r) >= top)
+        theirs = np.isinf(b) & np.isfinite(o) & np.isfinite(rb) & (np.abs(rb) >= top)
+    if mine.any() and np.count_nonzero(theirs) >= np.count_nonzero(mine):
+        mask &= ~mine
+    return mask
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--repo", default=os.environ.get("DL_GATE_REPO", DEFAULT_REPO),
@@ -265,27 +293,8 @@ def main(argv=None):
         o = np.asarray(o)
         if b is not None and b.shape == o.shape and o.dtype.kind == "f":
             stored = True
-            mask = ~np.isfinite(o) & np.isfinite(b)
             r = np.asarray(ref[k], np.float64) if k < len(ref) and np.shape(ref[k]) == o.shape else None
-            if mask.any() and r is not None:
-                rb = DATA.get(f"base_ref_{k}")
-                rb = r if rb is None or rb.shape != o.shape else rb
-                with np.errstate(all="ignore"):
-                    ovf = overflow_bound(DTYPE)
-                    # head's inf stands for a value at the range's end (top binade or beyond) and
-                    # base's value there is no answer either (half its digits off; or inside the
-                    # range where the true value is beyond it): not a new NaN/Inf (the judge's rule)
-                    edge = np.isinf(o) & np.isfinite(r) & (np.abs(r) >= ovf / 2) & (np.sign(o) == np.sign(r))
-                    off = np.abs(b - np.where(np.isfinite(rb), rb, 0.0)) / ulp(np.where(np.isfinite(rb), rb, 0.0), DTYPE)
-                    noise = off >= 2.0 ** (FORMATS[DTYPE][0] / 2)
-                    beyond_inside = (np.abs(r) >= ovf) & (np.abs(b) < ovf)
-                mask &= ~(edge & np.isfinite(rb) & (noise | beyond_inside))
-                with np.errstate(invalid="ignore"):  # overflows at the range's end that moved (as many on base)
-                    top = overflow_bound(DTYPE) / 2
-                    mine = mask & np.isinf(o) & np.isfinite(r) & (np.abs(r) >= top)
-                    theirs = np.isinf(b) & np.isfinite(o) & np.isfinite(rb) & (np.abs(rb) >= top)
-                if mine.any() and np.count_nonzero(theirs) >= np.count_nonzero(mine):
-                    mask &= ~mine
+            mask = new_nonfinite_mask(o, b, r, DATA.get(f"base_ref_{k}"), DTYPE)
             new += int(np.count_nonzero(mask))
         elif b is None and o.dtype.kind == "f":
             new += int(np.count_nonzero(~np.isfinite(o)))
