@@ -8,6 +8,10 @@ fixes), opens each benign refactor and each fix as a PR, runs ``dl-gate run`` wi
     python bench/false_alarms.py --bed refactor [--seeds 20]
     python bench/false_alarms.py --gate grad_multiplier_factor=1 --gate grad_floor_factor=1
 
+``--hog N`` keeps N busy processes (one per core: ``--hog 2`` on a 2-core runner) running
+through the whole sweep: the verdicts of a budget of evaluations must not move with the load
+(only timeouts could move them).
+
 ``--gate KEY=VALUE`` sets one of the config's ``gate:`` settings for every run (what a rule's
 retirement would change, measured on the same PRs and seeds as the defaults).
 
@@ -21,6 +25,7 @@ config `dl-gate init` writes for it) run one fix and its revert: the fix must pa
 revert fail (exit 1).
 """
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -40,7 +45,18 @@ def main() -> int:
     ap.add_argument("--bed", choices=("verdict", "refactor", "upcast", "reach"), default="verdict")
     ap.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
                     help="a gate: setting of the config for every run (repeatable)")
+    ap.add_argument("--hog", type=int, default=0, help="busy processes beside the sweep (default none)")
     args = ap.parse_args()
+    if args.hog:
+        from bench.stages import Hog
+
+        print(f"load: {args.hog} busy process(es) on {os.cpu_count()} cores", flush=True)
+        with Hog(args.hog):
+            return sweep(args)
+    return sweep(args)
+
+
+def sweep(args) -> int:
     if args.bed == "refactor":
         return refactor_bed(args)
     if args.bed in ("upcast", "reach"):
