@@ -190,7 +190,23 @@ def test_identical_outputs_neither_fail_nor_improve_whichever_reference_moved(sp
         v = judge(spec, head, base)
         assert v.details.get("low_reference") == side, v.details
         assert f"{side}'s reference does not run in float64 (on 1 of them" in v.details["warning"], v.details["warning"]
-    assert "low_reference" not in revert.details and "one side's reference" in revert.details["warning"]
+    # neither exact to the last bit: the side whose float64 run holds float32 values only is the
+    # one that cast down (the upcasting side's [0.0, 1.0]; the other's 3e-30 is no float32 value)
+    assert revert.details.get("low_reference") == "base" and fix.details.get("low_reference") == "head", \
+        (revert.details, fix.details)
+    # both float32 values: which one cast down cannot be told
+    v = judge(spec, [rr(same, [0.5, 1.0], ulp=1.5)], [rr(same, [0.25, 1.0], ulp=1.1e8)])
+    assert "low_reference" not in v.details and "one side's reference" in v.details["warning"], v.details
+
+
+def test_a_change_below_the_dtypes_resolution_is_said_to_be_one(spec):
+    # vector-quantize-pytorch 569b8b0 (an eps 1e-20 -> 1e-5): the float32 outputs are bit for bit
+    # base's, both float64 runs are really float64 and differ; no side's reference is suspect
+    same = [[0.1, 1.0]]
+    v = judge(spec, [rr(same, [0.1 + 3e-8, 1.0 + 5e-7], ulp=4.4)], [rr(same, [0.1, 1.0], ulp=0.3)])
+    assert v.outcome == V.PASS and "low_reference" not in v.details, (v.outcome, v.details)
+    assert "below float32's resolution there (an eps" in v.details["warning"], v.details["warning"]
+    assert "not trustworthy" not in v.details["warning"]
 
 
 def test_a_loss_on_one_input_within_bases_reach_elsewhere_is_not_a_regression(spec):
