@@ -582,6 +582,22 @@ def test_labels_the_tests_pass_as_zeros_and_ones_stay_in_zero_one():
     assert "domain" not in wide["inputs"][0] and wide["inputs"][1] == spec["inputs"][1], wide["inputs"]
 
 
+def test_soft_labels_drawn_in_zero_one_stay_there_logits_drawn_so_open():
+    # kornia's binary focal loss (acceptance run, kornia b8f341163): its tests draw the target
+    # with torch.rand, so it never reached 0 or 1 exactly; opened to real values the search
+    # asked the loss about a target of -2.0. A target (or label, mask) in [0, 1] stays there;
+    # the logits drawn the same way are opened
+    import numpy as np
+
+    op = _op([("input", None), ("target", None)])
+    recs = [CallRecord(op="lib.f", args=[TensorArg((2, 4), "float32", np.random.rand(2, 4) * 0.9 + 0.05),
+                                        TensorArg((2, 4), "float32", np.random.rand(2, 4) * 0.9 + 0.05)], kwargs={})]
+    spec = from_records(op, recs, "torch", []).spec
+    assert [t.get("domain") for t in spec["inputs"]] == ["prob", "prob"], spec["inputs"]
+    wide = widen(spec)
+    assert "domain" not in wide["inputs"][0] and wide["inputs"][1]["domain"] == "prob", wide["inputs"]
+
+
 def test_a_class_with_defaults_is_built_as_the_tests_built_it():
     # keras' GroupNormalization (acceptance run on keras-team/keras d863dc8a5b): its constructor
     # has defaults only (groups=32); the tests build it as GroupNormalization(groups=4,

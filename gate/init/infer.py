@@ -370,10 +370,23 @@ def widen(spec: dict) -> Optional[dict]:
         name = dom.get("name") if isinstance(dom, dict) else dom
         if isinstance(dom, dict) and name == "prob" and dom.get("lo") == 0.0 and dom.get("hi") == 1.0:
             continue
+        if name == "prob" and _label_like(t["name"]):
+            continue  # soft labels the tests drew with torch.rand (kornia's binary focal loss target)
         if t.get("kind", "float") == "float" and name in ("prob", "nonneg"):
             del t["domain"]
             changed = True
     return out if changed else None
+
+
+#: argument names of targets and masks: values in [0, 1] are what they mean (labels, soft
+#: labels, masks), however the tests drew them; a target of -2.0 asks a loss a question no
+#: caller asks, and a fix that clamps it reads as a behaviour change
+LABEL_NAMES = frozenset({"target", "targets", "label", "labels", "y_true", "gt", "ground_truth", "mask", "masks"})
+
+
+def _label_like(name: str) -> bool:
+    n = name.lower()
+    return n in LABEL_NAMES or n.endswith(("_target", "_targets", "_label", "_labels", "_mask"))
 
 
 #: bool parameters never flipped: they change what is computed on, not how (in-place writes,
