@@ -13,7 +13,7 @@ import math
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -281,6 +281,8 @@ class Planned:
     per_op: float
     store: object  # the base's BaselineStore
     isolate: object  # IsolateOptions, or None: evaluations run in-process
+    #: the fuzz stage's finished work items as they come (judged as they are if the run is stopped)
+    done: List[dict] = field(default_factory=list)
 
 
 def _run(opts: RunOptions, report: V.GateReport, say) -> None:
@@ -307,7 +309,11 @@ def _run(opts: RunOptions, report: V.GateReport, say) -> None:
     with stage("plan"):
         planned = plan_stage(opts, ctx, names, report, say)
     with stage("fuzz", None if opts.evals else planned.total):  # the search, base's worktree included
-        work = fuzz_stage(opts, ctx, planned, report, say)
+        try:
+            work = fuzz_stage(opts, ctx, planned, report, say)
+        except Terminated:
+            judge_stopped(opts, ctx, planned, report)
+            raise
     with stage("judge"):
         judge_stage(opts, ctx, planned, work, report)
     loc = ctx.cfg.budget.get("localise")
@@ -736,7 +742,7 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         base_isolate = base_isolate_options(tree, py_path, isolate, ctx.repo) if tree is not None and isolate else None
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
         pools = _Pools(planned, None if opts.evals else ctx.settings.min_evals)
-        work = []
+        work = planned.done
         for task in planned.run_tasks:
             task = pools.budget(task)
             t0 = time.perf_counter()
@@ -844,10 +850,12 @@ class _Pools:
         return {"min_evals": self.min_evals, "variants": self.rows}
 
 
-def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dict], report: V.GateReport) -> None:
-    """A verdict per variant (head vs base and the stored baseline), the not-covered ones, and the outcome."""
+def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dict], report: V.GateReport,
+                recheck: bool = True) -> None:
+    """A verdict per variant (head vs base and the stored baseline), the not-covered ones, and the
+    outcome (``recheck``: a failing verdict's input is run again for determinism)."""
     for w in work:
-        vv = _verdict(opts, ctx, planned, w)
+        vv = _verdict(opts, ctx, planned, w, recheck)
         w["verdict"] = vv
         if ctx.kernels is not None:
             ctx.kernels.mark(vv)
@@ -855,11 +863,13 @@ def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dic
         if vv.details.get("warning"):
             report.warnings.append(f"{vv.id}: {vv.details['warning']}")
         report.env.setdefault("frameworks", {})[w["spec"].framework] = w["finding"].env.get("version")
+    searched = {t.id for t in planned.run_tasks}
     for tid in report.not_covered:
         p = planned.by_id[tid]
         report.verdicts.append(V.VariantVerdict(
             op=p["spec"].name, framework=p["spec"].framework, variant=p["task"].variant.to_dict(),
-            outcome=V.NOT_COVERED, reason="the total budget ran out before this variant (raise budget.total)"))
+            outcome=V.NOT_COVERED, reason="the run was stopped before this variant was searched" if tid in searched
+            else "the total budget ran out before this variant (raise budget.total)"))
     report.warnings += stability_fixes(report.verdicts)  # an operator's changes that came with its fix: not failed
     report.warnings += refinements(report.verdicts)  # a refined forward's gradient change: not failed
     report.outcome, report.reason = overall(report.verdicts, report.errors, ctx.settings)
@@ -867,7 +877,24 @@ def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dic
         report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
 
 
-def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict) -> V.VariantVerdict:
+def judge_stopped(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateReport) -> None:
+    """The run was stopped (SIGTERM: a CI time limit, the supervisor's deadline) during the fuzz
+    stage: the variants searched so far are judged as they stand, against their stored baselines
+    (base's replay did not finish), the rest are not covered. A regression reached stands
+    (:meth:`GateReport.stopped`); the search's findings are in the report either way."""
+    done = [w for w in planned.done if "head" in w]
+    if not done:
+        return
+    for w in done:
+        w["base"] = None
+    ids = {w["task"].id for w in done}
+    report.not_covered = sorted(set(report.not_covered) | {t.id for t in planned.run_tasks if t.id not in ids})
+    report.warnings.append(f"the run was stopped during the search: {len(done)} of {len(planned.run_tasks)} "
+                           "variant(s) judged against their stored baselines only (base's replay did not finish)")
+    judge_stage(opts, ctx, planned, done, report, recheck=False)
+
+
+def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict, recheck: bool = True) -> V.VariantVerdict:
     """One work item's verdict, with its figures, source, repro command and determinism check."""
     task, finding = w["task"], w["finding"]
     vv = decide(w["spec"], task.variant, w["head"], w["base"], w["row"], w["status"], finding,
@@ -886,7 +913,7 @@ def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict) -> V.Var
     vv.repro_command = (f"dl-gate fuzz {task.op.name} --dtype {task.variant.dtype} --mode {task.variant.mode} "
                         f"--device {task.variant.device} --seed {task.seed} "
                         + (f"--evals {finding.evals}" if opts.evals else f"--budget {planned.per_op:g}"))
-    if vv.outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
+    if recheck and vv.outcome in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
         i = vv.details.get("input_index")
         if i is not None and i < len(w["cands"]):
             recheck_determinism(vv, w["spec"], task.variant, w["cands"][i], w["head"][i], isolate=planned.isolate)

@@ -474,7 +474,9 @@ def verdict_of_run(result: dict, out: Path):
         except Exception:  # noqa: BLE001 - a half-written partial report: start from nothing
             report = V.GateReport(outcome="error", reason="")
     last = state.get("last")
-    if result["stopped_by"]:
+    if result["stopped_by"] and state.get("done"):  # it stopped and wrote what it had
+        why = f"{result['stopped_by']}; the run stopped early: its report holds what was judged by then"
+    elif result["stopped_by"]:
         why = f"{result['stopped_by']}; the run did not write its report in time"
     elif state.get("done"):
         why = (f"the run's process ended with {describe_end(rc)} after it had finished "

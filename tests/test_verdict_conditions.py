@@ -330,3 +330,81 @@ def test_the_supervisor_keeps_a_regression_the_run_reached_before_its_deadline(t
               "seconds": 10.0}
     report, _ = verdict_of_run(result, tmp_path)
     assert report.outcome == Outcome.REGRESSION.value
+
+
+STOP_OPS = '''
+import time
+
+import torch
+
+
+def a_log1p(x):
+    return torch.log1p(x)
+
+
+def b_exp(x):
+    return torch.exp(x)
+'''
+
+STOP_CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+gate: {dtypes: [float32]}
+ops:
+  - name: lib.a_log1p
+    callable: lib.ops:a_log1p
+    sources: [lib/ops.py]
+    dims: {N: [1, 32]}
+    inputs: [{name: x, shape: [N], domain: gt_minus1}]
+  - name: lib.b_exp
+    callable: lib.ops:b_exp
+    sources: [lib/ops.py]
+    dims: {N: [1, 32]}
+    inputs: [{name: x, shape: [N], domain: {name: real, scale: 3}}]
+'''
+
+
+@pytest.mark.slow
+def test_a_run_stopped_during_the_search_keeps_the_regression_it_reached(tmp_path):
+    """A CI time limit (or the supervisor's deadline) stops a run while it searches: the variants
+    searched so far are judged against their stored baselines and a regression among them fails
+    the check (exit 1); seen on a GPU runner, where a run stopped during base's replay reported
+    only "no operator variant judged" after fuzzing 28 variants."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_gate_run import commit_pr, git, make_repo
+
+    repo = make_repo(tmp_path, ops_src=STOP_OPS, config=STOP_CONFIG, package="lib")
+    commit_pr(repo, "pr", "main", "    return torch.log1p(x)", "    return torch.log(1 + x)")
+    commit_pr(repo, "pr", "pr", "    return torch.exp(x)", "    time.sleep(0.2)\n    return torch.exp(x)")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "DL_GATE_PLOT": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "gate.cli", "run", "--base", "main", "--out", str(out),
+                             "--evals", "60", "--seed", "0"], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    seen = []
+    for line in proc.stderr:  # the slow operator's search has started: the first one is done
+        seen.append(line)
+        if "fuzzing lib.b_exp" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=120)
+    report = json.loads((out / "report.json").read_text())
+    by_op = {}
+    for v in report["verdicts"]:
+        by_op.setdefault(v["op"], []).append(v)
+    assert proc.returncode == 1 and report["outcome"] == "regression", (report["reason"], "".join(seen) + rest)
+    assert "SIGTERM" in " ".join(report["errors"]) and "localisation incomplete" in report["reason"]
+    # the run did write its report (the supervisor said it had not)
+    assert any("the run stopped early: its report holds what was judged" in e for e in report["errors"]), report["errors"]
+    assert any(v["outcome"] == "regression" for v in by_op["lib.a_log1p"]), by_op["lib.a_log1p"]
+    assert all(v["outcome"] == "not-covered" and "stopped" in v["reason"] for v in by_op["lib.b_exp"]), by_op["lib.b_exp"]
+    assert any("judged against their stored baselines only" in w for w in report["warnings"])
+    assert (out / "junit.xml").exists()
