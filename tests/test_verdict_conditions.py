@@ -351,18 +351,20 @@ version: 1
 framework: torch
 python_path: ["."]
 builtin: false
-gate: {dtypes: [float32]}
+gate: {dtypes: [float32], oracles: [precision]}
 ops:
   - name: lib.a_log1p
     callable: lib.ops:a_log1p
     sources: [lib/ops.py]
     dims: {N: [1, 32]}
     inputs: [{name: x, shape: [N], domain: gt_minus1}]
+    layouts: {}
   - name: lib.b_exp
     callable: lib.ops:b_exp
     sources: [lib/ops.py]
     dims: {N: [1, 32]}
     inputs: [{name: x, shape: [N], domain: {name: real, scale: 3}}]
+    layouts: {}
 '''
 
 
@@ -387,7 +389,7 @@ def test_a_run_stopped_during_the_search_keeps_the_regression_it_reached(tmp_pat
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "DL_GATE_PLOT": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "gate.cli", "run", "--base", "main", "--out", str(out),
-                             "--evals", "60", "--seed", "0"], cwd=repo, stdout=subprocess.PIPE,
+                             "--evals", "40", "--seed", "0"], cwd=repo, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     seen = []
     for line in proc.stderr:  # the slow operator's search has started: the first one is done
