@@ -889,8 +889,9 @@ def judge_stopped(opts: RunOptions, ctx: Context, planned: Planned, report: V.Ga
         w["base"] = None
     ids = {w["task"].id for w in done}
     report.not_covered = sorted(set(report.not_covered) | {t.id for t in planned.run_tasks if t.id not in ids})
-    report.warnings.append(f"the run was stopped during the search: {len(done)} of {len(planned.run_tasks)} "
-                           "variant(s) judged against their stored baselines only (base's replay did not finish)")
+    report.warnings.append(f"the run was stopped before base's replay finished: the {len(done)} of "
+                           f"{len(planned.run_tasks)} variant(s) searched by then are judged against their stored "
+                           "baselines only")
     judge_stage(opts, ctx, planned, done, report, recheck=False)
 
 
