@@ -24,7 +24,7 @@ from .backends import get_backend
 from .config import Config, load_config, parse_config
 from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
-from .judge.baselines import BaselineStore, GitBaselineSource
+from .judge.baselines import BaselineError, BaselineStore, GitBaselineSource
 from .judge.decide import (GateSettings, base_side, decide, judged_row, overall, recheck_determinism, refinements,
                            stability_fixes, under_searched)
 from .judge.replay import OUT_OF_TIME, ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
@@ -862,6 +862,8 @@ def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dic
         report.verdicts.append(vv)
         if vv.details.get("warning"):
             report.warnings.append(f"{vv.id}: {vv.details['warning']}")
+        if w.get("corpus_error"):
+            report.warnings.append(f"{vv.id}: {w['corpus_error']}; searched without its stored inputs")
         report.env.setdefault("frameworks", {})[w["spec"].framework] = w["finding"].env.get("version")
     searched = {t.id for t in planned.run_tasks}
     for tid in report.not_covered:
@@ -967,7 +969,11 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     spec, row, status = planned["spec"], planned["row"], planned["status"]
     if spec.name not in sources:
         sources[spec.name] = op_source(spec, repo)
-    corpus = store.corpus(row) if row is not None and status == "ok" else []
+    corpus_error = None
+    try:
+        corpus = store.corpus(row) if row is not None and status == "ok" else []
+    except BaselineError as exc:  # one row's stored inputs unreadable: this variant searches without them
+        corpus, corpus_error = [], str(exc)
     say(f"fuzzing {task.id}")
     runner = None
     if base_isolate is not None and spec.origin == "user" and task.variant.oracle == "precision":
@@ -989,7 +995,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     cands += structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
     head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
     return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
-            "cands": cands, "head": head_results, "src": sources[spec.name]}
+            "cands": cands, "head": head_results, "src": sources[spec.name], "corpus_error": corpus_error}
 
 
 def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:

@@ -153,3 +153,51 @@ def test_a_refresh_killed_before_its_json_swap_leaves_the_old_rows_whole(tmp_pat
     assert row.ulp == 4.0 and float(store.corpus(row)[0].arrays["x"][0]) == -7.25
     npz = {str(p.relative_to(root)) for p in root.rglob("*.npz")}
     assert npz == set(row.corpus), "files of the replaced row are removed once the JSON no longer names them"
+
+
+def test_baselines_are_committed_whatever_the_repositorys_ignore_patterns_say(tmp_path, monkeypatch):
+    """vector-quantize-pytorch (acceptance run, 569b8b0): its .gitignore has ``*.log``, and the
+    operator ``...lookup_free_quantization.log`` names a corpus folder; the refresh's rows were
+    committed without their inputs, and every run on the PR stopped at "corrupt baseline corpus
+    file ... not a dl-gate corpus file". The baselines folder carries its own .gitignore; a stored
+    input missing at base costs its variant's stored inputs (a warning), not the run."""
+    repo = tmp_path / "vq"
+    (repo / "lib").mkdir(parents=True)
+    (repo / "lib" / "ops.py").write_text(OPS)
+    (repo / ".gitignore").write_text("*.log\n__pycache__/\n")
+    (repo / ".dl-gate.yml").write_text(CONFIG.replace('python_path: ["my lib"]', 'python_path: ["lib"]')
+                                       .replace("lib.scale", "lib.scale.log").replace("ops_u:", "ops:")
+                                       .replace('"my lib/ops_u.py"', "lib/ops.py"))
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    monkeypatch.chdir(repo)
+    assert main(["baseline", "refresh", "--evals", "8", "--seed", "0"]) == 0
+    corpus = sorted((repo / "baselines" / "corpus").rglob("*.npz"))
+    assert corpus and all(".log" in str(p) for p in corpus)
+    assert (repo / "baselines" / ".gitignore").read_text() == B.KEEP_ALL
+    assert B.ignored_by_git(repo / "baselines") is None
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base with baselines")
+    tracked = subprocess.run(["git", "-C", str(repo), "ls-files", "baselines/corpus"], capture_output=True,
+                             text=True).stdout.split()
+    assert len(tracked) == len(corpus), tracked
+    # a folder the repository ignores as a whole cannot be un-ignored from inside: said
+    (repo / ".gitignore").write_text("*.log\nbaselines/\n")
+    warning = B.ignored_by_git(repo / "baselines")
+    assert warning and "are ignored by git" in warning and "baselines/" in warning, warning
+    # a row whose stored input was never committed (as the acceptance run left it)
+    (repo / ".gitignore").write_text("*.log\n")
+    git(repo, "rm", "-q", "--cached", str(corpus[0].relative_to(repo)))
+    git(repo, "commit", "-q", "-m", "lose one stored input")
+    store = B.BaselineStore(B.GitBaselineSource(repo, "main")).load()
+    lost = str(corpus[0].relative_to(repo / "baselines"))
+    (row,) = [r for r in store.rows["lib.scale.log"] if lost in r.corpus]
+    with pytest.raises(B.BaselineError, match=r"is missing \(not committed: ignored by a \.gitignore pattern\?\)"):
+        store.corpus(row)
+    git(repo, "checkout", "-q", "-b", "pr")
+    (repo / "lib" / "ops.py").write_text(OPS.replace("x * 2", "2 * x"))
+    git(repo, "commit", "-q", "-am", "pr")
+    code = main(["run", "--base", "main", "--out", str(tmp_path / "out"), "--evals", "8", "--seed", "0"])
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert code == 0 and report["outcome"] == "pass", report["reason"]
+    assert any("is missing" in w and "searched without its stored inputs" in w for w in report["warnings"]), \
+        report["warnings"]

@@ -64,12 +64,14 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     from ..backends import FRAMEWORKS, get_backend
     from ..fuzz import fuzz_task
     from ..search.seeds import SeedStore
-    from ..judge.baselines import check_writable, write_rows
+    from ..judge.baselines import check_writable, ignored_by_git, write_rows
     from ..ops.catalog import load_catalog
     from ..plan import Budget, Task, plan
 
     catalog = load_catalog(cfg.ops, builtin=FRAMEWORKS)
     names = [catalog.get(n).name for n in ops] if ops else [s.name for s in cfg.ops]
+    if not names and cfg.path is None:
+        raise GateError("no .dl-gate.yml here: run `dl-gate init` first (or name built-in operators with --ops)")
     if not names:
         raise GateError("nothing to refresh: the config declares no operators (name some with --ops)")
     names = sorted(names)
@@ -119,6 +121,9 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     for f in unmeasured:
         say(f"not recorded: {f.id}: {f.status}: {f.message or 'no input gave a result'}")
     changes = write_rows(out, [f for f in findings if f not in unmeasured], frameworks)
+    ignored = ignored_by_git(out)
+    if ignored:
+        say(f"warning: {ignored}")
     if unmeasured:
         raise GateError(f"{len(unmeasured)} variant(s) could not be measured, e.g. {unmeasured[0].id}: "
                         f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written){hint}")

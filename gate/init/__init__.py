@@ -694,6 +694,10 @@ def _store_seeds(cfg, records: Dict[str, list], plans) -> int:
             flat.append(CallRecord(op=n, args=args, kwargs=r.kwargs, source=r.source))
     by_callable = {s.callable: sigs.get(s.name) for s in specs}
     rep = store_records(flat, specs, store, resolve=lambda c, construct=(): by_callable.get(c))
+    if sum(rep.stored.values()):
+        from ..judge.baselines import keep_tracked
+
+        keep_tracked(cfg.baselines_dir)  # committed whatever the library's ignore patterns say
     return sum(rep.stored.values())
 
 

@@ -180,6 +180,7 @@ class BaselineStore:
         self.rows: Dict[str, List[BaselineRow]] = {}
         self.frameworks: Dict[str, str] = {}
         self._loaded = False
+        self._files: Optional[set] = None  # the source's file list, read once for corpus()
 
     def load(self) -> "BaselineStore":
         """Parse every ``<op>.json``; a corrupt file is a one-line :class:`BaselineError`."""
@@ -222,6 +223,10 @@ class BaselineStore:
     def corpus(self, row: BaselineRow) -> List[Candidate]:
         out = []
         for rel in row.corpus:
+            if not self._has(rel):  # a row committed without its inputs (a .gitignore pattern caught them)
+                raise BaselineError(f"baseline corpus file {self.source.describe(rel)} is missing (not committed: "
+                                    "ignored by a .gitignore pattern?); run dl-gate baseline refresh and commit "
+                                    "everything it writes")
             try:
                 out.append(Candidate.load(self.source.read(rel)))
             except Exception as exc:  # noqa: BLE001 - numpy's own words (allow_pickle advice...) do not help here
@@ -230,6 +235,14 @@ class BaselineStore:
                 raise BaselineError(f"corrupt baseline corpus file {self.source.describe(rel)}: {why}; restore it from "
                                     "git or run dl-gate baseline refresh") from None
         return out
+
+    def _has(self, rel: str) -> bool:
+        if self._files is None:
+            try:
+                self._files = set(self.source.list())
+            except BaselineError:
+                self._files = set()
+        return not self._files or rel in self._files
 
 
 # ---------------------------------------------------------------------------------------
@@ -347,11 +360,50 @@ def _digest(cand: Candidate) -> str:
     return h.hexdigest()[:12]
 
 
+#: the baselines folder's own .gitignore: a library's patterns must not keep a baseline out of
+#: the commit (vector-quantize-pytorch ignores ``*.log``, and its operator
+#: ``...lookup_free_quantization.log`` names a corpus folder: the rows were committed, their
+#: inputs not, and every run on the PR failed to read them)
+KEEP_ALL = "# dl-gate: every file here is committed, whatever the repository's own patterns say\n!*\n"
+
+
+def keep_tracked(root: Path) -> None:
+    """Write ``root/.gitignore`` (:data:`KEEP_ALL`) unless the folder has one."""
+    gi = Path(root) / ".gitignore"
+    if not gi.exists():
+        _atomic_write(gi, KEEP_ALL.encode())
+
+
+def ignored_by_git(root: Path, sample: int = 5) -> Optional[str]:
+    """A one-line warning when git would leave files under ``root`` out of a commit (ignored in
+    spite of :func:`keep_tracked`: the folder itself is ignored by a parent pattern), else None;
+    None outside a git repository."""
+    root = Path(root)
+    files = [str(p) for p in root.rglob("*") if p.is_file()]
+    if not files:
+        return None
+    try:
+        res = subprocess.run(["git", "-C", str(root), "check-ignore", "--stdin", "--no-index"], input="\n".join(files),
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    ignored = [line for line in res.stdout.splitlines() if line.strip()] if res.returncode == 0 else []
+    if not ignored:
+        return None
+    why = subprocess.run(["git", "-C", str(root), "check-ignore", "-v", "--no-index", ignored[0]], capture_output=True,
+                         text=True).stdout.split("\t")[0].strip()
+    return (f"{len(ignored)} of {len(files)} baseline file(s) under {root} are ignored by git (e.g. {ignored[0]}"
+            + (f", by {why}" if why else "") + "): they would not be committed and the gate could not read them "
+            "at the PR's base; un-ignore the folder (or git add -f it)")
+
+
 def write_rows(root: Path, findings: Iterable[Finding], frameworks: Dict[str, str],
                extra_corpus: Optional[Dict[str, List[Candidate]]] = None) -> List[RowChange]:
     """Merge rows for ``findings`` into ``root`` (atomic per file); rows of other variants and
     environments are kept untouched. Returns what changed."""
     root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    keep_tracked(root)
     by_op: Dict[str, List[Finding]] = {}
     for f in findings:
         by_op.setdefault(f.op, []).append(f)
