@@ -796,10 +796,24 @@ def test_init_on_a_keras_library(tmp_path):
             def call(self, y_true, y_pred):
                 p_t = y_true * ops.sigmoid(y_pred) + (1 - y_true) * ops.sigmoid(-y_pred)
                 return -((1 - p_t) ** self.gamma) * ops.log(p_t + 1e-7)
+
+
+        class Correction(tf.keras.layers.Layer):  # TFRS's SamplingProbablityCorrection: __call__ overridden
+            def __call__(self, logits, sampling_probability):
+                return logits - tf.math.log(tf.clip_by_value(sampling_probability, 1e-6, 1.0))
+
+
+        class HardNegatives(tf.keras.layers.Layer):  # TFRS's HardNegativeMining: no **kwargs, no dtype=
+            def __init__(self, scale):
+                super().__init__()
+                self._scale = scale
+
+            def call(self, logits):
+                return tf.nn.softplus(logits * self._scale)
         '''))
     (repo / "tests" / "test_ops.py").write_text(textwrap.dedent('''
         import numpy as np
-        from tfops import FocalLoss, ScaledSwish
+        from tfops import Correction, FocalLoss, HardNegatives, ScaledSwish
 
 
         def test_scaled_swish():
@@ -810,20 +824,36 @@ def test_init_on_a_keras_library(tmp_path):
         def test_focal_loss():
             y = np.array([[0.0, 1.0, 1.0, 0.0]], dtype="float32")
             assert float(FocalLoss(gamma=2.0)(y, np.linspace(-2, 2, 4, dtype="float32")[None])) > 0
+
+
+        def test_correction():
+            logits = np.linspace(-2, 2, 12, dtype="float32").reshape(3, 4)
+            assert Correction()(logits, np.full((3, 4), 0.25, dtype="float32")).shape == (3, 4)
+
+
+        def test_hard_negatives():
+            assert HardNegatives(scale=2.0)(np.linspace(-2, 2, 8, dtype="float32").reshape(2, 4)).shape == (2, 4)
         '''))
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     rep = run_init(repo, probe_timeout=30)
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
     assert cfg.raw["framework"] == "tensorflow"
     kinds = {name: kind for name, kind, _ in rep.found}
+    # a layer that overrides __call__ is called and recorded through it; one whose constructor
+    # takes no dtype= is given its dtype policy after it is built (TFRS, acceptance run 406f8e1)
     assert kinds == {"tfops.softplus_safe": "function", "tfops.Swish": "layer", "tfops.ScaledSwish": "layer",
-                     "tfops.FocalLoss": "layer"}, rep.left_out
+                     "tfops.FocalLoss": "layer", "tfops.Correction": "layer", "tfops.HardNegatives": "layer"}, \
+        rep.left_out
+    corr = next(o for o in cfg.ops if o.name == "tfops.Correction")
+    assert [t.name for t in corr.inputs] == ["logits", "sampling_probability"], corr.inputs
+    hard = next(o for o in cfg.ops if o.name == "tfops.HardNegatives")
+    assert dict(hard.construct) == {"scale": 2.0} and "float16" in hard.dtypes, (hard.construct, hard.dtypes)
     assert all(o.framework == "tensorflow" for o in cfg.ops)
     scaled = next(o for o in cfg.ops if o.name == "tfops.ScaledSwish")
     assert dict(scaled.construct) == {"beta": 1.5}, scaled.construct
     # a layer class is gated under Keras's mixed-precision policies too (mode operator: built with
     # dtype="mixed_float16", float32 inputs); a function keeps mode input
-    modes = {o.name: o.modes for o in cfg.ops}
+    modes = {o.name: o.modes for o in cfg.ops if o.name not in ("tfops.Correction", "tfops.HardNegatives")}
     assert modes == {"tfops.softplus_safe": ("input",), "tfops.Swish": ("input", "operator"),
                      "tfops.ScaledSwish": ("input", "operator"), "tfops.FocalLoss": ("input",)}, modes
     # a Keras Loss class is built as its test builds it, and its 0/1 labels stay labels

@@ -263,7 +263,7 @@ class ClassOperator:
                 self.default = cls(**self.kwargs)
         self._built: dict = {}
         try:  # what inspect.signature reports: the instance's call (forward / call), not (*args, **kwargs)
-            self.__signature__ = inspect.signature(getattr(self.default, "call" if keras else "forward"))
+            self.__signature__ = inspect.signature(getattr(self.default, keras_call_method(cls) if keras else "forward"))
         except (TypeError, ValueError):
             pass
 
@@ -276,7 +276,7 @@ class ClassOperator:
         key = (dtype, device)
         if key not in self._built:
             if self.keras:
-                self._built[key] = _KerasAt(self.cls(dtype=dtype, **self.kwargs), self.default)
+                self._built[key] = _KerasAt(self._keras_at(dtype), self.default)
             else:
                 import copy
 
@@ -284,6 +284,34 @@ class ClassOperator:
 
                 self._built[key] = copy.deepcopy(self.default).to(device=device, dtype=getattr(torch, dtype))
         return self._built[key]
+
+
+    def _keras_at(self, dtype: str):
+        """The Keras layer built with ``dtype=``; a constructor that takes no ``dtype`` (no
+        ``**kwargs`` passed to Layer: TFRS's HardNegativeMining) is built as it is and given the
+        dtype policy before its first call."""
+        try:
+            return self.cls(dtype=dtype, **self.kwargs)
+        except TypeError as exc:
+            if "dtype" not in str(exc):
+                raise
+        layer = self.cls(**self.kwargs)
+        try:
+            layer.dtype_policy = dtype
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise TypeError(f"{self.cls.__name__}() takes no dtype= and its dtype policy cannot be set: {exc}") from None
+        return layer
+
+
+def keras_call_method(cls: type) -> str:
+    """The method a Keras layer class is called through: ``__call__`` where a class of its own
+    (not Keras') overrides it (TFRS's SamplingProbablityCorrection), else ``call``."""
+    for k in cls.__mro__:
+        if (getattr(k, "__module__", "") or "").startswith(("keras", "tensorflow", "tf_keras")):
+            return "call"
+        if "__call__" in vars(k):
+            return "__call__"
+    return "call"
 
 
 class _KerasAt:

@@ -399,7 +399,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
                 continue
             op = Operator(name=name, module=m, qualname=s.name, kind=r["kind"], file=s.file, line=s.line,
                           framework=r.get("framework", framework), params=r.get("params") or [],
-                          init=r.get("init") or [], loss=bool(r.get("loss")))
+                          init=r.get("init") or [], loss=bool(r.get("loss")), method=r.get("method") or "call")
             ops.append(op)  # a constructor that needs arguments: built as the tests build it, if they do
             by_sym[name] = s
     if not ops:

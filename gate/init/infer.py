@@ -51,6 +51,7 @@ class Operator:
     params: List[dict] = field(default_factory=list)  # the call signature (self/ctx dropped)
     init: List[dict] = field(default_factory=list)  # constructor signature of a class
     loss: bool = False  # a Keras Loss class (kind layer): computes at its dtype=, no mixed policy of its own
+    method: str = "call"  # the method a Keras layer is called through (``__call__`` where it overrides it)
 
     @property
     def callable(self) -> str:
@@ -62,7 +63,7 @@ class Operator:
         if self.kind == "module":
             return f"{self.module}:{self.qualname}.forward"
         if self.kind == "layer":
-            return f"{self.module}:{self.qualname}.call"
+            return f"{self.module}:{self.qualname}.{self.method}"
         if self.kind == "autograd_function":
             return f"{self.module}:{self.qualname}.apply"
         return self.callable

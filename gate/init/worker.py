@@ -133,8 +133,13 @@ def classify(req: dict) -> None:
                                framework="torch")
                 elif any(m.endswith(".Layer") and ("keras" in m or "tensorflow" in m) for m in mro):
                     init = _params_of(obj.__init__, drop_first=True)
-                    row.update(kind="layer", params=_params_of(obj.call, drop_first=True), init=init,
-                               framework="tensorflow")
+                    # a layer that overrides __call__ (TFRS's SamplingProbablityCorrection) is
+                    # called through it: its own signature, its calls recorded there
+                    from ..backends.base import keras_call_method
+
+                    method = keras_call_method(obj)
+                    row.update(kind="layer", params=_params_of(getattr(obj, method), drop_first=True), init=init,
+                               framework="tensorflow", **({"method": method} if method != "call" else {}))
                 elif any(m.endswith(".Loss") and "keras" in m for m in mro) and callable(getattr(obj, "call", None)):
                     # a Keras Loss class (FocalLoss(gamma=2)): built like a layer, in the variant's dtype
                     # (its dtype= is the dtype it computes in: float32 by default, whatever it is given)
