@@ -42,3 +42,26 @@ def test_refresh_names_a_config_env_variable_that_is_not_set(tmp_path, monkeypat
                           "mylib.log1p"], cwd=repo, capture_output=True, text=True, timeout=600)
     out = res.stdout + res.stderr
     assert "env: names DL_GATE_TEST_UNSET_VAR, not set in this environment" in out, out[-2000:]
+
+
+def test_a_collection_error_that_stopped_the_users_test_command_is_named_with_what_to_do(tmp_path):
+    # tensorflow/recommenders (acceptance run): one test module fails to import under NumPy 2
+    # (np.str); `--tests "pytest -q ..."` without --continue-on-collection-errors ran no test,
+    # and init hinted at an environment variable
+    from gate.init import _collection_stop
+
+    (tmp_path / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+    (tmp_path / "test_old.py").write_text("import numpy as np\nX = np.str\n\ndef test_old():\n    pass\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "."],
+                         cwd=tmp_path, capture_output=True, text=True).stdout
+    assert _collection_stop(out) == "test_old.py", out[-1500:]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                          "--continue-on-collection-errors", "."], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert _collection_stop(out) is None, out[-1500:]
+
+
+def test_refresh_without_a_config_says_to_run_init(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode != 0 and "no .dl-gate.yml here: run `dl-gate init` first" in res.stderr, res.stderr[-1000:]

@@ -110,7 +110,9 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
             code = _run_quiet(lambda: run_harvest(argv, targets, Path(tmp), cwd=repo, python_path=(),
                                                   max_calls=64, env=env), out)
         records = load_records(Path(tmp))
-        tail = _last_words((Path(tmp) / "out.log").read_text(errors="replace"))
+        text = (Path(tmp) / "out.log").read_text(errors="replace")
+        tail = _last_words(text)
+        stopped_at = _collection_stop(text) if "--continue-on-collection-errors" not in command else None
     by: Dict[str, list] = {}
     for r in records:
         if not r.source.startswith("error: "):
@@ -118,12 +120,26 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
             f" in {time.monotonic() - t0:.0f}s; {sum(r.kind == 'call' for v in by.values() for r in v)} distinct "
             f"calls of {sum(any(r.kind == 'call' for r in v) for v in by.values())} operators recorded")
-    if not any(r.kind == "call" for v in by.values() for r in v):  # why: the test run's own last words
+    if not any(r.kind == "call" for v in by.values() for r in v) and stopped_at:
+        # pytest ran no test at all: one module failed to import (tensorflow/recommenders: np.str)
+        what += (f"; pytest stopped at a module it could not import ({stopped_at}"
+                 + (f": {tail}" if tail else "") + "): add --continue-on-collection-errors to --tests "
+                 "(the default command has it) or leave that module out")
+    elif not any(r.kind == "call" for v in by.values() for r in v):  # why: the test run's own last words
         what += (f"; the tests said: {tail}" if tail else "") + (
             " (a test that needs an environment variable: --env NAME=VALUE; another command: --tests CMD)")
     elif code not in (0, 124, 130, -2) and tail:  # some calls recorded: what stopped the others
         what += f"; the tests said: {tail}"
     return by, what
+
+
+def _collection_stop(out: str) -> Optional[str]:
+    """The module pytest could not collect, where a collection error stopped the whole run
+    ("Interrupted: 1 error during collection"), else None."""
+    if not re.search(r"Interrupted: \d+ errors? during collection", out):
+        return None
+    m = re.search(r"ERROR collecting (\S+)", out)
+    return m.group(1) if m else "a test module"
 
 
 def _last_words(out: str) -> str:
