@@ -65,3 +65,16 @@ def test_refresh_without_a_config_says_to_run_init(tmp_path):
     res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode != 0 and "no .dl-gate.yml here: run `dl-gate init` first" in res.stderr, res.stderr[-1000:]
+
+
+def test_a_keras_call_error_keeps_its_cause():
+    # TFRS's Cross (acceptance run): left out with "InvalidArgumentError: Exception encountered
+    # when calling Cross.call()." only; the cause was two lines below, in bold
+    from gate.init.worker import first_words
+
+    exc = ValueError("Exception encountered when calling Cross.call().\n\n\x1b[1mcannot compute MatMul as input #1"
+                     " was expected to be a double tensor but is a float tensor\x1b[0m\n\nArguments received by "
+                     "Cross.call():\n  • x0=tf.Tensor(shape=(2, 4), dtype=float64)")
+    assert first_words(exc) == ("ValueError: Exception encountered when calling Cross.call(): cannot compute MatMul "
+                                "as input #1 was expected to be a double tensor but is a float tensor")
+    assert first_words(KeyError("x")) == "KeyError: 'x'" and first_words(RuntimeError()) == "RuntimeError"
