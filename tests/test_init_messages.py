@@ -70,7 +70,7 @@ def test_refresh_without_a_config_says_to_run_init(tmp_path):
 def test_a_keras_call_error_keeps_its_cause():
     # TFRS's Cross (acceptance run): left out with "InvalidArgumentError: Exception encountered
     # when calling Cross.call()." only; the cause was two lines below, in bold
-    from gate.init.worker import first_words
+    from gate.search.evaluation import exception_signature, first_words
 
     exc = ValueError("Exception encountered when calling Cross.call().\n\n\x1b[1mcannot compute MatMul as input #1"
                      " was expected to be a double tensor but is a float tensor\x1b[0m\n\nArguments received by "
@@ -78,3 +78,22 @@ def test_a_keras_call_error_keeps_its_cause():
     assert first_words(exc) == ("ValueError: Exception encountered when calling Cross.call(): cannot compute MatMul "
                                 "as input #1 was expected to be a double tensor but is a float tensor")
     assert first_words(KeyError("x")) == "KeyError: 'x'" and first_words(RuntimeError()) == "RuntimeError"
+    # what an evaluation's error says (a probe's "no inferred spec runs (...; first: ...)"); the
+    # signature that tells crashes apart stays the first line
+    sig, msg = exception_signature(exc)
+    assert sig == "ValueError: Exception encountered when calling Cross.call()." and "double tensor" in msg, (sig, msg)
+
+
+def test_a_layer_of_a_library_named_tensorflow_something_is_called_through_its_own_call():
+    # tensorflow_recommenders' SamplingProbablityCorrection overrides __call__; its module's name
+    # starts with "tensorflow", which the first check took for TensorFlow's own classes
+    keras = __import__("pytest").importorskip("keras")
+    from gate.backends.base import keras_call_method
+
+    ns = {"keras": keras}
+    exec("class Correction(keras.layers.Layer):\n    def __call__(self, logits, p):\n        return logits\n"
+         "class Plain(keras.layers.Layer):\n    def call(self, x):\n        return x\n", ns)
+    for cls in (ns["Correction"], ns["Plain"]):
+        cls.__module__ = "tensorflow_recommenders.layers.loss"
+    assert keras_call_method(ns["Correction"]) == "__call__" and keras_call_method(ns["Plain"]) == "call"
+    assert keras_call_method(keras.layers.Dense) == "call"

@@ -306,8 +306,8 @@ class ClassOperator:
 def keras_call_method(cls: type) -> str:
     """The method a Keras layer class is called through: ``__call__`` where a class of its own
     (not Keras') overrides it (TFRS's SamplingProbablityCorrection), else ``call``."""
-    for k in cls.__mro__:
-        if (getattr(k, "__module__", "") or "").startswith(("keras", "tensorflow", "tf_keras")):
+    for k in cls.__mro__:  # the top-level package: tensorflow_recommenders is a library of its own
+        if (getattr(k, "__module__", "") or "").split(".")[0] in ("keras", "tensorflow", "tf_keras"):
             return "call"
         if "__call__" in vars(k):
             return "__call__"

@@ -97,21 +97,6 @@ def _keras2_under_keras3(exc: BaseException, text: str) -> bool:
     return "keras" in text and ("has no attribute" in text or "cannot import name" in text)
 
 
-def first_words(exc: BaseException) -> str:
-    """``Type: first line`` of an exception; for Keras' wrapper ("Exception encountered when
-    calling Cross.call().", the cause on a later line in bold) the cause too: the first line
-    alone said nothing of TFRS's Cross ("expected a double tensor", its float64 run)."""
-    import re
-
-    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).splitlines() if ln.strip()]
-    if not lines:
-        return type(exc).__name__
-    head = lines[0]
-    if head.startswith("Exception encountered when calling") and len(lines) > 1:
-        head = f"{head.rstrip('.')}: {lines[1]}"
-    return f"{type(exc).__name__}: {head}"[:400]
-
-
 def _mro_names(cls) -> List[str]:
     return [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__[1:]]
 
@@ -192,6 +177,8 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
     except _Deadline:
         raise
     except BaseException as exc:
+        from ..search.evaluation import first_words
+
         return "error", first_words(exc)
     search_spec = hooks(spec, variant)[0]
     last = ("invalid", "no input")
@@ -209,6 +196,8 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
         except SystemExit as exc:
             return "crash", f"the operator called sys.exit({exc.code})"
         except Exception as exc:
+            from ..search.evaluation import first_words
+
             last = ("crash", first_words(exc))
             if need_all:
                 return last

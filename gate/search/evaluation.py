@@ -33,5 +33,22 @@ def exit_signature(exc: SystemExit) -> Tuple[str, str]:
 
 
 def exception_signature(exc: BaseException) -> Tuple[str, str]:
+    """(signature, message): the exception's type and first line (how crashes are told apart),
+    and the words shown for it (:func:`first_words`)."""
     first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:300]}", f"{type(exc).__name__}: {first[:160]}"
+    return f"{type(exc).__name__}: {first[:300]}", first_words(exc, 200)
+
+
+def first_words(exc: BaseException, limit: int = 400) -> str:
+    """``Type: first line`` of an exception; for Keras' wrapper ("Exception encountered when
+    calling Cross.call().", the cause on a later line in bold) the cause too: the first line
+    alone said nothing of TFRS's Cross ("expected a double tensor": its float64 run)."""
+    import re
+
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    head = lines[0]
+    if head.startswith("Exception encountered when calling") and len(lines) > 1:
+        head = f"{head.rstrip('.')}: {lines[1]}"
+    return f"{type(exc).__name__}: {head}"[:limit]
