@@ -668,8 +668,8 @@ def _tally_details(vv: V.VariantVerdict, t: _Tally, dtype: str) -> None:
             # the PR changed the function, not the variant's results; nothing is untrustworthy
             vv.details["warning"] = (
                 f"on {t.moved_ref} input(s) head's {dtype} output equals base's bit for bit while the float64 runs "
-                f"differ (by up to {_f(t.fine_ref_ulp)} {dtype} ulp): the change is below {dtype}'s resolution there "
-                f"(an eps or a constant that the {dtype} computation rounds away); each side's error is measured "
+                f"differ (by up to {_f(t.fine_ref_ulp)} {dtype} ulp): the change does not reach {dtype}'s results "
+                f"there (an eps or a constant that the {dtype} computation rounds away); each side's error is measured "
                 "against its own float64 run")
             return
         if len(t.low_ref) == 1:
