@@ -277,8 +277,9 @@ def test_non_contiguous_crash_names_the_layout_and_the_view(gate_run):
     assert d["suboperation"]["call"] == "Tensor.view" or d["suboperation"]["call"] == "view"
     assert sub_line(d) == ("nnops/reductions.py", line)
     assert (d["changed_code"][0]["file"], d["changed_code"][0]["line"]) == ("nnops/reductions.py", line)
-    # non-contiguity needs two axes of two: nothing smaller can crash
-    assert d["minimal_input_elements"] == 4 and d["minimal_input_elements"] * 10 <= d["found_input_elements"]
+    # non-contiguity needs two axes of two: nothing smaller can crash, and the shrink got there
+    # (from what the search found: 12 or 40+ elements, as the draws of the installed NumPy go)
+    assert d["minimal_input_elements"] == 4 < d["found_input_elements"], d
     assert "non-contiguous" in d["minimal_input"]
     rows = {r["name"]: r for r in d["base_vs_head"]}
     assert rows["status"]["base"] == "ok" and "RuntimeError" in rows["status"]["head"]

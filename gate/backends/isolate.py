@@ -312,7 +312,11 @@ _ORDER: List["_Worker"] = []  # the kept workers, oldest first
 def _reuse_key(spec: Any, options: "IsolateOptions", factory: str) -> Optional[tuple]:
     if not options.zygote or PRELOAD.get(spec.framework, ()):
         return None
-    return (spec.framework, options.sys_path, options.cwd, options.memory_limit(), factory)
+    # options without a path or folder of their own start workers with this process's: a worker
+    # that imported one repository's `mylib` must not serve another's (two refreshes in one
+    # process, in two repositories: "module 'mylib.ops' has no attribute 'RMSNorm'")
+    return (spec.framework, options.sys_path if options.sys_path is not None else tuple(sys.path),
+            options.cwd if options.cwd is not None else os.getcwd(), options.memory_limit(), factory)
 
 
 def _take_idle(key: Optional[tuple]) -> Optional["_Worker"]:
