@@ -199,7 +199,7 @@ def test_identical_outputs_neither_fail_nor_improve_whichever_reference_moved(sp
     assert "low_reference" not in v.details and "one side's reference" in v.details["warning"], v.details
 
 
-def test_a_change_below_the_dtypes_resolution_is_said_to_be_one(spec):
+def test_a_change_the_dtype_rounds_away_is_said_to_be_one(spec):
     # vector-quantize-pytorch 569b8b0 (an eps 1e-20 -> 1e-5): the float32 outputs are bit for bit
     # base's, both float64 runs are really float64 and differ; no side's reference is suspect
     same = [[0.1, 1.0]]
