@@ -310,6 +310,8 @@ def test_every_diagnosis_has_base_vs_head_and_a_worst_element(gate_run):
         assert v.repro_command == d["repro_command"]
         assert Path(d["details_file"]).exists()
     assert report.env["localise"]["budget"] == 60 and report.env["localise"]["seconds"] < 60
+    # both localisation workers were forked from the isolation zygote (torch imported once)
+    assert report.env["localise"]["workers"] == {"base": "zygote", "head": "zygote"}
     # what the report stage reads: report.json (diagnoses included) is valid against its schema
     import jsonschema
     from gate.report.schema import REPORT_SCHEMA

@@ -153,3 +153,40 @@ def test_a_tensorflow_worker_is_kept_for_the_next_variant_and_a_crashed_one_is_n
     assert t2._active.proc.pid != tpid
     t2.close()
     isolate._close_idle()
+
+
+SPAWNED = '''
+import json, os, sys
+line = sys.stdin.readline()
+print("to stderr", file=sys.stderr)
+print(json.dumps({"line": line.strip(), "argv": sys.argv[1:], "cwd": os.getcwd(), "path0": sys.path[0],
+                  "ppid": os.getppid(), "torch": "torch" in sys.modules,
+                  "secret": os.environ.get("DL_GATE_TEST_SECRET_TOKEN")}), flush=True)
+sys.exit(3)
+'''
+
+
+def test_a_module_spawned_by_the_zygote_runs_as_python_dash_m_would(tmp_path, monkeypatch):
+    """The localisation workers start this way (gate.localise.evaluate.BaseWorker): forked from
+    the zygote, which imported torch, with its own stdio, working directory and import path, the
+    worker environment's allow-list, and its exit status."""
+    from gate.backends.isolate import spawn_module
+
+    monkeypatch.setenv("DL_GATE_TEST_SECRET_TOKEN", "must-not-reach-the-child")
+    (tmp_path / "spawned_probe.py").write_text(SPAWNED)
+    err = open(tmp_path / "stderr", "wb")
+    try:
+        proc = spawn_module("torch", "spawned_probe", ["a", "b"], str(tmp_path), err.fileno(), IsolateOptions())
+        assert proc is not None, "no zygote served the spawn"
+        proc.stdin.write("hello\n")
+        proc.stdin.flush()
+        got = json.loads(proc.stdout.readline())
+        assert proc.wait(timeout=60) == 3
+    finally:
+        err.close()
+    assert got["line"] == "hello" and got["argv"] == ["a", "b"]
+    assert got["cwd"] == str(tmp_path) and got["path0"] == str(tmp_path)  # python -m's sys.path[0]
+    assert got["torch"] and got["ppid"] != os.getpid()  # forked from the warm zygote, not started here
+    assert got["secret"] is None
+    assert (tmp_path / "stderr").read_text() == "to stderr\n"
+    assert spawn_module("torch", "spawned_probe", [], str(tmp_path), 2, IsolateOptions(zygote=False)) is None

@@ -251,6 +251,49 @@ class _Forked:
         self.send_signal(signal.SIGKILL)
 
 
+class _Spawned(_Forked):
+    """``python -m MODULE`` forked by the zygote (:func:`spawn_module`): ``Popen``'s text-mode
+    ``stdin`` and ``stdout`` besides the process interface of :class:`_Forked`."""
+
+    def __init__(self, pid: int, zygote: _Zygote, stdin: Any, stdout: Any):
+        super().__init__(pid, zygote)
+        self.stdin = stdin
+        self.stdout = stdout
+
+
+def spawn_module(framework: str, module: str, argv: List[str], cwd: str, stderr_fd: int,
+                 options: Optional["IsolateOptions"] = None) -> Optional[_Spawned]:
+    """``python -m module *argv`` in ``cwd``, forked from the warm zygote of ``framework``
+    instead of a fresh interpreter (the framework's import, seconds of CPU, is the zygote's):
+    stdin and stdout are pipes to this process, stderr is ``stderr_fd``; its environment is the
+    zygote's, the allow-list (:func:`gate.backends.sandbox.worker_env`). ``None`` where no
+    zygote can serve it (no ``fork``, zygotes off, the zygote did not start or answer): the
+    caller starts an interpreter as before."""
+    options = options or IsolateOptions()
+    if not options.zygote:
+        return None
+    try:
+        z = _zygote(PRELOAD.get(framework, ()), options.start_timeout)
+        if z is None:
+            return None
+        z._await_preload()
+    except (GateError, OSError):
+        return None
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    try:
+        reply = z._request(("spawn", module, list(argv), str(cwd)), options.start_timeout,
+                           fds=(r_in, w_out, stderr_fd))
+    except (GateError, OSError):
+        os.close(w_in)
+        os.close(r_out)
+        return None
+    finally:
+        os.close(r_in)
+        os.close(w_out)
+    return _Spawned(int(reply[1]), z, os.fdopen(w_in, "w", buffering=1), os.fdopen(r_out, "r"))
+
+
 #: operators (by name) a hang of which this process has confirmed: later suspicions wait less
 _CONFIRMED_HANGS: set = set()
 _ZYGOTES: Dict[Tuple[str, ...], _Zygote] = {}
@@ -992,6 +1035,41 @@ def worker_main(rfd: int, wfd: int) -> int:
             tx.send(("result", q, ev))
 
 
+def _spawned_main(module: str, argv: List[str], cwd: str, fds: List[int]) -> int:
+    """The child of a ``spawn`` request: becomes ``python -m module *argv`` run in ``cwd``
+    with ``fds`` as its stdin, stdout and stderr (what :func:`spawn_module` asked for)."""
+    import runpy
+
+    _die_with_parent()
+    for target, fd in enumerate(fds):
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    # ``-m`` puts the working directory first on the import path: the zygote's, here; the
+    # module's own (a base worktree) must take its place, not follow it
+    if sys.path and sys.path[0] == os.getcwd():
+        sys.path[0] = os.path.abspath(cwd)
+    os.chdir(cwd)
+    sys.argv = [module, *argv]
+    code: Any = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
 def zygote_main(fd: int) -> int:
     """Import the framework(s) once, then fork a worker per request (never run an operator)."""
     import faulthandler
@@ -1027,6 +1105,20 @@ def zygote_main(fd: int) -> int:
                     os._exit(code)
             os.close(rfd)
             os.close(wfd)
+            conn.send(("forked", pid))
+        elif msg[0] == "spawn":  # a gate module run as a process of its own (spawn_module)
+            _, module, argv, cwd = msg
+            fds = [recv_handle(conn) for _ in range(3)]
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    conn.close()
+                    code = _spawned_main(module, argv, cwd, fds)
+                finally:
+                    os._exit(code)
+            for f in fds:
+                os.close(f)
             conn.send(("forked", pid))
         elif msg[0] == "wait":
             _, pid, block = msg

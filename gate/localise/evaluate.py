@@ -80,9 +80,15 @@ class BaseWorker:
     worker on the checked-out tree itself (head), so that the gate's run process traces head's
     operator without importing it."""
 
-    def __init__(self, repo: Path, rev: Optional[str], python_path: Sequence[str], cfg_dir: str, prepare=None):
+    def __init__(self, repo: Path, rev: Optional[str], python_path: Sequence[str], cfg_dir: str, prepare=None,
+                 spawn=None):
         self.repo, self.rev = Path(repo), rev
         self.prepare = prepare  # called with the worktree before the worker starts (builds an extension)
+        #: ``spawn(module, argv, cwd, stderr_fd)``: the worker forked from the isolation zygote,
+        #: whose framework is already imported (:func:`gate.backends.isolate.spawn_module`);
+        #: None, or a spawn that answers None: a fresh interpreter
+        self.spawn = spawn
+        self.started: Optional[str] = None  # "zygote" or "interpreter", once started
         self.python_path = list(python_path)
         self.cfg_dir = cfg_dir
         self.proc: Optional[subprocess.Popen] = None
@@ -116,8 +122,14 @@ class BaseWorker:
 
         env = worker_env()  # the allow-list: no credentials reach the code under test
         self._err = open(self.work / "worker.stderr", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gate.localise.worker", str(self.work)], cwd=str(self.tree),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env)
+        if self.spawn is not None:
+            self.proc = self.spawn("gate.localise.worker", [str(self.work)], str(self.tree), self._err.fileno())
+        self.started = "zygote"
+        if self.proc is None:
+            self.started = "interpreter"
+            self.proc = subprocess.Popen([sys.executable, "-m", "gate.localise.worker", str(self.work)],
+                                         cwd=str(self.tree), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._err, text=True, env=env)
         threading.Thread(target=self._read, daemon=True).start()
         self._hello = self._send({"type": "hello"})
 
