@@ -54,7 +54,11 @@ from .ipc import Receiver, Sender, SharedMemoryError
 _TIMEOUT = "timeout"
 _DEAD = "dead"
 _UNREADABLE = "unreadable"
-PRELOAD = {"torch": ("torch",), "tensorflow": ()}  # TensorFlow's import starts threads: not forked
+#: what a zygote imports before it forks: the framework, and what the framework itself imports
+#: on a worker's first call (torch.autograd.grad's first call imports symbolic_shapes, and with it
+#: sympy: ~0.3 s of CPU in every gradient worker, a third of a gradient bed's CPU time when each
+#: worker imported it anew); TensorFlow's import starts threads: not forked
+PRELOAD = {"torch": ("torch", "torch.fx.experimental.symbolic_shapes", "numpy.random"), "tensorflow": ()}
 #: what a worker calls to build its runner, ``module:function(spec, variant)``: a name, not an
 #: import, so that this module knows no oracle (the zygote imports the module once)
 RUNNER_FACTORY = "gate.oracles.registry:build_runner"
