@@ -24,7 +24,9 @@ pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
   cannot corrupt it; its output goes to a log the parent reads for the crash signature.
 
 A replacement worker is a fork (tens of milliseconds), not an interpreter start plus a
-framework import (seconds): that matters when an operator crashes on many inputs.
+framework import (seconds): that matters when an operator crashes on many inputs. The zygote
+also forks the localisation workers (:func:`spawn_module`: ``python -m gate.localise.worker``
+with its own stdio), which would otherwise each start an interpreter and import the framework.
 ``IsolateOptions(zygote=False)`` starts every worker as a fresh interpreter instead (and is the
 fallback where ``fork`` does not exist). The kernel kills the zygote and workers when the gate
 process dies (Linux ``PR_SET_PDEATHSIG``). ``bench/isolation_cost.py`` measures throughput
@@ -54,11 +56,15 @@ from .ipc import Receiver, Sender, SharedMemoryError
 _TIMEOUT = "timeout"
 _DEAD = "dead"
 _UNREADABLE = "unreadable"
-#: what a zygote imports before it forks: the framework, and what the framework itself imports
-#: on a worker's first call (torch.autograd.grad's first call imports symbolic_shapes, and with it
-#: sympy: ~0.3 s of CPU in every gradient worker, a third of a gradient bed's CPU time when each
-#: worker imported it anew); TensorFlow's import starts threads: not forked
-PRELOAD = {"torch": ("torch", "torch.fx.experimental.symbolic_shapes", "numpy.random"), "tensorflow": ()}
+#: what a zygote imports before it forks: the framework (and numpy.random, which every worker's
+#: search imports); TensorFlow's import starts threads: not forked
+PRELOAD = {"torch": ("torch", "numpy.random"), "tensorflow": ()}
+#: what the zygote imports before it forks the first worker of a gradient variant: what the
+#: framework imports on a worker's first backward pass (torch.autograd.grad's first call imports
+#: symbolic_shapes, and with it sympy: ~0.3 s of CPU that every gradient worker paid anew, a third
+#: of a gradient bed's CPU time; imported once in the zygote, only by runs that take gradients)
+PRELOAD_GRAD = {"torch": ("torch.fx.experimental.symbolic_shapes",)}
+GRAD_ORACLES = ("grad", "gradcheck")  # the oracles (by name) whose workers run backward passes
 #: what a worker calls to build its runner, ``module:function(spec, variant)``: a name, not an
 #: import, so that this module knows no oracle (the zygote imports the module once)
 RUNNER_FACTORY = "gate.oracles.registry:build_runner"
@@ -163,6 +169,7 @@ class _Zygote:
         # the framework import runs while the gate goes on (it is answered before the first fork)
         self.start_timeout = start_timeout
         self._preloaded = False
+        self._more: set = set()  # modules imported since, on request (preload_more)
         self.conn.send(("preload", list(preload)))
 
     def _await_preload(self) -> None:
@@ -193,6 +200,15 @@ class _Zygote:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def preload_more(self, modules: Tuple[str, ...], timeout: float) -> None:
+        """Have the zygote import ``modules`` too (once) before its next fork."""
+        todo = tuple(m for m in modules if m not in self._more)
+        if not todo:
+            return
+        self._await_preload()
+        self._request(("preload", list(todo)), timeout)
+        self._more.update(todo)
 
     def fork(self, rfd: int, wfd: int, timeout: float) -> "_Forked":
         self._await_preload()
@@ -447,6 +463,8 @@ class _Worker:
         try:
             if zygote is not None:
                 self.log = zygote.log  # forked workers write where the zygote writes
+                if getattr(variant, "oracle", None) in GRAD_ORACLES and PRELOAD_GRAD.get(spec.framework):
+                    zygote.preload_more(PRELOAD_GRAD[spec.framework], options.start_timeout)
                 self.proc: Any = zygote.fork(p2c_r, c2p_w, options.start_timeout)
             else:
                 self.log = _new_log()
