@@ -190,3 +190,37 @@ def test_a_module_spawned_by_the_zygote_runs_as_python_dash_m_would(tmp_path, mo
     assert got["secret"] is None
     assert (tmp_path / "stderr").read_text() == "to stderr\n"
     assert spawn_module("torch", "spawned_probe", [], str(tmp_path), 2, IsolateOptions(zygote=False)) is None
+
+
+BACKWARD_PROBE = '''
+import json, sys
+print(json.dumps("torch.fx.experimental.symbolic_shapes" in sys.modules), flush=True)
+'''
+
+
+def test_the_zygote_imports_what_a_backward_pass_needs_before_its_first_gradient_worker(tmp_path):
+    """torch.autograd.grad's first call imports symbolic_shapes (and sympy): the zygote imports it
+    once before it forks a gradient worker (each worker paid ~0.3 s for it), and a run that takes
+    no gradient does not pay for it at all."""
+    from gate.backends import isolate
+    from gate.backends.isolate import spawn_module
+
+    isolate._close_zygotes()  # this process's zygote, as a run's starts: nothing but the preload
+    specs = user_ops(tmp_path, OPS)
+    (tmp_path / "backward_probe.py").write_text(BACKWARD_PROBE)
+
+    def zygote_has_it() -> bool:
+        proc = spawn_module("torch", "backward_probe", [], str(tmp_path), 2, IsolateOptions())
+        assert proc is not None
+        got = json.loads(proc.stdout.readline())
+        proc.wait(timeout=60)
+        return got
+
+    spec = specs["planted.segv"]
+    build_runner(spec, Variant("float32", "cpu", "input"), isolate=IsolateOptions()).close()
+    assert not zygote_has_it()
+    runner = build_runner(spec, Variant("float32", "cpu", "input", oracle="grad"), isolate=IsolateOptions())
+    try:
+        assert zygote_has_it()
+    finally:
+        runner.close()
