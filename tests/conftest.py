@@ -88,13 +88,12 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: (pyproject's addopts) the workers take files in collection order, so the long beds start first
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
-LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a CI run (--dist loadfile)
-    "verdict_bed", "init", "redteam", "kernels_cpp", "refactor_bed", "containment", "gate_run", "kernels_triton",
-    "input_bed", "example", "size_reach_bed", "stability_bed", "keras_mixed_bed", "gate_verdict_rules",
-    "upcast_bed", "keras_layer_class",
-    "default_inputs", "localise", "grad_probe", "false_alarms_refactor", "false_alarms_improve", "contrast_search",
-    "exhaustive", "oracles_isolation", "threads", "not_gated", "cli_core", "mixed_inputs", "false_alarms_docs",
-    "oracles_gate_run", "robust_inputs", "zero_results", "core_fuzz"))
+LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-11-28)
+    "init", "kernels_cpp", "verdict_bed", "redteam", "kernels_triton", "containment", "refactor_bed", "size_reach_bed",
+    "gate_run", "example", "keras_mixed_bed", "keras_layer_class", "input_bed", "grad_probe", "stability_bed",
+    "gate_verdict_rules", "localise", "oracles_isolation", "exhaustive", "default_inputs", "threads", "upcast_bed",
+    "false_alarms_refactor", "false_alarms_improve", "contrast_search", "cli_core", "action", "mixed_inputs",
+    "core_fuzz", "false_alarms_docs", "oracles_gate_run", "robust_inputs", "zero_results", "not_gated"))
 
 
 def pytest_collection_modifyitems(config, items):
