@@ -184,7 +184,9 @@ class BaselineStore:
 
     def load(self) -> "BaselineStore":
         """Parse every ``<op>.json``; a corrupt file is a one-line :class:`BaselineError`."""
-        for rel in self.source.list():
+        files = self.source.list()
+        self._files = set(files)  # what corpus() checks its inputs against: listed once (git ls-tree)
+        for rel in files:
             if not rel.endswith(".json") or "/" in rel:
                 continue
             where = self.source.describe(rel)
