@@ -125,3 +125,85 @@ def test_harvest_needs_a_command_and_operators(project, capsys):
     (project / ".dl-gate.yml").write_text("version: 1\n")
     assert main(["harvest", "--", "true"]) == 2
     assert "no operators to record" in capsys.readouterr().err
+
+
+FUNCTION_OPS = """\
+import torch
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class Scale(torch.nn.Module):
+    def __init__(self, k=3.0):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x * self.k
+
+
+class Plain:
+    def __call__(self, x):
+        return x
+
+
+class BigScale(Scale):  # a subclass at import: the class must still be a class
+    pass
+
+
+def square(x):
+    return Square.apply(x)  # the library's own call, through the class
+"""
+
+FUNCTION_TESTS = """\
+import torch
+
+from mylib.fn_ops import BigScale, Plain, Scale, Square, square
+
+
+def test_function_apply():
+    x = torch.linspace(-1, 1, 6, requires_grad=True)
+    square(x).sum().backward()
+    assert torch.allclose(x.grad, 2 * x.detach())
+
+
+def test_module_and_plain_class():
+    m = Scale(2.0)
+    assert isinstance(m, Scale) and isinstance(BigScale(), Scale) and issubclass(Square, torch.autograd.Function)
+    assert m(torch.ones(2, 3)).sum().item() == 12.0 and Plain()(1) == 1
+"""
+
+FUNCTION_CONFIG = """\
+version: 1
+framework: torch
+ops:
+  - {name: mylib.Square, callable: "mylib.fn_ops:Square", dims: {N: [1, 8]}, inputs: [{name: x, shape: [N]}]}
+  - {name: mylib.Scale, callable: "mylib.fn_ops:Scale", dims: {N: [1, 4], D: [1, 4]}, inputs: [{name: x, shape: [N, D]}]}
+  - {name: mylib.Plain, callable: "mylib.fn_ops:Plain", dims: {N: [1, 4]}, inputs: [{name: x, shape: [N]}]}
+"""
+
+
+def test_harvest_of_class_operators_leaves_the_classes_classes(project, capsys):
+    """A config names an autograd.Function or a module class as the callable (deep-spin/entmax's
+    `callable: entmax.activations:SparsemaxFunction`): the recorder wraps its apply / forward, it
+    never replaces the class (the library's own `Cls.apply(x)`, isinstance and subclasses broke,
+    and the tests recorded nothing)."""
+    (project / "mylib" / "fn_ops.py").write_text(FUNCTION_OPS)
+    (project / "tests" / "test_fn_ops.py").write_text(FUNCTION_TESTS)
+    (project / ".dl-gate.yml").write_text(FUNCTION_CONFIG)
+    code = main(["harvest", "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fn_ops.py"])
+    out = capsys.readouterr().out
+    assert code == 0, out  # the library's tests pass under the recorder
+    rows = SeedStore(project / "baselines" / "seeds").index()["ops"]
+    (square,) = rows["mylib.Square"]  # recorded through the library's Square.apply call
+    assert square["shapes"] == {"x": [6]} and square["source"] == "tests/test_fn_ops.py::test_function_apply"

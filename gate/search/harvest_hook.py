@@ -223,6 +223,22 @@ def _wrap_init(op, fn, owner):
     return wrapper
 
 
+def _entry_of_class(cls):
+    """The method through which a class operator is called (what ``dl-gate init`` records for
+    it: gate.init.infer's ``harvest_target``), by duck typing on the names of its bases (no
+    framework is imported here): an ``autograd.Function``'s ``apply``, an ``nn.Module``'s
+    ``forward``, a Keras ``Layer``'s ``call`` (its ``__call__`` where the class overrides it);
+    None for any other class."""
+    names = [(getattr(c, "__module__", "") or "", c.__name__) for c in cls.__mro__[1:]]
+    if any(m.startswith("torch.autograd.function") and n.endswith("Function") for m, n in names):
+        return "apply"
+    if any(m.startswith("torch.nn.") and n == "Module" for m, n in names):
+        return "forward"
+    if any(n == "Layer" and "keras" in m for m, n in names):
+        return "__call__" if "__call__" in vars(cls) else "call"
+    return None
+
+
 def _patch(module, attr, op):
     obj = module
     parts = attr.split(".")
@@ -233,6 +249,17 @@ def _patch(module, attr, op):
     fn = getattr(obj, parts[-1], None)
     if fn is None or not callable(fn):
         return False
+    if isinstance(fn, type) and parts[-1] != "__init__":
+        # a class operator (a config's ``callable: lib:SomeFunction``) is never replaced by a
+        # function: the library's own ``SomeFunction.apply(x)``, isinstance checks and subclasses
+        # would break under the recorder (deep-spin/entmax's tests failed on every call). Its
+        # entry method is wrapped instead, or nothing where it has none
+        entry = _entry_of_class(fn)
+        method = getattr(fn, entry, None) if entry else None
+        if method is None:
+            return False
+        setattr(fn, entry, _wrap(op, method))
+        return True
     if parts[-1] == "__init__" and isinstance(obj, type):
         setattr(obj, "__init__", _wrap_init(op, fn, obj))
     else:
