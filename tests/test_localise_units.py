@@ -478,6 +478,11 @@ def test_a_deleted_line_is_named_as_a_deletion_not_as_the_unchanged_line_after_i
     commit(after.replace("import torch\n", "import torch\n# ops\n"))
     commit(after)
     assert all(not c.deleted for c in changed_code(repo, "HEAD~1", "HEAD"))
+    # nor is the code line that follows a deleted comment named as changed code
+    commented = after.replace("    e = torch.exp(x)\n", "    # the exponentials\n    e = torch.exp(x)\n")
+    commit(commented)
+    commit(after)
+    assert changed_code(repo, "HEAD~1", "HEAD") == []
 
 
 def test_a_dtype_that_failed_in_the_run_is_never_called_out_by_only():

@@ -119,6 +119,8 @@ def changed_code(repo: Path, base: str, head: str, files: Optional[Sequence[str]
                 lines = [max(1, h.target_start + (1 if h.target_length == 0 else 0))]
                 removed = [ln.value.strip() for ln in h if ln.is_removed]
                 removed = [t for t in removed if t and not t.startswith("#")]  # a comment removed: no code change
+                if not removed:  # nor is the code line that now follows it (deep-spin/entmax's revert named
+                    continue  # `f_lo = ...` as changed code: only the comment above it was deleted)
             for ln in lines:
                 enclosing = [d for d in defs if d[0] <= ln <= d[1]]
                 d = enclosing[-1] if enclosing else (0, 0, None)
