@@ -143,6 +143,29 @@ class Square(torch.autograd.Function):
         return 2 * x * g
 
 
+class Power(torch.autograd.Function):
+    @classmethod
+    def forward(cls, ctx, x, p=3.0, scale=1.0):
+        ctx.save_for_backward(x)
+        ctx.p = p
+        return scale * x ** p
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * ctx.p * x ** (ctx.p - 1), None, None
+
+
+class Cube(Power):  # entmax's SparsemaxBisectFunction(EntmaxBisectFunction): another signature
+    @classmethod
+    def forward(cls, ctx, x, scale=1.0):
+        return super().forward(ctx, x, p=3.0, scale=scale)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        return super().backward(ctx, g)[0], None
+
+
 class Scale(torch.nn.Module):
     def __init__(self, k=3.0):
         super().__init__()
@@ -168,13 +191,19 @@ def square(x):
 FUNCTION_TESTS = """\
 import torch
 
-from mylib.fn_ops import BigScale, Plain, Scale, Square, square
+from mylib.fn_ops import BigScale, Cube, Plain, Power, Scale, Square, square
 
 
 def test_function_apply():
     x = torch.linspace(-1, 1, 6, requires_grad=True)
     square(x).sum().backward()
     assert torch.allclose(x.grad, 2 * x.detach())
+
+
+def test_a_subclass_function_keeps_its_own_forward():
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    assert torch.equal(Cube.apply(x, 2.0), torch.tensor([2.0, 16.0]))
+    assert torch.equal(Power.apply(x, 2.0), torch.tensor([1.0, 4.0]))
 
 
 def test_module_and_plain_class():
@@ -188,6 +217,10 @@ version: 1
 framework: torch
 ops:
   - {name: mylib.Square, callable: "mylib.fn_ops:Square", dims: {N: [1, 8]}, inputs: [{name: x, shape: [N]}]}
+  - {name: mylib.Power, callable: "mylib.fn_ops:Power", params: {p: {choices: [2.0, 3.0]}}, dims: {N: [1, 4]},
+     inputs: [{name: x, shape: [N]}]}
+  - {name: mylib.Cube, callable: "mylib.fn_ops:Cube", params: {scale: {choices: [1.0, 2.0]}}, dims: {N: [1, 4]},
+     inputs: [{name: x, shape: [N]}]}
   - {name: mylib.Scale, callable: "mylib.fn_ops:Scale", dims: {N: [1, 4], D: [1, 4]}, inputs: [{name: x, shape: [N, D]}]}
   - {name: mylib.Plain, callable: "mylib.fn_ops:Plain", dims: {N: [1, 4]}, inputs: [{name: x, shape: [N]}]}
 """
@@ -207,3 +240,7 @@ def test_harvest_of_class_operators_leaves_the_classes_classes(project, capsys):
     rows = SeedStore(project / "baselines" / "seeds").index()["ops"]
     (square,) = rows["mylib.Square"]  # recorded through the library's Square.apply call
     assert square["shapes"] == {"x": [6]} and square["source"] == "tests/test_fn_ops.py::test_function_apply"
+    # a subclass's apply runs its own forward (the test passed), and its call is its own
+    # operator's, not its parent's: one recorded call each (the table's "calls" column)
+    calls = {ln.split("|")[0].strip(): ln.split("|")[1].strip() for ln in out.splitlines() if ln.startswith("mylib.")}
+    assert calls["mylib.Cube"] == "1" and calls["mylib.Power"] == "1", out

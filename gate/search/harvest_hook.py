@@ -223,6 +223,38 @@ def _wrap_init(op, fn, owner):
     return wrapper
 
 
+def _wrap_member(op, cls, name) -> None:
+    """``cls.<name>`` recording its calls, kept a class member of the kind it was: a classmethod
+    stays a classmethod bound to the class it is called through (``autograd.Function.apply``: a
+    plain wrapper around the bound method called the parent's ``forward`` for a subclass, which
+    inherits it: deep-spin/entmax's ``SparsemaxBisectFunction.apply`` ran
+    ``EntmaxBisectFunction.forward`` with its arguments shifted, and its tests failed under the
+    recorder), recording only the calls through ``cls`` itself (a subclass is another operator)."""
+    import inspect
+
+    raw = inspect.getattr_static(cls, name)
+    if isinstance(raw, classmethod):
+        func = getattr(raw.__func__, "__dl_gate_orig__", raw.__func__)
+
+        @functools.wraps(func)
+        def wrapper(klass, *args, **kwargs):
+            rec = _record(op, args, kwargs) if klass is cls else None
+            try:
+                return func(klass, *args, **kwargs)
+            except BaseException:
+                if rec is not None:
+                    rec["raised"] = True
+                raise
+
+        wrapper.__dl_gate_harvest__ = op
+        wrapper.__dl_gate_orig__ = func
+        setattr(cls, name, classmethod(wrapper))
+    elif isinstance(raw, staticmethod):
+        setattr(cls, name, staticmethod(_wrap(op, raw.__func__)))
+    else:
+        setattr(cls, name, _wrap(op, getattr(cls, name)))
+
+
 def _entry_of_class(cls):
     """The method through which a class operator is called (what ``dl-gate init`` records for
     it: gate.init.infer's ``harvest_target``), by duck typing on the names of its bases (no
@@ -255,13 +287,14 @@ def _patch(module, attr, op):
         # would break under the recorder (deep-spin/entmax's tests failed on every call). Its
         # entry method is wrapped instead, or nothing where it has none
         entry = _entry_of_class(fn)
-        method = getattr(fn, entry, None) if entry else None
-        if method is None:
+        if not entry or getattr(fn, entry, None) is None:
             return False
-        setattr(fn, entry, _wrap(op, method))
+        _wrap_member(op, fn, entry)
         return True
     if parts[-1] == "__init__" and isinstance(obj, type):
         setattr(obj, "__init__", _wrap_init(op, fn, obj))
+    elif isinstance(obj, type):  # a method of a class (init's ``Cls.apply`` / ``Cls.forward``)
+        _wrap_member(op, obj, parts[-1])
     else:
         setattr(obj, parts[-1], _wrap(op, fn))
     return True
