@@ -11,7 +11,8 @@ import pytest
 from gate.backends import get_backend
 from gate.fuzz import fuzz_task
 from gate.ops.catalog import load_catalog
-from gate.oracles.runner import quantize_inputs, within_dtype
+from gate.oracles.runner import quantize_inputs, within_dtype, within_spread
+from gate.ops.spec import Domain
 from gate.plan import Budget, Task, Variant
 from gate.search.inputs import Candidate
 
@@ -35,7 +36,11 @@ def test_quantized_inputs_of_a_float16_variant_hold_no_infinity_the_row_did_not_
     backend = get_backend("torch")
     cand = Candidate(dims={}, params={}, arrays={spec.inputs[0].name: np.array([-8e5, 3.0, 1e5, 65519.0, 65520.0])})
     q = quantize_inputs(spec, backend, cand, "float16").arrays[spec.inputs[0].name]
-    assert np.isfinite(q).all() and q.max() == 65504.0 and q.min() == -65504.0
+    # clipped to +-65504, then (spanning twice the range) halved: see the spread tests below
+    assert np.isfinite(q).all() and q.max() == 32752.0 and q.min() == -32752.0 and q[1] == 1.5
+    one_sided = Candidate(dims={}, params={}, arrays={spec.inputs[0].name: np.array([3.0, 1e5, 65519.0])})
+    q = quantize_inputs(spec, backend, one_sided, "float16").arrays[spec.inputs[0].name]
+    assert np.isfinite(q).all() and q.max() == 65504.0 and q.min() == 3.0
     sweep = Candidate(dims={}, params={}, arrays={spec.inputs[0].name: np.array([np.inf, 1e5])}, origin="exhaustive")
     assert np.isinf(quantize_inputs(spec, backend, sweep, "float16").arrays[spec.inputs[0].name]).all()
 
@@ -118,3 +123,38 @@ def test_a_large_quantized_input_hands_its_extremes_to_coverage():
         q = quantize_inputs(spec, backend, Candidate(dims={}, params={}, arrays={name: nan}), dtype).arrays[name]
         assert coverage._remembered(q, dtype) is None  # not all finite: coverage reads it itself
         assert "nonfinite" in coverage.value_features(q, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_an_input_spanning_more_than_the_range_is_halved_until_its_differences_are_representable(dtype):
+    """kornia's focal loss fix (b8f341163, log(softmax(x) + eps) -> log_softmax(x)) failed as a
+    "new NaN" on logits [0, 2e38, -2e38]: the shift x - max(x) = -4e38 is -inf in float32 in any
+    stable implementation. An input whose values span more than the dtype's largest finite value
+    is halved (exact: signs, ratios and the search's structure kept) where the row left its domain
+    unbounded on a side; a row that bounds both sides gets what it asked for, and a span within
+    the range (one-sided large values: a sum of two still overflows) is left alone."""
+    backend = get_backend("torch")
+    big = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}[dtype]
+    tiny = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149}[dtype]
+    q = backend.quantize(np.array([0.0, 0.6 * big, -0.6 * big, 1.5, 3 * tiny, -tiny]), dtype)
+    for extremes in (None, (float(q.min()), float(q.max()))):
+        h, ext = within_spread(backend, q, dtype, Domain(), extremes)
+        assert float(h.max()) - float(h.min()) <= big
+        assert np.array_equal(h[:4], q[:4] / 2)  # exact
+        assert np.array_equal(h, backend.quantize(q / 2, dtype))  # subnormals rounded to the dtype again
+        assert ext == (None if extremes is None else (float(h.min()), float(h.max())))
+    one_sided = backend.quantize(np.array([0.6 * big, 0.9 * big, 1.0]), dtype)
+    assert within_spread(backend, one_sided, dtype, Domain(), None)[0] is one_sided
+    assert within_spread(backend, q, dtype, Domain(lo=-big, hi=big), None)[0] is q  # the row asked for it
+    assert within_spread(backend, q, dtype, Domain(lo=-big), None)[0] is not q  # unbounded above
+    assert within_spread(backend, q, "float64", Domain(), None)[0] is q
+
+
+def test_a_search_on_a_wide_domain_never_feeds_an_input_spanning_more_than_the_range(tmp_path):
+    spec = user_ops(tmp_path, OPS)["planted.wide"]
+    seen = []
+    f = fuzz_task(Task(op=spec, variant=Variant("float16"), budget=Budget(evals=60), seed=1),
+                  on_best=lambda q, ev, fit: seen.append(q.arrays["x"].copy()))
+    assert f.evals == 60 and seen
+    spans = [float(x.max() - x.min()) for x in seen + [f.best.arrays["x"]]]
+    assert max(spans) <= 65504.0 and max(np.abs(x).max() for x in seen) > 1e4, spans  # large values still drawn

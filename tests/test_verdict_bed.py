@@ -29,6 +29,13 @@ The cases, with the change each is modelled on:
   approximation's exp(-z^2) factor does not; the row declares ``domain: positive``.)
 * ``new_gelu``: huggingface/transformers src/transformers/activations.py ``NewGELUActivation``
   (``torch.pow(input, 3.0)``); the benign refactor writes ``x * x * x``.
+* ``focal``: kornia PR #1362 (kornia/kornia b8f341163, "Improve focal loss for numerical
+  stability": ``log(softmax(x) + eps)`` -> ``log_softmax(x)``). Its revert fails at float16 (eps
+  = 1e-8 rounds to 0: a class whose probability underflows gives log(0) and 0 x -inf). The fix's
+  forward variants pass: the search no longer draws logits spanning more than float32's range
+  ([0, 2e38, -2e38], where the shift x - max is -inf in any stable implementation); its gradient
+  variant is not judged here: at logits spanning most of the range the backward's products of
+  log p (~ -2e38) with the upstream gradient overflow (a known limit, docs/verdicts.md).
 * ``layer_norm``: two-pass variance ``((x - mu) ** 2).mean()`` vs the one-pass
   ``E[x^2] - E[x]^2`` (the cancellation Welford's update in PyTorch/apex layer_norm avoids).
 """
@@ -77,6 +84,13 @@ def new_gelu(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def focal(x, target, alpha=0.25, gamma=2.0):
+    p = F.softmax(x, dim=1)
+    logp = F.log_softmax(x, dim=1)
+    onehot = F.one_hot(target, num_classes=x.shape[1]).to(x.dtype)
+    return torch.einsum("bc,bc->b", onehot, -alpha * torch.pow(1.0 - p, gamma) * logp)
+
+
 def layer_norm(x, eps=1e-5):
     mu = x.mean(dim=-1, keepdim=True)
     var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
@@ -116,6 +130,8 @@ ops:
      inputs: [{name: x, shape: [N], domain: {lo: 0.0, hi: 1.0e+30}}]}
   - {name: lib.new_gelu, callable: "lib.ops:new_gelu", sources: [lib/ops.py], dims: {N: [1, 32]},
      inputs: [{name: x, shape: [N]}]}
+  - {name: lib.focal, callable: "lib.ops:focal", sources: [lib/ops.py], dims: {N: [1, 8], C: [2, 16]},
+     inputs: [{name: x, shape: [N, C]}, {name: target, shape: [N], kind: index, index_hi: C}]}
   - {name: lib.layer_norm, callable: "lib.ops:layer_norm", sources: [lib/ops.py], dims: {N: [1, 4], D: [2, 32]},
      inputs: [{name: x, shape: [N, D]}]}
 '''
@@ -128,6 +144,8 @@ CASES = {
     "softplus": ("torch.logaddexp(x, torch.zeros_like(x))", "torch.log(1 + torch.exp(x))"),
     "safe_div": ("num / torch.where(denom == 0, torch.ones_like(denom), denom)", "num / denom"),
     "l2norm": ("x.norm(dim=-1, keepdim=True).clamp_min(eps)", "x.norm(dim=-1, keepdim=True)"),
+    "focal": ("    p = F.softmax(x, dim=1)\n    logp = F.log_softmax(x, dim=1)\n",
+              "    p = F.softmax(x, dim=1) + 1e-8\n    logp = torch.log(p)\n"),
     "layer_norm": ("var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)",
                    "var = (x * x).mean(dim=-1, keepdim=True) - mu * mu"),
 }
@@ -152,6 +170,7 @@ FAILS_WITH = {  # the revert's outcome and a phrase its reason must carry
     "safe_div": ("regression", "new NaN/Inf"),
     "l2norm": ("regression", "new NaN/Inf"),
     "layer_norm": ("regression", ""),
+    "focal": ("regression", "new NaN/Inf"),
 }
 
 # the fix of layer_norm is not judged: on near-constant rows (the float64 output ~1e-30) both
@@ -162,8 +181,9 @@ FAILS_WITH = {  # the revert's outcome and a phrase its reason must carry
 # fails it, rightly by its rule (4.7-67 ulp vs base 0.9-21 ulp on the same input): m + log(sum)
 # cancels where the result is near 0, which the naive log(sum(exp)) does not; the fix trades
 # that accuracy for overflow safety, and a seed-0 pass would be luck
-REVERT_ONLY = {"layer_norm", "lse"}
-DTYPE = {"hsv_sat": "float16"}  # kornia #4561: the float16 black pixel
+# focal's fix: its forward variants are judged by test_the_focal_loss_fix_passes_forward
+REVERT_ONLY = {"layer_norm", "lse", "focal"}
+DTYPE = {"hsv_sat": "float16", "focal": "float16,float32"}  # kornia #4561: the float16 black pixel
 EVALS = {"layer_norm": 200}
 # a PR passes the check: exit 0, or 3 where a variant (float16 here, or a default layout/gradient
 # variant) has no stored baseline row yet and head matched base on every replayed input
@@ -212,13 +232,26 @@ def test_the_fix_passes_and_its_revert_fails(bed, tmp_path, case):
     outcome, phrase = FAILS_WITH[case]
     regs = [v for v in by_op(report, op) if v.outcome == outcome]
     assert code == 1 and regs, outcomes(report, op)
-    assert phrase in regs[0].reason, regs[0].reason
+    assert any(phrase in r.reason for r in regs), [r.reason for r in regs]
     if case in REVERT_ONLY:
         return
     # the fix: a PR that removes the bug from a base that has it
     branch(bed, f"fix-{case}", f"revert-{case}", buggy, fixed)
     code, report = run_gate(bed, tmp_path / "fix", f"revert-{case}", op, dtype, evals)
     assert code in PASSED and all(v.outcome in PASSING for v in by_op(report, op)), outcomes(report, op)
+
+
+def test_the_focal_loss_fix_passes_forward(bed, tmp_path):
+    """kornia b8f341163 on a base that has log(softmax + eps): log_softmax fixes float16 and
+    refines float32; before the search kept an input's span within the range it failed as "new
+    NaN" on logits [0, 2e38, -2e38] (float32, seeds 0-3 of 4)."""
+    fixed, buggy = CASES["focal"]
+    branch(bed, "focal-buggy", "main", fixed, buggy)
+    branch(bed, "focal-fix", "focal-buggy", buggy, fixed)
+    code, report = run_gate(bed, tmp_path / "fix", "focal-buggy", "lib.focal", "float16,float32")
+    forward = [v for v in by_op(report, "lib.focal") if v.variant["oracle"] != "grad"]
+    assert len(forward) >= 3 and all(v.outcome in PASSING for v in forward), outcomes(report, "lib.focal")
+    assert any(v.outcome == "improvement" and v.variant["dtype"] == "float16" for v in forward), outcomes(report, "lib.focal")
 
 
 @pytest.mark.parametrize("case", sorted(BENIGN))

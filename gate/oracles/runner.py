@@ -36,6 +36,7 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
             out.arrays[t.name] = backend.quantize(a64, d)
             continue
         q, extremes = _rounded_within(backend, a64, d)
+        q, extremes = within_spread(backend, q, d, t.domain, extremes)
         kept = inside_after_rounding(q, t.domain, d)
         if extremes is not None and kept is q:  # the values run: coverage needs not read their extremes again
             from ..search import coverage
@@ -60,6 +61,39 @@ def _rounded_within(backend: Backend, a64: np.ndarray, d: str):
             return q, (lo, hi)
     w = within_dtype(a64, d)
     return (q if w is a64 else backend.quantize(w, d)), None
+
+
+def within_spread(backend: Backend, q: np.ndarray, dtype: str, domain, extremes):
+    """``(q, extremes)`` with the values of one input halved while they span more than
+    ``dtype``'s finite range (largest - least > the largest finite value), where the row left
+    its domain unbounded on a side (``real``: the gate chose the extent). Beyond that span the
+    difference of two of the input's values is not representable in the dtype: the shift every
+    stable algorithm makes (``x - max(x)`` in softmax, log-softmax and log-sum-exp, ``x - mean``
+    in a normalisation) overflows there whatever the code, so no implementation at the dtype has
+    an answer to compare (kornia's focal loss fix, b8f341163, replaced ``log(softmax(x) + eps)``
+    by ``log_softmax(x)``: on logits ``[0, 2e38, -2e38]`` the shift gives ``-4e38 = -inf`` in
+    float32, ``0 x -inf`` a NaN where the eps version returned a number). A sum of two values
+    stays reachable (``(a + b) / 2`` at ``a = b = 60000`` in float16: their span is 0). Halving
+    is exact (the extremes are normal numbers; subnormal values are rounded again), keeps every
+    sign and ratio the search found, and stays inside a domain unbounded on a side (such a span
+    needs values of both signs). ``extremes``: the finite least and greatest of ``q`` when known
+    (``None``: read here)."""
+    from ..backends.base import FLOAT_FORMATS
+
+    if (domain.lo is not None and domain.hi is not None) or dtype not in FLOAT_FORMATS or dtype == "float64" \
+            or not q.size or q.dtype.kind != "f":
+        return q, extremes
+    if extremes is not None:
+        lo, hi = extremes
+    else:
+        fin = q[np.isfinite(q)]
+        if not fin.size:
+            return q, extremes
+        lo, hi = float(fin.min()), float(fin.max())
+    big = _largest_finite(dtype)
+    if hi - lo <= big:
+        return q, extremes
+    return backend.quantize(q * 0.5, dtype), (None if extremes is None else (lo * 0.5, hi * 0.5))
 
 
 def within_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
