@@ -32,7 +32,7 @@ from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
 from .report import FILES, make_output_dir
-from .report.annotations import NOT_GATED_WARNING
+from .report.annotations import NOT_GATED_WARNING, how_to_gate
 
 
 @dataclass
@@ -589,7 +589,7 @@ def select_stage(opts: RunOptions, ctx: Context, report: V.GateReport) -> List[s
         report.warnings.extend(f"selection: {n}" for n in sel_dict.get("notes") or [])
     for n in (sel_dict or {}).get("not_gated") or []:
         report.warnings.append(f"{NOT_GATED_WARNING}{n['op']} changed ({n['file']}:{n['line']}, {n['symbol']}) and is not "
-                               f"gated: {n['why'] or 'listed under not_gated'}; add a row for it to gate it")
+                               f"gated: {n['why'] or 'listed under not_gated'}; {how_to_gate(n['op'])}")
     gone = {} if opts.ops else removed_ops(ctx, [s["op"] for s in selected])
     if gone:
         for name, why in gone.items():

@@ -77,6 +77,8 @@ def test_a_change_reaching_only_an_operator_that_is_not_gated_is_named_with_why(
     notes = [n for n in build_annotations(report) if n.level == "warning"]
     assert [(n.file, n.line) for n in notes] == [("mylib/helpers.py", 2)], notes
     assert "mylib.blend, which is not gated" in notes[0].message
+    # what to do: the command that adds the row (test_the_hinted_init_adds_the_row runs it)
+    assert "`dl-gate init --ops mylib.blend`" in notes[0].message and "`dl-gate init --ops mylib.blend`" in warn
     md = (tmp_path / "out-0" / "report.md").read_text()
     assert "mylib.blend" in md and "not gated" in md
 
@@ -100,3 +102,37 @@ def test_a_docs_change_says_no_operator_changed(shared, tmp_path):
     code, report = gate(repo, tmp_path)
     assert code == 0 and report.reason.startswith("no operator changed"), report.reason
     assert not any("not gated" in w for w in report.warnings)
+
+
+def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path):
+    """The hint a not-gated warning gives (`dl-gate init --ops NAME`) on a repository whose
+    config already has rows: the operator gets its row, taken off not_gated; the rows already
+    there are kept as they were."""
+    import os
+
+    import yaml
+
+    from gate.cli import main
+
+    repo = tmp_path / "repo"
+    (repo / "mylib").mkdir(parents=True)
+    (repo / "mylib" / "__init__.py").write_text("")
+    (repo / "mylib" / "ops.py").write_text("def scaled(x):\n    return x * 2.0\n")
+    (repo / "mylib" / "extra.py").write_text("import torch\n\n\ndef blend(x, w):\n    return x * w + torch.sin(x)\n")
+    (repo / ".dl-gate.yml").write_text(CONFIG.replace("  - {name: mylib.weighted, callable: \"mylib.ops:weighted\", "
+                                                      "why: \"parameter weights: a list of tensors\"}\n", ""))
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    before = yaml.safe_load((repo / ".dl-gate.yml").read_text())
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        code = main(["init", "--ops", "mylib.blend", "--no-workflows", "--no-tests"])
+    finally:
+        os.chdir(old)
+    after = yaml.safe_load((repo / ".dl-gate.yml").read_text())
+    assert code == 0
+    assert after["ops"][0] == before["ops"][0]
+    assert [r["name"] for r in after["ops"]] == ["mylib.scaled", "mylib.blend"]
+    assert not any(n["name"] == "mylib.blend" for n in after.get("not_gated") or [])

@@ -117,7 +117,7 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
     ungated = ((report.env.get("selection") or {}).get("not_gated") or []) if isinstance(report.env, dict) else []
     for n in ungated:
         notes.append(Annotation("warning", one_line(f"this change reaches {n['op']}, which is not gated: "
-                                                    f"{n.get('why') or 'listed under not_gated'}; add a row for it to gate it"),
+                                                    f"{n.get('why') or 'listed under not_gated'}; {how_to_gate(n['op'])}"),
                                 "dl-gate: not gated", n.get("file"), n.get("line")))
     for w in report.warnings:
         if ungated and w.startswith(NOT_GATED_WARNING):
@@ -128,6 +128,12 @@ def build_annotations(report: GateReport, root: Optional[os.PathLike] = None) ->
 
 #: how the run's warning about a change to an operator that is not gated begins (gate.pipeline)
 NOT_GATED_WARNING = "not gated: "
+
+
+def how_to_gate(op: str) -> str:
+    """What to do about an operator a change reaches and the config does not gate."""
+    return (f"add a row for it under ops: to gate it (`dl-gate init --ops {op}` adds the one it can build and "
+            f"leaves the other rows as they are; by hand: docs/config.md, 'Operator rows')")
 
 
 def cap(notes: List[Annotation], per_level: int = ANNOTATIONS_PER_STEP) -> Tuple[List[Annotation], Dict[str, int]]:
