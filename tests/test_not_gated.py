@@ -104,7 +104,7 @@ def test_a_docs_change_says_no_operator_changed(shared, tmp_path):
     assert not any("not gated" in w for w in report.warnings)
 
 
-def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path):
+def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path, capsys):
     """The hint a not-gated warning gives (`dl-gate init --ops NAME`) on a repository whose
     config already has rows: the operator gets its row, taken off not_gated; the rows already
     there are kept as they were."""
@@ -132,7 +132,11 @@ def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path):
     finally:
         os.chdir(old)
     after = yaml.safe_load((repo / ".dl-gate.yml").read_text())
+    out = capsys.readouterr().out
     assert code == 0
+    # what the next step costs: the config's two rows at its budget.per_op (10 s by default)
+    assert "dl-gate baseline refresh          # measure the baselines: 2 operators x 10s, about 20s" in out, out
+    assert "gate the part of the library" not in out
     assert after["ops"][0] == before["ops"][0]
     assert [r["name"] for r in after["ops"]] == ["mylib.scaled", "mylib.blend"]
     assert not any(n["name"] == "mylib.blend" for n in after.get("not_gated") or [])

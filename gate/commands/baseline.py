@@ -58,6 +58,13 @@ def parse_shard(text: Optional[str]):
     return int(mt.group(1)), int(mt.group(2))
 
 
+def refresh_minutes(n_ops: int, per_op: float) -> str:
+    """How long a time-budgeted refresh of ``n_ops`` operators takes, in words: each operator's
+    search budget, which its variants share (deep-spin/entmax: 22 operators at 10 s, 216 s)."""
+    s = n_ops * per_op
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+
 def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float], evals: Optional[int], seed: int,
                       total: Optional[float] = None,
                       out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
@@ -99,7 +106,10 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     isolate = isolate_options(None, None, gate_cfg)
     _build(cfg, say)
     kernels = _triton(cfg, catalog)
-    for name in names:
+    each = per_op or cfg.budget.get("per_op") or 10.0
+    say(f"refreshing {len(names)} operator(s): " + (f"{evals} evaluations per variant" if evals else
+        f"{each:g}s of search each (budget.per_op), about {refresh_minutes(len(names), each)} in all"))
+    for k, name in enumerate(names, 1):
         spec = catalog.get(name)
         if kernels is not None:
             spec = kernels.adjust(spec)  # Triton kernels: measured on the device they run on, as `run` fuzzes them
@@ -113,7 +123,8 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         for t in tasks:
             if evals:
                 t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
-            say(f"measuring {t.id} ({t.budget.evals} evals)" if t.budget.evals else f"measuring {t.id} ({t.budget.seconds:.3g}s)")
+            say(f"[{k}/{len(names)}] measuring {t.id} ({t.budget.evals} evals)" if t.budget.evals else
+                f"[{k}/{len(names)}] measuring {t.id} ({t.budget.seconds:.3g}s)")
             findings.append(fuzz_task(t, seed_store=seed_store, isolate=isolate))
     # a variant where nothing was measured gets no row: a "0 ulp" row would make it look exact
     unmeasured = [f for f in findings if f.status in ("no-valid-input", "error")

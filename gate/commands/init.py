@@ -109,10 +109,39 @@ def run(args) -> int:
         print(f"warning: the library's tests did not pass ({rep.harvest.split(';')[0]}): operators they call may be "
               "missing or probed only; make the test command run (--tests CMD, --env NAME=VALUE, the "
               "library's test dependencies) and run `dl-gate init` again")
+    plan, narrow = refresh_plan(*_rows_and_per_op(args.config, len(rep.added) + len(rep.kept)))
     print(f"done in {rep.seconds:.0f}s. Next:\n"
-          "  dl-gate baseline refresh          # measure the baselines\n"
+          f"  dl-gate baseline refresh          # measure the baselines: {plan}\n"
           f"  git add {args.config} baselines .github/workflows && git commit -m 'Add dl-gate'   # then push and open a PR\n"
           "  dl-gate run --base origin/main    # (optional) the gate on your branch, as the PR's check will run it")
+    if narrow:
+        print(narrow)
     if args.json:
         Path(args.json).write_text(json.dumps(rep.to_dict(), indent=2, default=str))
     return 0
+
+
+def refresh_plan(n_ops: int, per_op: float):
+    """(what the first refresh will take, in words; a line saying how to shorten it, or None when
+    it takes at most 15 minutes)."""
+    from .baseline import refresh_minutes
+
+    took = refresh_minutes(n_ops, per_op)
+    narrow = None
+    if n_ops * per_op > 900:  # longer than a user waits for a first baseline
+        narrow = (f"  (a refresh of {took}: gate the part of the library a PR changes with `dl-gate init --package "
+                  "PKG.SUB` in a fresh config, or lower budget.per_op in it; `dl-gate baseline refresh --ops NAME` "
+                  "measures one operator)")
+    return f"{n_ops} operators x {per_op:g}s, about {took}", narrow
+
+
+def _rows_and_per_op(config: str, rows: int):
+    """The operator rows of the config init wrote and its per-operator budget (``budget.per_op``,
+    10 s by default); ``rows`` where the file cannot be read back."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(config).read_text()) or {}
+        return len(raw.get("ops") or []), float((raw.get("budget") or {}).get("per_op") or 10.0)
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return rows, 10.0
