@@ -6,7 +6,13 @@ dtype). The revert only shows under the policy: built at float16 (mode ``input``
 arrive in float16 and both versions compute the same float16 statistics. Mode ``operator`` of a
 Keras layer class builds it with ``dtype="mixed_float16"`` and calls it with float32 inputs, so
 the revert fails there, the fix in the other direction passes, and the repro script builds the
-layer the same way (exit 1 on head, 0 on base)."""
+layer the same way (exit 1 on head, 0 on base).
+
+keras' own GroupNormalization computes its statistics in float32 whatever its inputs (it casts
+them up before ``ops.moments``), so there the revert shows only where a float32 input is beyond
+float16's range: the policy's cast makes it inf (the fix's "inputs above the float16 max
+overflowed to inf and produced NaN outputs"). ``UpcastNorm`` is that layer: mode ``operator``
+draws float32 inputs (not values of the variant's dtype), and its revert fails with new NaN/Inf."""
 from __future__ import annotations
 
 
@@ -44,6 +50,24 @@ class GroupNorm(keras.layers.Layer):
         return ops.cast(x, self.compute_dtype)
 '''
 
+UPCAST = """
+
+class UpcastNorm(keras.layers.Layer):
+    \"\"\"keras' GroupNormalization (groups=1): statistics in float32 after an explicit upcast.\"\"\"
+
+    def __init__(self, epsilon=1e-3, **kwargs):
+        super().__init__(**kwargs)
+        self.autocast = False  # statistics from the float32 inputs under a mixed policy
+        self.epsilon = epsilon
+
+    def call(self, inputs):
+        dtype = inputs.dtype
+        x = ops.cast(inputs, "float32")
+        mean, variance = ops.moments(x, axes=[-1], keepdims=True)
+        x = (x - mean) * ops.rsqrt(variance + self.epsilon)
+        return ops.cast(ops.cast(x, dtype), self.compute_dtype)
+"""
+
 AUTOCAST_OFF = "        self.autocast = False  # statistics from the float32 inputs under a mixed policy\n"
 REVERTED = FIXED.replace(AUTOCAST_OFF, "")
 assert REVERTED != FIXED
@@ -64,11 +88,21 @@ ops:
     inputs: [{name: x, shape: [N, "2*D"]}]
 '''
 
+UPCAST_CONFIG = CONFIG.split("ops:")[0] + '''ops:
+  - name: mylib.UpcastNorm
+    callable: mylib.ops:UpcastNorm
+    kind: normalization
+    sources: [mylib/ops.py]
+    modes: [input, operator]
+    dims: {N: [1, 4], D: [2, 16]}
+    inputs: [{name: x, shape: [N, D]}]
+'''
+
 MIXED, INPUT = "float16/cpu/operator", "float16/cpu/input"
 
 
-def _pr(tmp_path, base_src, head_src, name):
-    repo = make_repo(tmp_path / name, ops_src=base_src, config=CONFIG)  # baselines refreshed on main
+def _pr(tmp_path, base_src, head_src, name, config=CONFIG):
+    repo = make_repo(tmp_path / name, ops_src=base_src, config=config)  # baselines refreshed on main
     git(repo, "checkout", "-q", "-b", f"pr-{name}")
     (repo / "mylib" / "ops.py").write_text(head_src)
     git(repo, "commit", "-q", "-am", name)
@@ -87,7 +121,9 @@ def test_reverting_the_autocast_off_fails_under_the_mixed_policy_only(tmp_path):
     assert set(by_key) == {INPUT, MIXED}, _why(report)
     v = by_key[MIXED]
     assert (code, v.outcome) == (1, "regression"), _why(report)
-    assert v.head_error > 100 * max(v.base_error, 1.0), (v.head_error, v.base_error)  # ~1e3 ulp vs < 1 ulp
+    # float16 statistics: ~1e3 ulp vs < 1 ulp on inputs within float16's range, NaN on the float32
+    # inputs beyond it that mode operator draws (what a layer under the policy receives)
+    assert "new NaN/Inf" in v.reason or v.head_error > 100 * max(v.base_error, 1.0), (v.reason, v.head_error)
     # built at float16 both versions compute float16 statistics: mode input cannot see the revert
     assert by_key[INPUT].outcome == "pass", _why(report)
     assert not any(x.outcome == "not-measured" for x in report.verdicts), _why(report)
@@ -104,3 +140,21 @@ def test_turning_autocast_off_passes(tmp_path):
     by_key = {v.key: v for v in report.verdicts}
     assert by_key[MIXED].outcome == "improvement", _why(report)
     assert by_key[INPUT].outcome == "pass", _why(report)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("direction", ["revert", "fix"])
+def test_an_upcasting_layer_is_fed_float32_values_beyond_float16_under_the_mixed_policy(tmp_path, direction):
+    fixed = FIXED.split("\n\n\nclass")[0] + UPCAST
+    reverted = fixed.replace(AUTOCAST_OFF, "")
+    assert reverted != fixed
+    base, head = (fixed, reverted) if direction == "revert" else (reverted, fixed)
+    repo = _pr(tmp_path, base, head, direction, UPCAST_CONFIG)
+    code, report = gate(repo, tmp_path, evals=40)
+    by_key = {v.key: v for v in report.verdicts}
+    if direction == "fix":
+        assert code == 0 and by_key[MIXED].outcome in ("improvement", "pass"), _why(report)
+        return
+    v = by_key[MIXED]
+    assert (code, v.outcome) == (1, "regression") and "new NaN/Inf" in v.reason, _why(report)
+    assert by_key[INPUT].outcome == "pass", _why(report)  # float16 inputs: the same float32 statistics

@@ -197,8 +197,12 @@ class VariantRunner:
 
     # -- preparing --------------------------------------------------------------------------
     def quantize(self, cand: Candidate) -> Candidate:
-        """The candidate with every float input exactly representable in the variant dtype."""
-        return quantize_inputs(self.spec, self.backend, cand, self.variant.dtype)
+        """The candidate with every float input exactly representable in the dtype the operator
+        is given: the variant's, or float32 in mode ``operator`` (what an autocast region or a
+        layer under a mixed policy receives: float32 values beyond float16's range and between
+        its numbers, which the operator's own cast rounds or overflows; keras d863dc8a5b's
+        GroupNormalization cast float32 inputs above 65504 to inf under ``mixed_float16``)."""
+        return quantize_inputs(self.spec, self.backend, cand, self.input_dtype)
 
     def build_call(self, cand: Candidate, dtype: str, low: bool) -> Tuple[list, dict]:
         args: list = []
