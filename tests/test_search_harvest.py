@@ -244,3 +244,26 @@ def test_harvest_of_class_operators_leaves_the_classes_classes(project, capsys):
     # operator's, not its parent's: one recorded call each (the table's "calls" column)
     calls = {ln.split("|")[0].strip(): ln.split("|")[1].strip() for ln in out.splitlines() if ln.startswith("mylib.")}
     assert calls["mylib.Cube"] == "1" and calls["mylib.Power"] == "1", out
+
+
+def test_a_test_run_killed_at_its_time_limit_keeps_what_it_recorded(project):
+    """No exit handler runs in a process killed with SIGKILL (init's test run at its time limit,
+    after SIGINT did not stop it: keras-cv's tests, 630 s, recorded nothing). The recorder writes
+    its records while new ones come (DL_GATE_HARVEST_FLUSH seconds apart), each file whole."""
+    import os
+    from types import SimpleNamespace
+
+    from gate.search.harvest import load_records, run_harvest
+
+    script = project / "calls_then_hangs.py"
+    script.write_text("import time\nimport torch\nimport mylib.ops as ops\n\n"
+                      "ops.scaled_tanh(torch.ones(2, 3))\nops.scaled_tanh(torch.zeros(4, 1), scale=1.0)\n"
+                      "time.sleep(60)\n")
+    env = dict(os.environ, DL_GATE_HARVEST_FLUSH="0.5", PYTHONPATH=str(project))
+    ops = [SimpleNamespace(name="mylib.scaled_tanh", callable="mylib.ops.scaled_tanh")]
+    code = run_harvest(["timeout", "-s", "KILL", "8", sys.executable, str(script)], ops, project / "raw",
+                       cwd=project, env=env)
+    assert code in (137, -9)  # killed: no exit handler ran
+    records = [r for r in load_records(project / "raw") if not r.source.startswith("error: ")]
+    assert sorted(tuple(r.args[0].shape) for r in records) == [(2, 3), (4, 1)], records
+    assert not list((project / "raw" / "records").glob("*.part"))  # each file replaced whole

@@ -6,8 +6,11 @@ It wraps the configured operators' callables as soon as their module is imported
 hook), so that ``from lib.ops import op`` in a test, and the library's own internal calls
 through the module, reach the wrapper. Each call is recorded once per distinct content
 (operator, argument values, tensor shapes, dtypes and, up to a size limit, tensor values) with
-the test that made it (``PYTEST_CURRENT_TEST``); at exit the records are written to
-``<out>/raw-<pid>.json`` + ``.npz``.
+the test that made it (``PYTEST_CURRENT_TEST``); the records are written to
+``<out>/raw-<pid>.json`` + ``.npz`` at exit, and every :data:`FLUSH_EVERY` seconds while new ones
+come (each file replaced whole: a test run killed at its time limit, which runs no exit handler,
+keeps what it recorded until then; keras-cv's tests, killed at init's 600 s, had recorded
+nothing).
 
 A class operator (an ``nn.Module`` / Keras ``Layer``, configured with ``construct``: its import
 path) has its constructor recorded too (``"kind": "init"``): the arguments a test built the
@@ -24,9 +27,14 @@ import json
 import os
 import sys
 import threading
+import time
 import weakref
 
 ENV = "DL_GATE_HARVEST"
+#: seconds between two writes of the records while the test run goes on
+FLUSH_EVERY = float(os.environ.get("DL_GATE_HARVEST_FLUSH", "10"))
+#: held while records are added and while they are copied to be written
+_lock = threading.Lock()
 
 _state = {"records": [], "arrays": {}, "seen": set(), "counts": {}, "cfg": None, "busy": threading.local()}
 #: instance -> the id of the construction it came from (its recorded constructor call)
@@ -136,15 +144,16 @@ def _record(op, args, kwargs, kind="call"):
             return {"op": op, "ctor_id": digest, "seen": True}
         _state["seen"].add(key)
         counts[slot] = counts.get(slot, 0) + 1
-        prefix = f"r{len(_state['records'])}_"
-        for k, arr in arrays.items():
-            _state["arrays"][prefix + k] = arr
-        _rename(enc, prefix)
-        source = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-        rec = {"op": op, "source": source, **enc}
-        if kind == "init":
-            rec["ctor_id"] = digest
-        _state["records"].append(rec)
+        with _lock:
+            prefix = f"r{len(_state['records'])}_"
+            for k, arr in arrays.items():
+                _state["arrays"][prefix + k] = arr
+            _rename(enc, prefix)
+            source = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+            rec = {"op": op, "source": source, **enc}
+            if kind == "init":
+                rec["ctor_id"] = digest
+            _state["records"].append(rec)
         return rec
     except Exception as exc:  # recording must never break the test run
         _state["records"].append({"op": op, "error": f"{type(exc).__name__}: {exc}"})
@@ -337,17 +346,41 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def _flush():
+    """Write every record so far, each file replaced whole: the arrays first, then the records
+    that name them (a reader between the two finds older records, whose arrays are all there)."""
     cfg = _state["cfg"]
-    if not _state["records"]:
+    with _lock:
+        records = json.dumps({"records": _state["records"]})  # a copy: a call may mark its record later
+        arrays = dict(_state["arrays"])
+    if not arrays and records == '{"records": []}':
         return
     import numpy as np
 
     out = cfg["out"]
     os.makedirs(out, exist_ok=True)
     base = os.path.join(out, f"raw-{os.getpid()}")
-    np.savez_compressed(base + ".npz", **_state["arrays"])
-    with open(base + ".json", "w") as fh:
-        json.dump({"records": _state["records"]}, fh)
+    with open(base + ".npz.part", "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+    os.replace(base + ".npz.part", base + ".npz")
+    with open(base + ".json.part", "w") as fh:
+        fh.write(records)
+    os.replace(base + ".json.part", base + ".json")
+
+
+def _flusher():
+    """Writes the records every FLUSH_EVERY seconds while new ones come (a daemon thread: it
+    never keeps the test process alive)."""
+    written = 0
+    pid = os.getpid()
+    while os.getpid() == pid:  # a forked child has no such thread; the check is for clarity
+        time.sleep(FLUSH_EVERY)
+        n = len(_state["records"])
+        if n != written:
+            try:
+                _flush()
+                written = n
+            except Exception:  # recording must never break the test run; the exit handler writes again
+                pass
 
 
 def install():
@@ -369,3 +402,5 @@ def install():
         if mod in sys.modules:
             finder.apply(mod, sys.modules[mod])
     atexit.register(_flush)
+    if FLUSH_EVERY > 0:
+        threading.Thread(target=_flusher, name="dl-gate-harvest-flush", daemon=True).start()
