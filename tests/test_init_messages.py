@@ -103,10 +103,10 @@ def test_a_layer_of_a_library_named_tensorflow_something_is_called_through_its_o
 def test_init_says_what_the_first_refresh_costs_and_how_to_narrow_a_long_one():
     from gate.commands.init import refresh_plan
 
-    assert refresh_plan(22, 10.0) == ("22 operators x 10s, about 4 min", None)
-    assert refresh_plan(3, 10.0) == ("3 operators x 10s, about 30s", None)
+    assert refresh_plan(22, 10.0) == ("22 operators x 10s, at least 4 min", None)
+    assert refresh_plan(3, 10.0) == ("3 operators x 10s, at least 30s", None)
     plan, narrow = refresh_plan(723, 10.0)  # keras as a whole, plain `dl-gate init`
-    assert plan == "723 operators x 10s, about 2.0 h"
+    assert plan == "723 operators x 10s, at least 2.0 h"
     assert "--package PKG.SUB" in narrow and "budget.per_op" in narrow and "--ops NAME" in narrow
     assert refresh_plan(90, 10.0)[1] is None and refresh_plan(91, 10.0)[1] is not None  # 15 minutes
 
@@ -127,5 +127,5 @@ def test_refresh_prints_its_plan_and_each_operators_place(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     n = err.count("] measuring ") and len(set(re.findall(r"\[\d+/(\d+)\] measuring", err)))
-    total = int(re.search(r"refreshing (\d+) operator\(s\): 0.5s of search each \(budget.per_op\), about", err).group(1))
+    total = int(re.search(r"refreshing (\d+) operator\(s\): 0.5s of search each \(budget.per_op\), at least", err).group(1))
     assert n == 1 and f"[{total}/{total}] measuring" in err and "[1/" in err, err

@@ -108,7 +108,8 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     kernels = _triton(cfg, catalog)
     each = per_op or cfg.budget.get("per_op") or 10.0
     say(f"refreshing {len(names)} operator(s): " + (f"{evals} evaluations per variant" if evals else
-        f"{each:g}s of search each (budget.per_op), about {refresh_minutes(len(names), each)} in all"))
+        f"{each:g}s of search each (budget.per_op), at least {refresh_minutes(len(names), each)} in all "
+        "(a slow operator's variants take longer: each searches at least 20 evaluations)"))
     for k, name in enumerate(names, 1):
         spec = catalog.get(name)
         if kernels is not None:

@@ -132,7 +132,7 @@ def refresh_plan(n_ops: int, per_op: float):
         narrow = (f"  (a refresh of {took}: gate the part of the library a PR changes with `dl-gate init --package "
                   "PKG.SUB` in a fresh config, or lower budget.per_op in it; `dl-gate baseline refresh --ops NAME` "
                   "measures one operator)")
-    return f"{n_ops} operators x {per_op:g}s, about {took}", narrow
+    return f"{n_ops} operators x {per_op:g}s, at least {took}", narrow
 
 
 def _rows_and_per_op(config: str, rows: int):
