@@ -129,3 +129,32 @@ def test_refresh_prints_its_plan_and_each_operators_place(tmp_path, capsys):
     n = err.count("] measuring ") and len(set(re.findall(r"\[\d+/(\d+)\] measuring", err)))
     total = int(re.search(r"refreshing (\d+) operator\(s\): 0.5s of search each \(budget.per_op\), at least", err).group(1))
     assert n == 1 and f"[{total}/{total}] measuring" in err and "[1/" in err, err
+
+
+def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path):
+    """geoopt's manifolds are nn.Module subclasses with no forward: their operators are methods
+    (``norm``, ``inner``, ``expmap``). init left them out as "takes no required argument to feed a
+    tensor to" (its constructor's); it now says what they are and how to gate one."""
+    import os
+
+    from gate.cli import main
+
+    repo = tmp_path / "repo"
+    (repo / "manilib").mkdir(parents=True)
+    (repo / "manilib" / "__init__.py").write_text("from .spd import SPD, square\n")
+    (repo / "manilib" / "spd.py").write_text(
+        "import torch\n\n\nclass Manifold(torch.nn.Module):\n    def inner(self, x, u):\n        return (u * u).sum(-1)\n\n\n"
+        "class SPD(Manifold):\n    def norm(self, x, u):\n        return self.inner(x, u).sqrt()\n\n\n"
+        "def square(x):\n    return x * x\n")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        code = main(["init", "--no-tests", "--no-workflows", "--json", "init.json"])
+    finally:
+        os.chdir(old)
+    assert code == 0
+    left = dict(json.loads((repo / "init.json").read_text())["left_out"])
+    why = left["manilib.SPD"]
+    assert "nn.Module with no forward" in why and "norm, inner" in why and "SPD().norm(x, ...)" in why, why
+    assert "manilib.square" not in left

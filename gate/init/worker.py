@@ -127,6 +127,8 @@ def classify(req: dict) -> None:
                 if any(m.startswith("torch.autograd.function.") and m.endswith("Function") for m in mro):
                     row.update(kind="autograd_function", params=_params_of(obj.forward, drop_first=True),
                                framework="torch")
+                elif any(m.startswith("torch.nn.modules.module.Module") for m in mro) and _no_forward(obj):
+                    row["skip"] = _methods_only(obj)
                 elif any(m.startswith("torch.nn.modules.module.Module") for m in mro):
                     init = _params_of(obj.__init__, drop_first=True)
                     row.update(kind="module", params=_params_of(obj.forward, drop_first=True), init=init,
@@ -162,6 +164,28 @@ def classify(req: dict) -> None:
             else:
                 row["skip"] = f"a {type(obj).__name__}, not callable"
             _emit(row)
+
+
+def _no_forward(cls) -> bool:
+    """An nn.Module class that defines no forward of its own (geoopt's manifolds: their
+    operators are methods, ``norm``, ``inner``, ``expmap``)."""
+    import torch
+
+    return getattr(cls, "forward", None) is getattr(torch.nn.Module, "forward", None)
+
+
+def _methods_only(cls) -> str:
+    """Why such a class is left out, and how to gate one of its methods."""
+    methods = [n for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("_")]
+    for k in cls.__mro__[1:]:
+        if (getattr(k, "__module__", "") or "").startswith("torch."):
+            break
+        methods += [n for n, f in vars(k).items() if inspect.isfunction(f) and not n.startswith("_") and n not in methods]
+    shown = ", ".join(methods[:6]) + (", ..." if len(methods) > 6 else "")
+    example = methods[0] if methods else "method"
+    return (f"an nn.Module with no forward: its operators are its methods ({shown or 'none public'}); gate one "
+            f"with a row whose callable is a function that calls it (def {cls.__name__.lower()}_{example}(x, ...): "
+            f"return {cls.__name__}().{example}(x, ...))")
 
 
 def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all: bool = False, fixed_dims=None):
