@@ -158,3 +158,34 @@ def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path)
     why = left["manilib.SPD"]
     assert "nn.Module with no forward" in why and "norm, inner" in why and "SPD().norm(x, ...)" in why, why
     assert "manilib.square" not in left
+
+
+def test_a_library_that_turns_warnings_into_errors_still_has_its_calls_recorded(tmp_path):
+    """geoopt's pytest configuration has ``filterwarnings = ["error"]``; under a newer torch
+    every test module failed to collect on a deprecation warning and init recorded nothing. The
+    default test command ignores deprecations (the tests run to record calls)."""
+    import os
+
+    from gate.cli import main
+
+    repo = tmp_path / "repo"
+    (repo / "wlib").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "wlib" / "__init__.py").write_text("from .ops import scaled\n")
+    (repo / "wlib" / "ops.py").write_text(
+        "import warnings\n\nimport torch\n\nwarnings.warn('old API', DeprecationWarning)\n"
+        "warnings.warn('old default', FutureWarning)\n\n\ndef scaled(x, k=3.0):\n    return x * k\n")
+    (repo / "tests" / "test_ops.py").write_text(
+        "import torch\n\nfrom wlib import scaled\n\n\ndef test_scaled():\n    assert scaled(torch.ones(2, 5)).shape == (2, 5)\n")
+    (repo / "pyproject.toml").write_text('[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    old = os.getcwd()
+    os.chdir(repo)
+    try:
+        code = main(["init", "--no-workflows", "--json", "init.json"])
+    finally:
+        os.chdir(old)
+    rep = json.loads((repo / "init.json").read_text())
+    assert code == 0 and "-W ignore::DeprecationWarning" in rep["harvest"], rep["harvest"]
+    assert rep["tested"] == ["wlib.scaled"], rep["harvest"]
+    assert "1 distinct calls of 1 operators recorded" in rep["harvest"], rep["harvest"]
