@@ -120,8 +120,11 @@ class BatchEvaluator:
         return per
 
     def _batched(self, raw: List[Candidate]) -> List[Tuple[Candidate, Evaluation]]:
-        """Quantise the group as one batch (rounding is elementwise), run it, score each member."""
+        """Quantise each member as it would be alone (rounding is elementwise, but an input's span
+        is kept within the dtype's range per candidate: runner.within_spread), run the group as
+        one batch, score each member."""
         runner, bd = self.runner, self.batch_dim
+        raw = [runner.quantize(c) for c in raw]
         first = raw[0]
         sizes = [c.arrays[self.batched[0]].shape[bd] for c in raw]
         merged = Candidate(dims=dict(first.dims), params=dict(first.params), arrays={}, origin="batch")
@@ -131,7 +134,6 @@ class BatchEvaluator:
             else:
                 merged.arrays[t.name] = first.arrays[t.name]
         merged.dims[self.symbol] = int(sum(sizes))
-        merged = runner.quantize(merged)
         cuts = np.cumsum(sizes)[:-1]
         group = []
         for c in raw:
