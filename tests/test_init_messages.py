@@ -111,19 +111,14 @@ def test_init_says_what_the_first_refresh_costs_and_how_to_narrow_a_long_one():
     assert refresh_plan(90, 10.0)[1] is None and refresh_plan(91, 10.0)[1] is not None  # 15 minutes
 
 
-def test_refresh_prints_its_plan_and_each_operators_place(tmp_path, capsys):
-    import os
+def test_refresh_prints_its_plan_and_each_operators_place(tmp_path, capsys, monkeypatch):
 
     from gate.cli import main
     from tests.test_gate_run import make_repo
 
     repo = make_repo(tmp_path, baselines=False)
-    old = os.getcwd()
-    os.chdir(repo)
-    try:
-        code = main(["baseline", "refresh", "--dtype", "float32", "--mode", "input", "--per-op", "0.5"])
-    finally:
-        os.chdir(old)
+    monkeypatch.chdir(repo)
+    code = main(["baseline", "refresh", "--dtype", "float32", "--mode", "input", "--per-op", "0.5"])
     err = capsys.readouterr().err
     assert code == 0, err
     n = err.count("] measuring ") and len(set(re.findall(r"\[\d+/(\d+)\] measuring", err)))
@@ -131,11 +126,10 @@ def test_refresh_prints_its_plan_and_each_operators_place(tmp_path, capsys):
     assert n == 1 and f"[{total}/{total}] measuring" in err and "[1/" in err, err
 
 
-def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path):
+def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path, monkeypatch):
     """geoopt's manifolds are nn.Module subclasses with no forward: their operators are methods
     (``norm``, ``inner``, ``expmap``). init left them out as "takes no required argument to feed a
     tensor to" (its constructor's); it now says what they are and how to gate one."""
-    import os
 
     from gate.cli import main
 
@@ -147,12 +141,8 @@ def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path)
         "class SPD(Manifold):\n    def norm(self, x, u):\n        return self.inner(x, u).sqrt()\n\n\n"
         "def square(x):\n    return x * x\n")
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    old = os.getcwd()
-    os.chdir(repo)
-    try:
-        code = main(["init", "--no-tests", "--no-workflows", "--json", "init.json"])
-    finally:
-        os.chdir(old)
+    monkeypatch.chdir(repo)
+    code = main(["init", "--no-tests", "--no-workflows", "--json", "init.json"])
     assert code == 0
     left = dict(json.loads((repo / "init.json").read_text())["left_out"])
     why = left["manilib.SPD"]
@@ -160,11 +150,10 @@ def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path)
     assert "manilib.square" not in left
 
 
-def test_a_library_that_turns_warnings_into_errors_still_has_its_calls_recorded(tmp_path):
+def test_a_library_that_turns_warnings_into_errors_still_has_its_calls_recorded(tmp_path, monkeypatch):
     """geoopt's pytest configuration has ``filterwarnings = ["error"]``; under a newer torch
     every test module failed to collect on a deprecation warning and init recorded nothing. The
     default test command ignores deprecations (the tests run to record calls)."""
-    import os
 
     from gate.cli import main
 
@@ -179,12 +168,8 @@ def test_a_library_that_turns_warnings_into_errors_still_has_its_calls_recorded(
         "import torch\n\nfrom wlib import scaled\n\n\ndef test_scaled():\n    assert scaled(torch.ones(2, 5)).shape == (2, 5)\n")
     (repo / "pyproject.toml").write_text('[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    old = os.getcwd()
-    os.chdir(repo)
-    try:
-        code = main(["init", "--no-workflows", "--json", "init.json"])
-    finally:
-        os.chdir(old)
+    monkeypatch.chdir(repo)
+    code = main(["init", "--no-workflows", "--json", "init.json"])
     rep = json.loads((repo / "init.json").read_text())
     assert code == 0 and "-W ignore::DeprecationWarning" in rep["harvest"], rep["harvest"]
     assert rep["tested"] == ["wlib.scaled"], rep["harvest"]

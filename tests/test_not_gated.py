@@ -104,11 +104,10 @@ def test_a_docs_change_says_no_operator_changed(shared, tmp_path):
     assert not any("not gated" in w for w in report.warnings)
 
 
-def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path, capsys):
+def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path, capsys, monkeypatch):
     """The hint a not-gated warning gives (`dl-gate init --ops NAME`) on a repository whose
     config already has rows: the operator gets its row, taken off not_gated; the rows already
     there are kept as they were."""
-    import os
 
     import yaml
 
@@ -125,12 +124,8 @@ def test_the_hinted_init_adds_the_row_and_keeps_the_others(tmp_path, capsys):
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "base")
     before = yaml.safe_load((repo / ".dl-gate.yml").read_text())
-    old = os.getcwd()
-    os.chdir(repo)
-    try:
-        code = main(["init", "--ops", "mylib.blend", "--no-workflows", "--no-tests"])
-    finally:
-        os.chdir(old)
+    monkeypatch.chdir(repo)
+    code = main(["init", "--ops", "mylib.blend", "--no-workflows", "--no-tests"])
     after = yaml.safe_load((repo / ".dl-gate.yml").read_text())
     out = capsys.readouterr().out
     assert code == 0

@@ -359,20 +359,20 @@ def _flush():
     out = cfg["out"]
     os.makedirs(out, exist_ok=True)
     base = os.path.join(out, f"raw-{os.getpid()}")
-    with open(base + ".npz.part", "wb") as fh:
+    part = f".part-{threading.get_ident()}"  # the exit handler and the flusher never share a partial file
+    with open(base + ".npz" + part, "wb") as fh:
         np.savez_compressed(fh, **arrays)
-    os.replace(base + ".npz.part", base + ".npz")
-    with open(base + ".json.part", "w") as fh:
+    os.replace(base + ".npz" + part, base + ".npz")
+    with open(base + ".json" + part, "w") as fh:
         fh.write(records)
-    os.replace(base + ".json.part", base + ".json")
+    os.replace(base + ".json" + part, base + ".json")
 
 
 def _flusher():
     """Writes the records every FLUSH_EVERY seconds while new ones come (a daemon thread: it
     never keeps the test process alive)."""
     written = 0
-    pid = os.getpid()
-    while os.getpid() == pid:  # a forked child has no such thread; the check is for clarity
+    while True:
         time.sleep(FLUSH_EVERY)
         n = len(_state["records"])
         if n != written:
