@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from .backends.sandbox import scrub_proc_environ, worker_env
+from .backends.sandbox import SERVER_ENV, scrub_proc_environ, worker_env
 
 STATE_ENV = "DL_GATE_STATE"
 #: seconds the run is given to write its report after SIGTERM before it is killed
@@ -195,9 +195,10 @@ def run_env(state: str, env_names: Sequence[str] = ()) -> dict:
     """The run process's environment: the workers' allow-list (it imports the operator library
     to find source lines, and runs it in-process with ``--no-isolate``), the state file, and
     what the run itself reads: the PR's base branch, whether this is CI, git's
-    ``safe.directory`` settings (``dl-gate action`` sets them as ``GIT_CONFIG_*``)."""
+    ``safe.directory`` settings (``dl-gate action`` sets them as ``GIT_CONFIG_*``), a zygote
+    server (gate.backends.isolate.SERVER_ENV: the run's, never its workers')."""
     run_own = {k: v for k, v in os.environ.items()
-               if k in ("GITHUB_BASE_REF", "GITHUB_ACTIONS") or k.startswith("GIT_CONFIG_")}
+               if k in ("GITHUB_BASE_REF", "GITHUB_ACTIONS", SERVER_ENV) or k.startswith("GIT_CONFIG_")}
     return worker_env({**run_own, STATE_ENV: state}, names=list(env_names))
 
 

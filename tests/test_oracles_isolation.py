@@ -198,13 +198,15 @@ print(json.dumps("torch.fx.experimental.symbolic_shapes" in sys.modules), flush=
 '''
 
 
-def test_the_zygote_imports_what_a_backward_pass_needs_before_its_first_gradient_worker(tmp_path):
+def test_the_zygote_imports_what_a_backward_pass_needs_before_its_first_gradient_worker(tmp_path, monkeypatch):
     """torch.autograd.grad's first call imports symbolic_shapes (and sympy): the zygote imports it
     once before it forks a gradient worker (each worker paid ~0.3 s for it), and a run that takes
     no gradient does not pay for it at all."""
     from gate.backends import isolate
     from gate.backends.isolate import spawn_module
 
+    # a zygote of this process's own (a zygote server, tests/conftest.py, preloads it for every run)
+    monkeypatch.delenv(isolate.SERVER_ENV, raising=False)
     isolate._close_zygotes()  # this process's zygote, as a run's starts: nothing but the preload
     specs = user_ops(tmp_path, OPS)
     (tmp_path / "backward_probe.py").write_text(BACKWARD_PROBE)
@@ -224,3 +226,88 @@ def test_the_zygote_imports_what_a_backward_pass_needs_before_its_first_gradient
         assert zygote_has_it()
     finally:
         runner.close()
+
+
+SERVER_CLIENT = '''
+import json, os, sys, time
+from gate.backends import isolate
+z = isolate._zygote(isolate.PRELOAD["torch"], 60)
+proc = isolate.spawn_module("torch", "sleeper", [], os.getcwd(), 2)
+print(json.dumps({"served": type(z.proc).__name__, "zygote": z.proc.pid, "sleeper": json.loads(proc.stdout.readline())}),
+      flush=True)
+time.sleep(300)
+'''
+
+SLEEPER = '''
+import json, os, sys, time
+print(json.dumps({"pid": os.getpid(), "torch": "torch" in sys.modules, "cwd": os.getcwd(),
+                  "server": os.environ.get("DL_GATE_ZYGOTE_SERVER"), "x": os.environ.get("DL_GATE_TEST_X")}), flush=True)
+time.sleep(300)
+'''
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_a_zygote_server_forks_each_runs_zygote_and_the_runs_workers_die_with_it(tmp_path):
+    """gate.backends.isolate.server_main (what tests/conftest.py starts for the suite): a client
+    in the server's environment gets a zygote forked from it (torch already imported), in its own
+    working directory, and the server's socket never reaches a worker; when the client dies
+    (SIGKILL: no exit handler), its zygote and workers die with it. A client whose workers'
+    environment differs (an allowed variable set) starts a zygote of its own, as it would
+    without a server."""
+    import signal
+    import time
+
+    from gate.backends.isolate import SERVER_ENV
+    from gate.backends.sandbox import worker_env
+
+    (tmp_path / "client.py").write_text(SERVER_CLIENT)
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    sock = str(tmp_path / "zs.sock")
+    base = {k: v for k, v in os.environ.items() if k not in (SERVER_ENV, "DL_GATE_TEST_X")}
+    server = subprocess.Popen([sys.executable, "-m", "gate.backends.isolate", "--zygote-server", sock],
+                              env=worker_env(source=base), cwd=str(Path(__file__).resolve().parent.parent))
+    try:
+        for _ in range(1200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.05)
+
+        def client(**extra):
+            root = str(Path(__file__).resolve().parent.parent)
+            env = {**base, SERVER_ENV: sock, **extra,
+                   "PYTHONPATH": os.pathsep.join([root, base["PYTHONPATH"]]) if base.get("PYTHONPATH") else root}
+            proc = subprocess.Popen([sys.executable, "client.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            line = proc.stdout.readline()
+            assert line, proc.communicate()[1][-2000:]
+            return proc, {**json.loads(line), "stderr": ""}
+
+        proc, got = client()
+        try:
+            assert got["served"] == "_Served", got
+            sleeper = got["sleeper"]
+            assert sleeper["torch"] and sleeper["cwd"] == str(tmp_path) and sleeper["server"] is None, got
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        for _ in range(200):
+            if _gone(sleeper["pid"]) and _gone(got["zygote"]):
+                break
+            time.sleep(0.05)
+        assert _gone(sleeper["pid"]) and _gone(got["zygote"]), "the run's zygote or worker outlived it"
+        assert server.poll() is None, "the server serves the next run"
+        proc, got = client(DL_GATE_TEST_X="1")
+        try:
+            assert got["served"] == "Popen" and got["sleeper"]["x"] == "1", got
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    finally:
+        server.kill()
+        server.wait()

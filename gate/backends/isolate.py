@@ -128,6 +128,9 @@ def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
     return IsolateOptions(**kw)
 
 
+from .sandbox import PER_RUN, SERVER_ENV  # noqa: E402
+
+
 def _child_env() -> Dict[str, str]:
     """The zygote's and the workers' environment: the allow-list of :mod:`gate.backends.sandbox`
     (no credentials), the gate's root first on the import path."""
@@ -152,19 +155,99 @@ def _decode(status: int) -> int:
 # ---------------------------------------------------------------------------------------
 # the zygote: imports the framework once, forks workers
 # ---------------------------------------------------------------------------------------
+#: SERVER_ENV names a zygote server's socket (``python -m gate.backends.isolate --zygote-server
+#: PATH``): where set, a torch zygote is forked from that warm server (torch imported once per
+#: server, not per gate run) rather than started, provided the server runs in the environment
+#: this process gives its workers; anything else (no server, another environment) starts one as
+#: usual. A facility for processes that run the gate many times (the test suite:
+#: tests/conftest.py); the Action never sets it. Never passed to workers (sandbox.GATE_PRIVATE).
+
+
+class _Served:
+    """The ``Popen``-like handle of a zygote forked by a zygote server (not this process's child:
+    the server reaps it)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -int(signal.SIGKILL)
+            except PermissionError:  # pragma: no cover - a reused pid of another user
+                self.returncode = -int(signal.SIGKILL)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        end = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        while self.poll() is None:
+            if time.monotonic() > end:
+                raise subprocess.TimeoutExpired("zygote", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode
+
+
+def _from_server(preload: Tuple[str, ...], env: Dict[str, str], log: str) -> Optional[Tuple[Connection, _Served]]:
+    """A zygote forked for this process by the server :data:`SERVER_ENV` names: it takes this
+    process's working directory and log, and answers only if the server's environment is
+    ``env``; None otherwise (the caller starts its own)."""
+    from multiprocessing.reduction import send_handle
+
+    path = os.environ.get(SERVER_ENV)
+    if not path or tuple(preload) != PRELOAD.get("torch"):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(path)
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        return None
+    conn = Connection(sock.detach())
+    try:
+        conn.send(("attach", env, os.getcwd()))
+        with open(log, "ab") as fh:
+            send_handle(conn, fh.fileno(), 0)
+        if not conn.poll(10.0):
+            raise OSError("no answer")
+        reply = conn.recv()
+    except (EOFError, OSError):
+        conn.close()
+        return None
+    if reply[0] != "attached":  # said where the server was asked for: a developer's setting
+        print(f"dl-gate: zygote server {path} not used: {reply[1]}", file=sys.stderr, flush=True)
+        conn.close()
+        return None
+    return conn, _Served(int(reply[1]))
+
+
 class _Zygote:
     def __init__(self, preload: Tuple[str, ...], start_timeout: float):
         self.log = _new_log()
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with open(self.log, "ab") as log:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "gate.backends.isolate", "--zygote", str(child.fileno())],
-                    pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_child_env(),
-                )
-        finally:
-            child.close()
-        self.conn = Connection(parent.detach())
+        env = _child_env()
+        served = _from_server(preload, env, self.log)
+        if served is not None:
+            self.conn, self.proc = served
+        else:
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with open(self.log, "ab") as log:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-m", "gate.backends.isolate", "--zygote", str(child.fileno())],
+                        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                    )
+            finally:
+                child.close()
+            self.conn = Connection(parent.detach())
         self.lock = threading.Lock()
         # the framework import runs while the gate goes on (it is answered before the first fork)
         self.start_timeout = start_timeout
@@ -1092,7 +1175,59 @@ def _spawned_main(module: str, argv: List[str], cwd: str, fds: List[int]) -> int
     return code if isinstance(code, int) else 1
 
 
-def zygote_main(fd: int) -> int:
+def server_main(path: str) -> int:
+    """A zygote server (:data:`SERVER_ENV`): imports torch and what its workers import, listens
+    on ``path``, and forks a zygote for each process that connects. The forked zygote answers
+    only a client whose workers' environment is the server's own but for the per-run variables
+    (gate.backends.sandbox.PER_RUN; else it says so and exits),
+    takes the client's working directory and log, and runs :func:`zygote_main` on the
+    connection: it exits when the client closes it or dies, and its workers with it."""
+    import importlib
+    from multiprocessing.reduction import recv_handle
+
+    _die_with_parent()
+    for mod in (*PRELOAD["torch"], *PRELOAD_GRAD["torch"], RUNNER_FACTORY.partition(":")[0]):
+        importlib.import_module(mod)
+    start_env, start_cwd = dict(os.environ), os.getcwd()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its zygotes are reaped by the kernel
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(16)
+    while True:
+        sock, _ = listener.accept()
+        pid = os.fork()
+        if pid:
+            sock.close()
+            continue
+        code = 1
+        try:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote waits for its workers itself
+            conn = Connection(sock.detach())
+            _, env, cwd = conn.recv()
+            log = recv_handle(conn)
+            diff = sorted(k for k in set(env) | set(start_env) if env.get(k) != start_env.get(k) and k not in PER_RUN)
+            if diff:
+                conn.send(("refused", f"another environment ({', '.join(diff[:5])})"))
+                os._exit(0)
+            for fd in (1, 2):
+                os.dup2(log, fd)
+            os.close(log)
+            if sys.path and sys.path[0] == start_cwd:  # as ``-m`` run in the client's directory
+                sys.path[0] = os.path.abspath(cwd)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)  # the run's own values of PER_RUN
+            conn.send(("attached", os.getpid()))
+            code = zygote_main(conn)
+        finally:
+            os._exit(code)
+
+
+def zygote_main(fd: "int | Connection") -> int:
     """Import the framework(s) once, then fork a worker per request (never run an operator)."""
     import faulthandler
     import importlib
@@ -1100,7 +1235,7 @@ def zygote_main(fd: int) -> int:
 
     _die_with_parent()
     faulthandler.enable(file=sys.stderr, all_threads=False)
-    conn = Connection(fd)
+    conn = fd if isinstance(fd, Connection) else Connection(fd)
     while True:
         try:
             msg = conn.recv()
@@ -1154,4 +1289,6 @@ def zygote_main(fd: int) -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "--zygote":
         sys.exit(zygote_main(int(sys.argv[2])))
+    if sys.argv[1] == "--zygote-server":
+        sys.exit(server_main(sys.argv[2]))
     sys.exit(worker_main(int(sys.argv[1]), int(sys.argv[2])))

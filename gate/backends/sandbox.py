@@ -47,7 +47,14 @@ ALLOWED_PREFIXES = ("LC_", "DL_GATE_", "TF_", "ABSL_", "TRITON_", "TORCH_", "PYT
                     "CUBLAS_", "NVIDIA_", "XLA_", "KMP_", "MKL_", "OMP_", "OPENBLAS_", "ONEDNN_", "DNNL_")
 #: the gate's own variables that stay with the gate: the supervisor's state file (a worker that
 #: could find it could write the run's final record)
-GATE_PRIVATE = frozenset({"DL_GATE_STATE"})
+#: a zygote server's socket (gate.backends.isolate.server_main): the gate's processes use it,
+#: their workers never see it
+SERVER_ENV = "DL_GATE_ZYGOTE_SERVER"
+GATE_PRIVATE = frozenset({"DL_GATE_STATE", SERVER_ENV})
+#: the gate's variables that each run sets anew for its processes (its deadline, its mark, its
+#: terminal) and that are read when used, never at an import: a zygote forked from a server
+#: started in another run's environment takes them from its client
+PER_RUN = frozenset({"DL_GATE_DEADLINE_AT", "DL_GATE_RUN", "DL_GATE_TERMINAL"})
 
 _DENY_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY", "API_KEY", "ACCESS_KEY")
 _DENY_PREFIXES = ("INPUT_", "ACTIONS_")
@@ -117,8 +124,8 @@ def worker_env(extra: Optional[Mapping[str, str]] = None, *, path_front: Sequenc
     parts = [str(p) for p in path_front] + ([gate_root()] if gate_first else [])
     if src.get("PYTHONPATH"):
         parts.append(src["PYTHONPATH"])
-    if parts:
-        env["PYTHONPATH"] = os.pathsep.join(parts)
+    if parts:  # each entry once (a process of the gate started by another inherits its gate root)
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for part in parts for p in part.split(os.pathsep)))
     for k, v in (extra or {}).items():
         if not denied(k):
             env[k] = v
