@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from gate.init.worker import _import_error
 from gate.search.harvest import load_records
@@ -126,28 +127,57 @@ def test_refresh_prints_its_plan_and_each_operators_place(tmp_path, capsys, monk
     assert n == 1 and f"[{total}/{total}] measuring" in err and "[1/" in err, err
 
 
-def test_a_module_class_with_no_forward_is_left_out_naming_its_methods(tmp_path, monkeypatch):
+def test_the_methods_of_a_module_class_with_no_forward_are_operators_where_the_tests_call_them(tmp_path, monkeypatch):
     """geoopt's manifolds are nn.Module subclasses with no forward: their operators are methods
-    (``norm``, ``inner``, ``expmap``). init left them out as "takes no required argument to feed a
-    tensor to" (its constructor's); it now says what they are and how to gate one."""
+    (``norm``, ``inner``, ``expmap``); its revert of 71c7f63 (SPD.norm's NaN gradient at u = 0)
+    changed a method that init had left out. A method the tests call is a row of its own
+    (``callable: module:Class.method``, the instance built as the tests build it: here with a
+    constructor argument), seeded with those calls; one they do not call is listed with why."""
 
     from gate.cli import main
+    from gate.config import load_config
 
     repo = tmp_path / "repo"
     (repo / "manilib").mkdir(parents=True)
+    (repo / "tests").mkdir()
     (repo / "manilib" / "__init__.py").write_text("from .spd import SPD, square\n")
     (repo / "manilib" / "spd.py").write_text(
-        "import torch\n\n\nclass Manifold(torch.nn.Module):\n    def inner(self, x, u):\n        return (u * u).sum(-1)\n\n\n"
+        "import torch\n\n\nclass Manifold(torch.nn.Module):\n    def __init__(self, scale):\n        super().__init__()\n"
+        "        self.scale = scale\n\n    def inner(self, x, u):\n        return self.scale * (u * u).sum(-1)\n\n\n"
         "class SPD(Manifold):\n    def norm(self, x, u):\n        return self.inner(x, u).sqrt()\n\n\n"
         "def square(x):\n    return x * x\n")
+    (repo / "tests" / "test_spd.py").write_text(
+        "import torch\n\nfrom manilib import SPD\n\n\ndef test_norm():\n    m = SPD(scale=2.0)\n"
+        "    x = torch.eye(3).expand(4, 3, 3)\n    u = torch.rand(4, 3, 3)\n    assert m.norm(x, u).shape == (4, 3)\n")
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     monkeypatch.chdir(repo)
-    code = main(["init", "--no-tests", "--no-workflows", "--json", "init.json"])
-    assert code == 0
-    left = dict(json.loads((repo / "init.json").read_text())["left_out"])
-    why = left["manilib.SPD"]
-    assert "nn.Module with no forward" in why and "norm, inner" in why and "SPD().norm(x, ...)" in why, why
-    assert "manilib.square" not in left
+    code = main(["init", "--no-workflows", "--json", "init.json"])
+    rep = json.loads((repo / "init.json").read_text())
+    assert code == 0, rep
+    left = dict(rep["left_out"])
+    assert "no test calls" in left["manilib.SPD.inner"] and "--ops manilib.SPD.inner" in left["manilib.SPD.inner"]
+    rows = {s.name: s for s in load_config(repo / ".dl-gate.yml").ops}
+    norm = rows["manilib.SPD.norm"]
+    assert norm.callable == "manilib.spd:SPD.norm" and dict(norm.construct) == {"scale": 2.0}, norm
+    assert [t.name for t in norm.inputs] == ["x", "u"] and "manilib.SPD.inner" not in rows
+    assert list((repo / "baselines" / "seeds").rglob("*")), "the tests' calls are stored as seeds"
+
+
+def test_a_method_operator_runs_on_an_instance_built_at_the_variants_dtype():
+    import torch
+
+    from gate.backends.base import MethodOperator, at_dtype, resolve_callable
+    from gate.errors import ConfigError
+
+    fn = resolve_callable("torch.nn.Linear.forward", (("in_features", 3), ("out_features", 2)))
+    assert isinstance(fn, MethodOperator) and fn(torch.ones(1, 3)).shape == (1, 2)
+    half = at_dtype(fn, "float64")
+    assert half(torch.ones(1, 3, dtype=torch.float64)).dtype == torch.float64
+    same = at_dtype(fn, "float64")(torch.ones(1, 3, dtype=torch.float64))
+    assert torch.equal(same, fn(torch.ones(1, 3)).double()) or torch.allclose(same, fn(torch.ones(1, 3)).double())
+    with pytest.raises(ConfigError, match="cannot be built without arguments"):
+        resolve_callable("torch.nn.Linear.forward")
+    assert resolve_callable("torch.Tensor.add") is torch.Tensor.add  # a builtin's method stays what it is
 
 
 def test_a_library_that_turns_warnings_into_errors_still_has_its_calls_recorded(tmp_path, monkeypatch):

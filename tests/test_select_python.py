@@ -94,6 +94,20 @@ CASES = [
                                            edit(r, "README.md", "# mylib", "# mylib: fast ops"),
                                            edit(r, "tools/bump_version.py", "print(bump(1))", "print(bump(2))")),
      set()),
+    # a method operator (callable: module:Class.method): its body, the override deleted (the
+    # inherited method runs: geoopt's revert of 71c7f63), a method it calls through self; not an
+    # overridden base method nor a sibling it never calls
+    ("method-body", lambda r: edit(r, "src/mylib/manifolds.py", "clamp_min(1e-30)", "clamp_min(1e-38)"),
+     {"mylib.spd_norm"}),
+    ("method-override-deleted", lambda r: edit(
+        r, "src/mylib/manifolds.py",
+        "\n    def norm(self, x, u):\n        n = self.inner(x, u)\n        return torch.where(n == 0, n, n.clamp_min(1e-30).sqrt())\n", "\n"),
+     {"mylib.spd_norm"}),
+    ("method-called-through-self", lambda r: edit(r, "src/mylib/manifolds.py", "(u * u * 2)", "(2 * u * u)"),
+     {"mylib.spd_norm"}),
+    ("method-overridden-or-not-called", lambda r: (edit(r, "src/mylib/manifolds.py", "(u * u).sum(-1)", "(u ** 2).sum(-1)"),
+                                                   edit(r, "src/mylib/manifolds.py", "return x + u", "return u + x")),
+     set()),
     ("cuda-file-by-select-map", lambda r: r.write({"csrc/kernels/gelu.cu": "__global__ void k(float* x) { x[0] = 1.0f; }\n"}),
      {"mylib.gelu"}),
     ("ignored-docs-and-binary", lambda r: (r.write({"docs/index.md": "more docs\n"}),
@@ -151,7 +165,8 @@ def test_select_all_file_is_capped(lib):
     sel = pr(lib, "build", lambda r: edit(r, "setup.py", "name='mylib'", "name='mylib', version='2'"))
     # cap 3: the first three catalogue rows, the rest listed as capped, never silently dropped
     assert sel.op_names() == ["mylib.gelu", "mylib.scaled", "mylib.softplus"]
-    assert sel.capped == ["mylib.swish", "mylib.myfn", "mylib.myfn_apply", "mylib.dense", "mylib.erf_decomp"]
+    assert sel.capped == ["mylib.swish", "mylib.myfn", "mylib.myfn_apply", "mylib.dense", "mylib.erf_decomp",
+                          "mylib.spd_norm"]
     assert all(r.kind == "select-all" for s in sel.selected for r in s.reasons)
 
 
@@ -225,3 +240,20 @@ def test_unknown_op_in_select_map_is_a_config_error(lib):
     bad = type(cfg)(path=cfg.path, root=cfg.root, raw={**cfg.raw, "select": {"map": {"x/**": ["nope.op"]}}}, ops=cfg.ops)
     with pytest.raises(ConfigError, match="select.map 'x/\\*\\*': unknown operator 'nope.op'"):
         select_ops(r.path, "main", "main", cat, bad)
+
+
+def test_an_inherited_method_reaches_the_overrides_it_calls_through_self(tmp_path):
+    """Before geoopt's 71c7f63 SPD.norm was Manifold.norm, whose ``self.inner`` on an SPD runs
+    SPD.inner: a change there reaches the row ``SPD.norm`` (its entry is the class as a whole),
+    though the base's own inner would not."""
+    r = GitRepo.init(tmp_path / "lib")
+    src = PYLIB["src/mylib/manifolds.py"].replace(
+        "\n            def norm(self, x, u):\n                n = self.inner(x, u)\n"
+        "                return torch.where(n == 0, n, n.clamp_min(1e-30).sqrt())\n", "\n")
+    assert src.count("def norm") == 1
+    r.write({"src/mylib/__init__.py": "", "src/mylib/manifolds.py": src, ".dl-gate.yml": PYLIB_CONFIG})
+    r.commit("base")
+    cfg = parse_config(r.read(".dl-gate.yml"), r.path / ".dl-gate.yml", r.path)
+    sel = pr((r, cfg, load_catalog(cfg.ops, builtin=cfg.builtin)), "sub-inner",
+             lambda r: edit(r, "src/mylib/manifolds.py", "(u * u * 2)", "(2 * u * u)"))
+    assert sel.op_names() == ["mylib.spd_norm"], sel.to_dict()

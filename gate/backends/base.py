@@ -195,15 +195,18 @@ def resolve_callable(path: str, construct: Sequence[Tuple[str, Any]] = ()) -> Ca
             msg = (exc.msg if isinstance(exc, SyntaxError) else str(exc)).strip().splitlines()
             raise ConfigError(f"cannot import callable {path!r}: module {mod_name} fails to import{where}: "
                               f"{type(exc).__name__}: {msg[0] if msg else ''}") from None
+        owner: Any = None
         try:
             for part in attr.split("."):
-                obj = getattr(obj, part)
+                owner, obj = obj, getattr(obj, part)
         except AttributeError as exc:
             where = getattr(importlib.import_module(mod_name), "__file__", None)
             last_err = AttributeError(f"{exc} (imported from {where})" if where else str(exc))
             continue
         if inspect.isclass(obj):
             return _operator_of_class(path, obj, dict(construct))
+        if inspect.isclass(owner) and _is_instance_method(owner, attr.split(".")[-1]):
+            return MethodOperator(path, owner, attr.split(".")[-1], dict(construct))
         if construct:
             raise ConfigError(f"{path}: construct is for a class (an nn.Module or Keras Layer), and this is "
                               f"{type(obj).__name__}")
@@ -236,6 +239,59 @@ def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]]
                               "(module:INSTANCE) or a factory function") from None
     raise ConfigError(f"{path} is a class, not an operator: declare a function, an instance or, for an "
                       "autograd.Function, its .apply")
+
+
+def _is_instance_method(cls: type, name: str) -> bool:
+    """``cls.name`` is a plain method (called on an instance), not a static or class method."""
+    try:
+        raw = inspect.getattr_static(cls, name)
+    except AttributeError:
+        return False
+    return inspect.isfunction(raw) and name != "__init__"
+
+
+class MethodOperator:
+    """A method of a class named as an operator (``geoopt.manifolds.SymmetricPositiveDefinite.norm``:
+    a manifold is an ``nn.Module`` whose operators are its methods): the method of an instance built
+    with the row's ``construct`` arguments, as a :class:`ClassOperator` builds it, at the variant's
+    dtype where the class is an ``nn.Module`` / Keras ``Layer`` (its buffers and weights in that
+    dtype), else the one instance."""
+
+    def __init__(self, path: str, cls: type, name: str, construct: Optional[Dict[str, Any]] = None):
+        self.name = name
+        bases = {f"{c.__module__}.{c.__name__}" for c in cls.__mro__[1:]}
+        torch_module = any(b.endswith(".Module") and b.startswith("torch.nn.") for b in bases)
+        keras_layer = any(b.endswith(".Layer") and ("keras" in b or "tensorflow" in b) for b in bases)
+        try:
+            if torch_module or keras_layer:
+                self.owner: Any = ClassOperator(cls, keras=keras_layer, kwargs=construct)
+                self.instance = self.owner.default
+            else:
+                self.owner, self.instance = None, cls(**(construct or {}))
+        except Exception as exc:
+            how = (f"({', '.join(f'{k}={v!r}' for k, v in construct.items())}) fails" if construct else
+                   " cannot be built without arguments: give them as the row's construct: {name: value}")
+            raise ConfigError(f"{path}: {cls.__name__}{how}: {type(exc).__name__}: {exc}") from None
+        self._built: dict = {}
+        try:
+            self.__signature__ = inspect.signature(getattr(self.instance, name))
+        except (TypeError, ValueError):
+            pass
+
+    def __call__(self, *args, **kwargs):
+        return getattr(self.instance, self.name)(*args, **kwargs)
+
+    def at(self, dtype: str, device: str = "cpu"):
+        """The method of the instance that runs at ``dtype`` on ``device``."""
+        if self.owner is None:
+            return getattr(self.instance, self.name)
+        key = (dtype, device)
+        if key not in self._built:
+            if self.owner.keras:
+                self._built[key] = getattr(self.owner._keras_at(dtype), self.name)
+            else:
+                self._built[key] = getattr(self.owner.at(dtype, device), self.name)
+        return self._built[key]
 
 
 class ClassOperator:
@@ -337,7 +393,7 @@ class _KerasAt:
 def at_dtype(fn: Callable, dtype: str, device: str = "cpu") -> Callable:
     """``fn`` as it runs at ``dtype`` on ``device``: a :class:`ClassOperator` built for it,
     anything else unchanged."""
-    return fn.at(dtype, device) if isinstance(fn, ClassOperator) else fn
+    return fn.at(dtype, device) if isinstance(fn, (ClassOperator, MethodOperator)) else fn
 
 
 def keras_mixed_policy(fn: Callable, mode: str, dtype: str) -> Optional[str]:

@@ -42,7 +42,12 @@ _BUILT = {}
 def at_dtype(fn, dtype, mode="input"):
     """As the gate runs a class named as the operator: an autograd.Function's apply; a module
     built once with the row's constructor arguments (its initial weights from seed 0) and a copy
-    of it moved to each dtype (float32 under autocast)."""
+    of it moved to each dtype (float32 under autocast); a method operator (``Method``), that
+    method of the module built so (of the one instance of a class that is not a module)."""
+    if isinstance(fn, Method):
+        if issubclass(fn.cls, torch.nn.Module):
+            return getattr(at_dtype(fn.cls, dtype, mode), fn.name)
+        return getattr(_BUILT.setdefault(fn.cls, fn.cls(**CONSTRUCT)), fn.name)
     if not isinstance(fn, type):
         return fn
     if issubclass(fn, torch.autograd.Function):
@@ -200,7 +205,13 @@ _BUILT = {}
 def at_dtype(fn, dtype):
     """As the gate runs a Keras layer class named as the operator: built with dtype= (a dtype, or
     a mixed policy's name) and the row's constructor arguments, per dtype, each given one
-    default instance's weights."""
+    default instance's weights; a method operator (``Method``), that method of the layer built
+    at the dtype (of the one instance of a class that is not a layer)."""
+    if isinstance(fn, Method):
+        key = (fn.cls, dtype, "method")
+        if key not in _BUILT:
+            _BUILT[key] = fn.cls(dtype=dtype, **CONSTRUCT) if issubclass(fn.cls, tf.keras.layers.Layer) else fn.cls(**CONSTRUCT)
+        return getattr(_BUILT[key], fn.name)
     if not isinstance(fn, type):
         return fn
     if (fn, dtype) not in _BUILT:

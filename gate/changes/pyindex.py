@@ -279,6 +279,14 @@ class PyIndex:
             return None
         if ent is None or ent.kind == "ext":
             return None
+        owner = self.resolve_dotted(dotted.rsplit(".", 1)[0]) if "." in dotted.split(":")[-1] else None
+        if ent.kind == "def" and owner is not None and owner.kind == "def" and owner.module is not None:
+            om = self.module(owner.module)
+            if om is not None and not om.error and om.defs.get(owner.key) is not None and \
+                    om.defs[owner.key].kind == "class" and ent.key != f"{owner.key}.{dotted.rsplit('.', 1)[1]}":
+                # a method the class inherits (geoopt's SPD.norm before 71c7f63: Manifold.norm): its
+                # self.inner is the class's own inner, not the base's; the class as a whole
+                return owner.node(self)
         return ent.node(self)
 
     def resolve_dotted(self, dotted: str) -> Optional[Entity]:
@@ -400,9 +408,13 @@ class PyIndex:
         cls_ctx = None
         if d is not None:
             cls_ctx = d.qual if d.kind == "class" else d.cls
-            if d.kind == "method" and d.cls:
-                out.append(f"{m.name}:{d.cls}")  # class-level attributes the method may read
         pieces = m.statements(key)
+        if d is not None and d.kind == "method" and d.cls and d.cls in m.defs:
+            # what the class statement runs around the method: its decorators and metaclass (the
+            # members it reads are self.X / cls.X chains, resolved below through its bases; not
+            # the bases as a whole: a method reaches the base methods it calls, not all of them)
+            cnode = m.defs[d.cls].node
+            pieces = list(pieces) + [*cnode.decorator_list, *(k.value for k in cnode.keywords)]
         chains = references(pieces, skip_nested_defs=d is not None and d.kind == "class")
         for ch in sorted(chains):
             first = ch[0]

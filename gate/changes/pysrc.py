@@ -298,6 +298,10 @@ def references(pieces: Sequence[ast.AST], skip_nested_defs: bool = False) -> Set
         elif isinstance(piece, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             roots = [piece]
             local = _local_names(piece)
+            first = [*piece.args.posonlyargs, *piece.args.args][:1]
+            if first and first[0].arg in ("self", "cls"):
+                # a method's ``self.inner(x)``: resolved in the class's context (PyIndex.resolve_chain)
+                local.discard(first[0].arg)
         else:
             roots = [piece]
             local = set()

@@ -98,8 +98,7 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
         argv = [sys.executable, "-m", "pytest"] + argv[1:]
     argv = ["timeout", "-s", "INT", "-k", "30", str(int(timeout))] + argv
     # a class's constructor is recorded too: the arguments the tests build it with
-    targets = [SimpleNamespace(name=o.name, callable=o.harvest_target,
-                               construct_of=o.callable if o.kind in ("module", "layer") else None) for o in ops]
+    targets = [SimpleNamespace(name=o.name, callable=o.harvest_target, construct_of=o.class_path) for o in ops]
     with tempfile.TemporaryDirectory(prefix="dl-gate-init-harvest-") as tmp:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(list(sys_path) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -117,6 +116,17 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     for r in records:
         if not r.source.startswith("error: "):
             by.setdefault(r.op, []).append(r)
+    # a class's constructions are recorded once, under the first of its operators the recorder
+    # wrapped __init__ for: each method of the class gets them (its calls name them)
+    of_class: Dict[str, list] = {}
+    for o in ops:
+        if o.class_path:
+            of_class.setdefault(o.class_path, []).extend(r for r in by.get(o.name, ()) if r.kind == "init")
+    for o in ops:
+        if o.kind == "method":
+            mine = by.setdefault(o.name, [])
+            have = {id(r) for r in mine}
+            mine[:0] = [r for r in of_class.get(o.class_path, ()) if id(r) not in have]
     what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
             f" in {time.monotonic() - t0:.0f}s; {sum(r.kind == 'call' for v in by.values() for r in v)} distinct "
             f"calls of {sum(any(r.kind == 'call' for r in v) for v in by.values())} operators recorded")
@@ -325,7 +335,7 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
         records, report.harvest = _harvest(ops, tests, repo, sys_path, tests_timeout, log, env)
         log(report.harvest)
     report.tested = sorted(n for n, recs in records.items() if any(r.kind == "call" for r in recs))
-    plans = _candidate_specs(ops, records, report)
+    plans = _candidate_specs(ops, records, report, explicit=bool(only))
     final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report, env)
 
     probed_rows = {spec["name"]: spec for spec, _ in final}
@@ -403,6 +413,19 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
             r = rows.get((m, s.name))
             name = _op_name(s, pkg.name, counts)
             report.callables[name] = f"{m}:{s.name}"
+            if r is not None and r.get("kind") == "methods":
+                # a class whose operators are its methods (geoopt's manifolds): one per method
+                for meth in r["methods"]:
+                    mname = f"{name}.{meth['name']}"
+                    report.callables[mname] = f"{m}:{s.name}.{meth['name']}"
+                    if only and not ({name, s.name, f"{m}.{s.name}"} & set(only)) and not (
+                            {mname, f"{s.name}.{meth['name']}", f"{m}.{s.name}.{meth['name']}"} & set(only)):
+                        continue
+                    ops.append(Operator(name=mname, module=m, qualname=f"{s.name}.{meth['name']}", kind="method",
+                                        file=s.file, line=s.line, framework=r.get("framework", framework),
+                                        params=meth.get("params") or [], init=r.get("init") or []))
+                    by_sym[mname] = s
+                continue
             if only and name not in only and s.name not in only and f"{m}.{s.name}" not in only:
                 continue
             if r is None:
@@ -425,8 +448,9 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
     return ops
 
 
-def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: InitReport) -> dict:
-    """Name -> (operator, candidate specs, where they came from, how many from the tests)."""
+def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: InitReport, explicit: bool = False) -> dict:
+    """Name -> (operator, candidate specs, where they came from, how many from the tests);
+    ``explicit``: the operators were named (``--ops``): a method no test calls is probed too."""
     # 3. candidate specs ------------------------------------------------------------------
     plans: Dict[str, Tuple[Operator, List[dict], str]] = {}
     for op in ops:
@@ -435,8 +459,14 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         origin = ""
         n_rec = 0
         recs = records.get(op.name, [])
+        if op.kind == "method" and not explicit and not any(r.kind == "call" for r in recs):
+            # a class's methods are many (geoopt: a dozen manifolds of ~15 each) and what their
+            # tensors must be (a point on the manifold) shows only in how the tests call them
+            report.left_out.append((op.name, f"a method of {op.class_name} that no test calls (name it with "
+                                             f"--ops {op.name} to probe it with small tensors)"))
+            continue
         construct: Optional[dict] = None
-        if op.kind in ("module", "layer") and op.required_init():
+        if op.kind in ("module", "layer", "method") and op.required_init():
             construct, recs, why = constructed(op, recs)
             if construct is None:
                 report.left_out.append((op.name, why))
@@ -446,7 +476,7 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         # ones after them (keras' GroupNormalization(groups=4) on 4 channels: built with the
         # default groups=32 every recorded call raises; PNPLoss(variant='Ds'): the tests' setting)
         as_built: List[dict] = []
-        if op.kind in ("module", "layer") and construct is None and any(r.kind == "init" for r in recs):
+        if op.kind in ("module", "layer", "method") and construct is None and any(r.kind == "init" for r in recs):
             built, mine, _ = constructed(op, recs)
             if built:
                 inf = from_records(op, mine, op.framework, sources)
@@ -475,7 +505,7 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
             cands[:0] = as_built
             n_rec = len(cands)
             origin = origin or f"from {len(mine)} test call(s)"
-            origin = (f"{origin}; built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in built.items())}) as the "
+            origin = (f"{origin}; built as {op.class_name}({', '.join(f'{k}={v!r}' for k, v in built.items())}) as the "
                       "tests build it, else with its defaults")
         probes, why = probe_specs(op, op.framework, sources)
         cands.extend(probes)
@@ -484,7 +514,7 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
             continue
         if construct is not None:  # every candidate builds the instance the tests built
             cands = [_after(c, "callable", "construct", construct) for c in cands]
-            origin = f"{origin}; built as {op.qualname}({', '.join(f'{k}={v!r}' for k, v in construct.items())})"
+            origin = f"{origin}; built as {op.class_name}({', '.join(f'{k}={v!r}' for k, v in construct.items())})"
         # a layer under Keras's mixed-precision policies too (gate.backends.base.keras_mixed_policy);
         # not a Loss: a model's loss computes at its own dtype (float32 unless given one)
         if op.kind == "layer" and not op.loss:
@@ -705,7 +735,7 @@ def _store_seeds(cfg, records: Dict[str, list], plans) -> int:
             if r.kind != "call":
                 continue
             args = list(r.args)
-            if op is not None and op.kind in ("module", "layer") and args and isinstance(args[0], Opaque):
+            if op is not None and op.kind in ("module", "layer", "method") and args and isinstance(args[0], Opaque):
                 args = args[1:]
             flat.append(CallRecord(op=n, args=args, kwargs=r.kwargs, source=r.source))
     by_callable = {s.callable: sigs.get(s.name) for s in specs}

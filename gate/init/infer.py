@@ -44,7 +44,7 @@ class Operator:
     name: str  # the gate's name for it (package.qualname)
     module: str
     qualname: str
-    kind: str  # function | module | autograd_function | layer | custom_op
+    kind: str  # function | module | autograd_function | layer | custom_op | method (of a class: qualname Cls.meth)
     file: str
     line: int
     framework: str = "torch"
@@ -56,6 +56,20 @@ class Operator:
     @property
     def callable(self) -> str:
         return f"{self.module}:{self.qualname}"
+
+    @property
+    def class_name(self) -> str:
+        """The class a class operator or a method builds (``SPD`` of ``SPD.norm``)."""
+        return self.qualname.rsplit(".", 1)[0] if self.kind == "method" else self.qualname
+
+    @property
+    def class_path(self) -> Optional[str]:
+        """The class whose construction the recorder records (a class operator's, a method's)."""
+        if self.kind in ("module", "layer"):
+            return self.callable
+        if self.kind == "method":
+            return self.callable.rsplit(".", 1)[0]
+        return None
 
     @property
     def harvest_target(self) -> str:
@@ -139,8 +153,8 @@ def bind(op: Operator, rec: CallRecord) -> Optional[Dict[str, Any]]:
     """The record's arguments by parameter name (``None`` when they do not fit the signature)."""
     names = _positional_names(op)
     args = list(rec.args)
-    if op.kind in ("module", "layer") and args and isinstance(args[0], Opaque):
-        args = args[1:]  # the recorded forward's self
+    if op.kind in ("module", "layer", "method") and args and isinstance(args[0], Opaque):
+        args = args[1:]  # the recorded forward's (method's) self
     if len(args) > len(names):
         return None
     out = dict(zip(names, args))

@@ -128,7 +128,14 @@ def classify(req: dict) -> None:
                     row.update(kind="autograd_function", params=_params_of(obj.forward, drop_first=True),
                                framework="torch")
                 elif any(m.startswith("torch.nn.modules.module.Module") for m in mro) and _no_forward(obj):
-                    row["skip"] = _methods_only(obj)
+                    # geoopt's manifolds: its operators are its methods, each one a row of its own
+                    # where the tests call it (gate.init.__init__: kind "method")
+                    methods = _public_methods(obj)
+                    if methods:
+                        row.update(kind="methods", framework="torch", init=_params_of(obj.__init__, drop_first=True),
+                                   methods=[{"name": n, "params": _params_of(f, drop_first=True)} for n, f in methods])
+                    else:
+                        row["skip"] = "an nn.Module with no forward and no public method"
                 elif any(m.startswith("torch.nn.modules.module.Module") for m in mro):
                     init = _params_of(obj.__init__, drop_first=True)
                     row.update(kind="module", params=_params_of(obj.forward, drop_first=True), init=init,
@@ -174,18 +181,18 @@ def _no_forward(cls) -> bool:
     return getattr(cls, "forward", None) is getattr(torch.nn.Module, "forward", None)
 
 
-def _methods_only(cls) -> str:
-    """Why such a class is left out, and how to gate one of its methods."""
-    methods = [n for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("_")]
-    for k in cls.__mro__[1:]:
-        if (getattr(k, "__module__", "") or "").startswith("torch."):
+def _public_methods(cls) -> List[tuple]:
+    """(name, function) of the public instance methods of ``cls``, its own and those it inherits
+    from the library's classes (not torch's: ``nn.Module.to`` is no operator), first definition
+    in the MRO winning."""
+    out: Dict[str, Any] = {}
+    for k in cls.__mro__:
+        if (getattr(k, "__module__", "") or "").split(".")[0] in ("torch", "builtins", "abc", "typing"):
             break
-        methods += [n for n, f in vars(k).items() if inspect.isfunction(f) and not n.startswith("_") and n not in methods]
-    shown = ", ".join(methods[:6]) + (", ..." if len(methods) > 6 else "")
-    example = methods[0] if methods else "method"
-    return (f"an nn.Module with no forward: its operators are its methods ({shown or 'none public'}); gate one "
-            f"with a row whose callable is a function that calls it (def {cls.__name__.lower()}_{example}(x, ...): "
-            f"return {cls.__name__}().{example}(x, ...))")
+        for n, f in vars(k).items():
+            if n not in out and not n.startswith("_"):
+                out[n] = f
+    return [(n, f) for n, f in out.items() if inspect.isfunction(f)]
 
 
 def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all: bool = False, fixed_dims=None):

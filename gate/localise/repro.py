@@ -122,9 +122,19 @@ def resolve(path):
             break
         else:
             raise ImportError(path)
+    owner = None
     for part in attr.split("."):
-        obj = getattr(obj, part)
+        owner, obj = obj, getattr(obj, part)
+    if isinstance(owner, type) and isinstance(inspect.getattr_static(owner, part), types.FunctionType):
+        return Method(owner, part)  # a method operator: called on an instance built as the gate builds it
     return obj
+
+
+class Method:
+    """``Class.method`` named as the operator: the method of an instance built with CONSTRUCT."""
+
+    def __init__(self, cls, name):
+        self.cls, self.name = cls, name
 
 
 def mpmath_reference(path):
@@ -368,7 +378,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
     lines = [
         "#!/usr/bin/env python3",
         doc,
-        "import argparse", "import contextlib", "import importlib", "import os", "import sys", "", "import numpy as np", "",
+        "import argparse", "import contextlib", "import importlib", "import inspect", "import os", "import sys", "import types", "", "import numpy as np", "",
     ]
     for k, v in header.items():
         lines.append(f"{k} = {_py(v)}")

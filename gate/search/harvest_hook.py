@@ -207,9 +207,13 @@ def _wrap(op, fn):
 
 def _wrap_init(op, fn, owner):
     """``owner.__init__`` recording its arguments when it builds an ``owner`` itself (not a
-    subclass's ``super().__init__``), and tagging the instance with that construction."""
+    subclass's ``super().__init__``), and tagging the instance with that construction. A class
+    that inherits its constructor from another recorded class (geoopt's SPD from Manifold) gets a
+    wrapper of its own around the original."""
     if getattr(fn, "__dl_gate_harvest__", None):
-        return fn
+        if getattr(fn, "__dl_gate_owner__", None) is owner:
+            return fn
+        fn = fn.__dl_gate_orig__
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
@@ -229,6 +233,8 @@ def _wrap_init(op, fn, owner):
 
     _same_signature(wrapper, fn)
     wrapper.__dl_gate_harvest__ = op
+    wrapper.__dl_gate_owner__ = owner
+    wrapper.__dl_gate_orig__ = fn
     return wrapper
 
 

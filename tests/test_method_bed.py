@@ -1,0 +1,104 @@
+"""A method of a class as the operator, end to end: modelled on geoopt/geoopt 71c7f63 ("fix: SPD
+manifold norm fn"). geoopt's manifolds are ``nn.Module`` subclasses with no forward; their
+operators are methods. ``Manifold.norm`` is ``sqrt(inner(x, u))``, whose gradient at a zero
+tangent vector is 0 x inf = NaN; the fix gave ``SymmetricPositiveDefinite`` its own ``norm`` that
+takes the square root of 1 where the inner product is 0 and returns 0 there. Its revert deletes
+the override: the changed code is a method, and the row's callable ``lib.ops:SPD.norm`` runs the
+inherited one on head.
+
+The PRs: the revert fails (a new NaN in the gradient, on an all-zero tangent vector), its repro
+exits 1 on head and 0 on base; the fix passes."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_gate_run import by_op, commit_pr, git, make_repo
+from tests.test_verdict_bed import PASSED, PASSING, outcomes, run_gate
+
+OPS = '''
+import torch
+
+
+class Manifold(torch.nn.Module):
+    def __init__(self, ndim=2):
+        super().__init__()
+        self.ndim = ndim
+
+    def inner(self, x, u):
+        dims = tuple(range(-self.ndim, 0))
+        return (u * u / (x * x + 1)).sum(dim=dims)
+
+    def norm(self, x, u):
+        return self.inner(x, u).sqrt()
+
+
+class SPD(Manifold):
+    def norm(self, x, u):
+        inner_prod = self.inner(x, u)
+        is_zero = torch.eq(inner_prod, 0)
+        safe_inner = torch.where(is_zero, torch.ones_like(inner_prod), inner_prod)
+        norm = torch.sqrt(safe_inner)
+        return torch.where(is_zero, torch.zeros_like(norm), norm)
+'''
+
+FIXED = '''
+class SPD(Manifold):
+    def norm(self, x, u):
+        inner_prod = self.inner(x, u)
+        is_zero = torch.eq(inner_prod, 0)
+        safe_inner = torch.where(is_zero, torch.ones_like(inner_prod), inner_prod)
+        norm = torch.sqrt(safe_inner)
+        return torch.where(is_zero, torch.zeros_like(norm), norm)
+'''
+BUGGY = '''
+class SPD(Manifold):
+    pass
+'''
+
+CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+budget: {localise: 15}
+ops:
+  - {name: lib.spd_norm, callable: "lib.ops:SPD.norm", construct: {ndim: 2}, sources: [lib/ops.py],
+     dims: {N: [1, 4], D: [2, 3]}, inputs: [{name: x, shape: [N, D, D]}, {name: u, shape: [N, D, D]}]}
+'''
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    return make_repo(tmp_path_factory.mktemp("methods"), OPS, config=CONFIG, package="lib")
+
+
+def test_the_revert_of_a_method_override_fails_and_its_repro_says_so(bed, tmp_path):
+    commit_pr(bed, "revert-norm", "main", FIXED, BUGGY)
+    code, report = run_gate(bed, tmp_path / "revert", "main", "lib.spd_norm")
+    regs = [v for v in by_op(report, "lib.spd_norm") if v.outcome == "regression"]
+    assert code == 1 and regs, outcomes(report, "lib.spd_norm")
+    grad = [v for v in regs if v.variant.get("oracle") == "grad"]
+    assert grad and all("new NaN/Inf" in v.reason for v in grad), outcomes(report, "lib.spd_norm")
+    # forward: sqrt(0) is 0 either way; the gradient alone tells the two apart
+    assert not [v for v in regs if v.variant.get("oracle") != "grad"], outcomes(report, "lib.spd_norm")
+    script = grad[0].diagnosis["repro_script"]
+
+    def repro():
+        return subprocess.run([sys.executable, script, "--repo", str(bed)], capture_output=True, text=True)
+
+    on_head = repro()
+    assert on_head.returncode == 1, on_head.stdout + on_head.stderr
+    git(bed, "checkout", "-q", "main")
+    on_base = repro()
+    assert on_base.returncode == 0, on_base.stdout + on_base.stderr
+
+
+def test_the_fix_passes(bed, tmp_path):
+    commit_pr(bed, "buggy", "main", FIXED, BUGGY)
+    commit_pr(bed, "fix-norm", "buggy", BUGGY, FIXED)
+    code, report = run_gate(bed, tmp_path / "fix", "buggy", "lib.spd_norm")
+    vs = by_op(report, "lib.spd_norm")
+    assert code in PASSED and vs and all(v.outcome in PASSING for v in vs), outcomes(report, "lib.spd_norm")
