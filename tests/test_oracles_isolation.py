@@ -241,7 +241,8 @@ time.sleep(300)
 SLEEPER = '''
 import json, os, sys, time
 print(json.dumps({"pid": os.getpid(), "torch": "torch" in sys.modules, "cwd": os.getcwd(),
-                  "server": os.environ.get("DL_GATE_ZYGOTE_SERVER"), "x": os.environ.get("DL_GATE_TEST_X")}), flush=True)
+                  "server": os.environ.get("DL_GATE_ZYGOTE_SERVER"), "x": os.environ.get("DL_GATE_TEST_X"),
+                  "tf": os.environ.get("TF_DL_GATE_TEST"), "quiet": os.environ.get("DL_GATE_QUIET")}), flush=True)
 time.sleep(300)
 '''
 
@@ -269,7 +270,7 @@ def test_a_zygote_server_forks_each_runs_zygote_and_the_runs_workers_die_with_it
     (tmp_path / "client.py").write_text(SERVER_CLIENT)
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     sock = str(tmp_path / "zs.sock")
-    base = {k: v for k, v in os.environ.items() if k not in (SERVER_ENV, "DL_GATE_TEST_X")}
+    base = {k: v for k, v in os.environ.items() if k not in (SERVER_ENV, "DL_GATE_TEST_X", "DL_GATE_QUIET", "TF_DL_GATE_TEST")}
     server = subprocess.Popen([sys.executable, "-m", "gate.backends.isolate", "--zygote-server", sock],
                               env=worker_env(source=base), cwd=str(Path(__file__).resolve().parent.parent))
     try:
@@ -302,6 +303,13 @@ def test_a_zygote_server_forks_each_runs_zygote_and_the_runs_workers_die_with_it
             time.sleep(0.05)
         assert _gone(sleeper["pid"]) and _gone(got["zygote"]), "the run's zygote or worker outlived it"
         assert server.poll() is None, "the server serves the next run"
+        # a per-run variable, a variable of a framework the server has not imported: its own values
+        proc, got = client(DL_GATE_QUIET="1", TF_DL_GATE_TEST="2")
+        try:
+            assert got["served"] == "_Served" and got["sleeper"]["quiet"] == "1" and got["sleeper"]["tf"] == "2", got
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         proc, got = client(DL_GATE_TEST_X="1")
         try:
             assert got["served"] == "Popen" and got["sleeper"]["x"] == "1", got

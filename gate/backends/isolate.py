@@ -1175,11 +1175,16 @@ def _spawned_main(module: str, argv: List[str], cwd: str, fds: List[int]) -> int
     return code if isinstance(code, int) else 1
 
 
+#: the environment variables each framework reads, by the module that reads them
+_FRAMEWORK_VARS = {"tensorflow": ("TF_", "XLA_"), "absl": ("ABSL_",), "triton": ("TRITON_",)}
+
+
 def server_main(path: str) -> int:
     """A zygote server (:data:`SERVER_ENV`): imports torch and what its workers import, listens
     on ``path``, and forks a zygote for each process that connects. The forked zygote answers
     only a client whose workers' environment is the server's own but for the per-run variables
-    (gate.backends.sandbox.PER_RUN; else it says so and exits),
+    (gate.backends.sandbox.PER_RUN) and those of frameworks it has not imported (else it says so
+    and exits),
     takes the client's working directory and log, and runs :func:`zygote_main` on the
     connection: it exits when the client closes it or dies, and its workers with it."""
     import importlib
@@ -1189,6 +1194,10 @@ def server_main(path: str) -> int:
     for mod in (*PRELOAD["torch"], *PRELOAD_GRAD["torch"], RUNNER_FACTORY.partition(":")[0]):
         importlib.import_module(mod)
     start_env, start_cwd = dict(os.environ), os.getcwd()
+    # the variables of a framework the server has not imported are read where its workers import
+    # it, after they take the client's environment: a client may differ in them (a test process
+    # that imported TensorFlow has ABSL_MIN_LOG_LEVEL set; a Triton bed, TRITON_INTERPRET)
+    unread = tuple(p for mod, prefixes in _FRAMEWORK_VARS.items() if mod not in sys.modules for p in prefixes)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its zygotes are reaped by the kernel
     if os.path.exists(path):
         os.unlink(path)
@@ -1209,7 +1218,8 @@ def server_main(path: str) -> int:
             conn = Connection(sock.detach())
             _, env, cwd = conn.recv()
             log = recv_handle(conn)
-            diff = sorted(k for k in set(env) | set(start_env) if env.get(k) != start_env.get(k) and k not in PER_RUN)
+            diff = sorted(k for k in set(env) | set(start_env) if env.get(k) != start_env.get(k)
+                          and k not in PER_RUN and not k.startswith(unread))
             if diff:
                 conn.send(("refused", f"another environment ({', '.join(diff[:5])})"))
                 os._exit(0)

@@ -52,9 +52,9 @@ ALLOWED_PREFIXES = ("LC_", "DL_GATE_", "TF_", "ABSL_", "TRITON_", "TORCH_", "PYT
 SERVER_ENV = "DL_GATE_ZYGOTE_SERVER"
 GATE_PRIVATE = frozenset({"DL_GATE_STATE", SERVER_ENV})
 #: the gate's variables that each run sets anew for its processes (its deadline, its mark, its
-#: terminal) and that are read when used, never at an import: a zygote forked from a server
-#: started in another run's environment takes them from its client
-PER_RUN = frozenset({"DL_GATE_DEADLINE_AT", "DL_GATE_RUN", "DL_GATE_TERMINAL"})
+#: terminal, its quiet output) and that are read when used, never at an import: a zygote forked
+#: from a server started in another run's environment takes them from its client
+PER_RUN = frozenset({"DL_GATE_DEADLINE_AT", "DL_GATE_RUN", "DL_GATE_TERMINAL", "DL_GATE_QUIET"})
 
 _DENY_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY", "API_KEY", "ACCESS_KEY")
 _DENY_PREFIXES = ("INPUT_", "ACTIONS_")
