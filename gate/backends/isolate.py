@@ -365,13 +365,15 @@ class _Spawned(_Forked):
 
 
 def spawn_module(framework: str, module: str, argv: List[str], cwd: str, stderr_fd: int,
-                 options: Optional["IsolateOptions"] = None) -> Optional[_Spawned]:
+                 options: Optional["IsolateOptions"] = None,
+                 env: Optional[Dict[str, str]] = None) -> Optional[_Spawned]:
     """``python -m module *argv`` in ``cwd``, forked from the warm zygote of ``framework``
     instead of a fresh interpreter (the framework's import, seconds of CPU, is the zygote's):
     stdin and stdout are pipes to this process, stderr is ``stderr_fd``; its environment is the
-    zygote's, the allow-list (:func:`gate.backends.sandbox.worker_env`). ``None`` where no
-    zygote can serve it (no ``fork``, zygotes off, the zygote did not start or answer): the
-    caller starts an interpreter as before."""
+    zygote's, the allow-list (:func:`gate.backends.sandbox.worker_env`), with ``env`` set on top
+    before the module runs (values read when used: not what the framework read at its import).
+    ``None`` where no zygote can serve it (no ``fork``, zygotes off, the zygote did not start or
+    answer): the caller starts an interpreter as before."""
     options = options or IsolateOptions()
     if not options.zygote:
         return None
@@ -385,7 +387,7 @@ def spawn_module(framework: str, module: str, argv: List[str], cwd: str, stderr_
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
     try:
-        reply = z._request(("spawn", module, list(argv), str(cwd)), options.start_timeout,
+        reply = z._request(("spawn", module, list(argv), str(cwd), dict(env or {})), options.start_timeout,
                            fds=(r_in, w_out, stderr_fd))
     except (GateError, OSError):
         os.close(w_in)
@@ -1274,13 +1276,14 @@ def zygote_main(fd: "int | Connection") -> int:
             os.close(wfd)
             conn.send(("forked", pid))
         elif msg[0] == "spawn":  # a gate module run as a process of its own (spawn_module)
-            _, module, argv, cwd = msg
+            _, module, argv, cwd, env = msg
             fds = [recv_handle(conn) for _ in range(3)]
             pid = os.fork()
             if pid == 0:
                 code = 1
                 try:
                     conn.close()
+                    os.environ.update(env)
                     code = _spawned_main(module, argv, cwd, fds)
                 finally:
                     os._exit(code)

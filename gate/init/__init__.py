@@ -351,7 +351,8 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
         log(f"checking {len(todo)} row(s) as read back from {path.name} (one evaluation each)")
         answers = run_worker("check", todo, lambda n: n, {"text": text, "path": str(path), "root": str(repo),
                                                           "timeout": probe_timeout},
-                             cwd=repo, sys_path=sys_path, item_timeout=probe_timeout * 4 + 30, env_extra=env)
+                             cwd=repo, sys_path=sys_path, item_timeout=probe_timeout * 4 + 30, env_extra=env,
+                             framework=framework)
         out = {}
         for n in todo:
             a = answers.get(n, {"failed": "no answer"})
@@ -384,7 +385,7 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
     """1. What each public definition is, in a child process: the operator candidates."""
     names = {m: [s.name for s in ss] for m, ss in syms.items()}
     answers = run_worker("classify", list(syms), lambda m: m, {"names": names, "package": pkg.name}, cwd=repo, sys_path=sys_path,
-                         item_timeout=120.0, env_extra=env)
+                         item_timeout=120.0, env_extra=env, framework=framework)
     import_errors = {m: a["error"] for m, a in answers.items() if "error" in a}
     import_errors.update({m: {"error": a["failed"], "hint": ""} for m, a in answers.items() if "failed" in a})
     if import_errors and len(import_errors) == len(syms):
@@ -540,7 +541,8 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
                   "recorded": n_rec, "reach": DIM_REACH} for n, (op, c, _, n_rec) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
-                         sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress, env_extra=env)
+                         sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress, env_extra=env,
+                         framework=framework if all(op.framework == framework for op, *_ in plans.values()) else "")
     final: List[Tuple[dict, str]] = []
     for name, (op, cands, origin, n_rec) in plans.items():
         spec, note = _finish(op, answers.get(name, {"failed": "no answer"}), cands, origin, n_rec)

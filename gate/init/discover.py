@@ -236,9 +236,31 @@ def _gate_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+#: variables a user's ``--env`` may set that torch reads when it is imported: a worker that needs
+#: one starts an interpreter of its own instead of being forked from the warm zygote
+_IMPORT_TIME = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "LD_", "PYTHON")
+
+
+def _forked_worker(framework: str, path: Path, cwd: Path, env: Dict[str, str], env_extra, err):
+    """``python -m gate.init.worker`` forked from the gate's warm torch zygote (torch imported once
+    for init's three workers: ~2 s of CPU each here), in the worker's environment: the zygote's
+    allow-list with the worker's own values on top (its import path is the request's
+    ``sys_path``, which the worker puts first itself); None where it cannot be (a TensorFlow
+    library, an ``--env`` value torch reads at its import, no zygote)."""
+    if framework != "torch" or any(k.startswith(_IMPORT_TIME) for k in (env_extra or {})):
+        return None
+    from ..backends.isolate import spawn_module
+
+    overlay = {k: v for k, v in env.items() if k != "PYTHONPATH" and os.environ.get(k) != v}
+    proc = spawn_module("torch", "gate.init.worker", [str(path)], str(cwd), err.fileno(), env=overlay)
+    if proc is not None:
+        proc.stdin.close()
+    return proc
+
+
 def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys_path: Sequence[str],
                item_timeout: float, start_timeout: float = 180.0, progress=None,
-               env_extra: Optional[Dict[str, str]] = None) -> Dict[str, dict]:
+               env_extra: Optional[Dict[str, str]] = None, framework: str = "") -> Dict[str, dict]:
     """Run ``gate.init.worker`` on ``items`` (``req[job_key]`` built by ``key``); answers by item
     key. A worker that dies or stops answering costs the item it was on (answered with
     ``{"failed": why}``); a new worker goes on with the items after it."""
@@ -262,8 +284,10 @@ def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys
             env.update(env_extra or {})  # what the library needs to import or run (init --env)
             err_path = Path(tmp) / "stderr.log"
             with open(err_path, "w") as err:
-                proc = subprocess.Popen([sys.executable, "-m", "gate.init.worker", str(path)], cwd=str(cwd), env=env,
-                                        stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+                proc = _forked_worker(framework, path, cwd, env, env_extra, err)
+                if proc is None:
+                    proc = subprocess.Popen([sys.executable, "-m", "gate.init.worker", str(path)], cwd=str(cwd), env=env,
+                                            stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
                 lines: "queue.Queue[Optional[str]]" = queue.Queue()
 
                 def reader():
@@ -307,7 +331,7 @@ def run_worker(job: str, items: Sequence[Any], key, req: dict, *, cwd: Path, sys
                     try:
                         os.killpg(proc.pid, 9)
                     except OSError:
-                        pass
+                        proc.kill()  # forked by the zygote: no session of its own
                 proc.wait()
             if pending:  # the worker died or hung on the first pending item
                 culprit = pending.pop(0)
