@@ -118,7 +118,8 @@ SLOW_FILES = frozenset(f"test_{n}.py" for n in (
     "verdict_bed", "redteam", "containment", "kernels_triton", "input_bed", "gate_run", "stability_bed",
     "gate_verdict_rules", "default_inputs", "grad_probe", "localise", "contrast_search", "mixed_inputs",
     "robust_inputs", "oracles_gate_run", "zero_results", "false_alarms_docs", "false_alarms_refactor",
-    "false_alarms_improve", "keras_layer_class", "refactor_bed", "keras_mixed_bed", "size_reach_bed", "upcast_bed"))
+    "false_alarms_improve", "keras_layer_class", "refactor_bed", "keras_mixed_bed", "size_reach_bed", "upcast_bed",
+    "method_bed"))
 #: ...except one end-to-end run, so that the inner loop covers gate.pipeline and gate.supervise too
 FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-ulp >]"})
 
@@ -127,12 +128,13 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: (pyproject's addopts) the workers take files in collection order, so the long beds start first
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
-LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-11-28)
-    "init", "kernels_cpp", "verdict_bed", "redteam", "kernels_triton", "containment", "refactor_bed", "size_reach_bed",
-    "gate_run", "example", "keras_mixed_bed", "keras_layer_class", "input_bed", "grad_probe", "stability_bed",
-    "gate_verdict_rules", "localise", "oracles_isolation", "exhaustive", "default_inputs", "threads", "upcast_bed",
-    "false_alarms_refactor", "false_alarms_improve", "contrast_search", "cli_core", "action", "mixed_inputs",
-    "core_fuzz", "false_alarms_docs", "oracles_gate_run", "robust_inputs", "zero_results", "not_gated"))
+LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-11-29)
+    "init", "kernels_cpp", "keras_mixed_bed", "redteam", "kernels_triton", "containment", "verdict_bed", "input_bed",
+    "keras_layer_class", "size_reach_bed", "stability_bed", "example", "gate_verdict_rules", "refactor_bed",
+    "false_alarms_refactor", "oracles_isolation", "localise", "grad_probe", "false_alarms_improve", "gate_run",
+    "upcast_bed", "exhaustive", "contrast_search", "default_inputs", "method_bed", "threads", "init_messages",
+    "robust_inputs", "mixed_inputs", "cli_core", "oracles_gate_run", "action", "false_alarms_docs", "not_gated",
+    "zero_results", "core_fuzz", "search_harvest"))
 
 
 def pytest_collection_modifyitems(config, items):
