@@ -140,20 +140,28 @@ def test_the_methods_of_a_module_class_with_no_forward_are_operators_where_the_t
     repo = tmp_path / "repo"
     (repo / "manilib").mkdir(parents=True)
     (repo / "tests").mkdir()
-    (repo / "manilib" / "__init__.py").write_text("from .spd import SPD, square\n")
+    (repo / "manilib" / "__init__.py").write_text("from .spd import SPD, square, sym\nfrom . import later\n")
+    # a function scripted after the recorder wrapped ``sym`` calls it (geoopt's linalg)
+    (repo / "manilib" / "later.py").write_text(
+        "import torch\n\nfrom .spd import sym\n\n\n@torch.jit.script\ndef twice_sym(x: torch.Tensor):\n"
+        "    return 2 * sym(x)\n")
     (repo / "manilib" / "spd.py").write_text(
-        "import torch\n\n\nclass Manifold(torch.nn.Module):\n    def __init__(self, scale):\n        super().__init__()\n"
+        "import torch\n\n\n@torch.jit.script\ndef sym(x: torch.Tensor):\n    return 0.5 * (x + x.transpose(-1, -2))\n\n\n"
+        "class Manifold(torch.nn.Module):\n    forward = NotImplemented\n\n"
+        "    def __init__(self, scale):\n        super().__init__()\n"
         "        self.scale = scale\n\n    def inner(self, x, u):\n        return self.scale * (u * u).sum(-1)\n\n\n"
         "class SPD(Manifold):\n    def norm(self, x, u):\n        return self.inner(x, u).sqrt()\n\n\n"
         "def square(x):\n    return x * x\n")
     (repo / "tests" / "test_spd.py").write_text(
         "import torch\n\nfrom manilib import SPD\n\n\ndef test_norm():\n    m = SPD(scale=2.0)\n"
-        "    x = torch.eye(3).expand(4, 3, 3)\n    u = torch.rand(4, 3, 3)\n    assert m.norm(x, u).shape == (4, 3)\n")
+        "    x = torch.eye(3).expand(4, 3, 3)\n    u = torch.rand(4, 3, 3)\n    assert m.norm(x, u).shape == (4, 3)\n\n\n"
+        "def test_sym():\n    from manilib.later import twice_sym\n    assert twice_sym(torch.eye(2)).shape == (2, 2)\n")
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     monkeypatch.chdir(repo)
     code = main(["init", "--no-workflows", "--json", "init.json"])
     rep = json.loads((repo / "init.json").read_text())
     assert code == 0, rep
+    assert "exited 0" in rep["harvest"], rep["harvest"]  # the recorder left TorchScript alone
     left = dict(rep["left_out"])
     assert "no test calls" in left["manilib.SPD.inner"] and "--ops manilib.SPD.inner" in left["manilib.SPD.inner"]
     rows = {s.name: s for s in load_config(repo / ".dl-gate.yml").ops}

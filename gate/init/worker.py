@@ -178,7 +178,8 @@ def _no_forward(cls) -> bool:
     operators are methods, ``norm``, ``inner``, ``expmap``)."""
     import torch
 
-    return getattr(cls, "forward", None) is getattr(torch.nn.Module, "forward", None)
+    fwd = getattr(cls, "forward", None)  # geoopt's Manifold: ``forward = NotImplemented``
+    return fwd is getattr(torch.nn.Module, "forward", None) or not callable(fwd)
 
 
 def _public_methods(cls) -> List[tuple]:

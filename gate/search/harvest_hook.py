@@ -296,6 +296,11 @@ def _patch(module, attr, op):
     fn = getattr(obj, parts[-1], None)
     if fn is None or not callable(fn):
         return False
+    if (type(fn).__module__ or "").startswith("torch.jit") or type(fn).__name__ in ("ScriptFunction", "ScriptMethod"):
+        # a TorchScript function: a Python wrapper in its place breaks every function scripted
+        # later that calls it (torch.jit compiles the callee from its source, through
+        # __wrapped__, and finds a ScriptFunction): geoopt's tests all failed under the recorder
+        return False
     if isinstance(fn, type) and parts[-1] != "__init__":
         # a class operator (a config's ``callable: lib:SomeFunction``) is never replaced by a
         # function: the library's own ``SomeFunction.apply(x)``, isinstance checks and subclasses
