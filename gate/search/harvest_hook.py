@@ -50,18 +50,26 @@ def _split(path):
     return [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
 
 
+def _torch_tensor(v):
+    """A torch tensor, a library's own subclass included (geoopt's ManifoldTensor / ManifoldParameter)."""
+    if (type(v).__module__ or "").startswith("torch"):
+        return hasattr(v, "detach")
+    return hasattr(v, "detach") and any(k.__name__ == "Tensor" and (k.__module__ or "").startswith("torch")
+                                        for k in type(v).__mro__[1:])
+
+
 def _is_tensor(v):
     mod = type(v).__module__ or ""
     if mod == "numpy":
         return type(v).__name__ == "ndarray"
-    return (mod.startswith("torch") and hasattr(v, "detach")) or (mod.startswith("tensorflow") and hasattr(v, "numpy"))
+    return _torch_tensor(v) or (mod.startswith("tensorflow") and hasattr(v, "numpy"))
 
 
 def _to_numpy(v, max_elems):
     import numpy as np
 
     mod = type(v).__module__ or ""
-    if mod.startswith("torch"):
+    if _torch_tensor(v):
         t = v.detach()
         shape, dtype = tuple(t.shape), str(t.dtype).replace("torch.", "")
         if t.numel() > max_elems or t.is_complex():
