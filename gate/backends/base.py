@@ -435,6 +435,21 @@ FLOAT_FORMATS = {
 }
 
 
+def overflow_bound(dtype: str) -> float:
+    """Smallest magnitude that rounds to infinity in ``dtype``."""
+    p, _, emax = FLOAT_FORMATS[dtype]
+    try:
+        return math.ldexp(2.0 - math.ldexp(1.0, -p), emax)
+    except OverflowError:  # float64: the bound is past the largest float64, every finite value is below it
+        return math.inf
+
+
+def min_normal(dtype: str) -> float:
+    """``dtype``'s smallest normal number."""
+    _, emin, _ = FLOAT_FORMATS[dtype]
+    return math.ldexp(1.0, emin)
+
+
 def numpy_quantize(arr: np.ndarray, dtype: str) -> np.ndarray:
     """Round-to-nearest-even into ``dtype`` (bf16 done bitwise on float32), back as float64.
     Arrays of :data:`ROUND_KERNEL_MIN` elements or more are rounded by one compiled loop

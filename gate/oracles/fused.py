@@ -91,8 +91,7 @@ def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) 
     NaN/Inf outputs where the reference is representable; ``mag``: the largest representable
     |reference|; ``judged``: elements judged; ``beyond``: judged elements whose reference is
     beyond the dtype's range (``ulp_floor='output'`` scores those in NumPy)."""
-    from ..backends.base import FLOAT_FORMATS
-    from .precision import min_normal, overflow_bound
+    from ..backends.base import FLOAT_FORMATS, min_normal, overflow_bound
 
     k = _load()
     if k is None:

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ..backends.base import FLOAT_FORMATS, Output
+from ..backends.base import FLOAT_FORMATS, Output, min_normal, overflow_bound  # noqa: F401  (dtype facts, re-exported)
 from ..search.score import Metrics, fitness, ulp  # noqa: F401  (the score types the search sees)
 from . import fused
 
@@ -33,20 +33,6 @@ def floor_value(mag: float, dtype: str, ulp_floor: str) -> float:
     if ulp_floor == "output":
         return float(ulp(np.asarray(float(mag) if mag > 0 else 1.0), dtype))
     return float(ulp(np.asarray(0.0), dtype))
-
-
-def overflow_bound(dtype: str) -> float:
-    """Smallest magnitude that rounds to infinity in ``dtype``."""
-    p, _, emax = FLOAT_FORMATS[dtype]
-    try:
-        return math.ldexp(2.0 - math.ldexp(1.0, -p), emax)
-    except OverflowError:  # float64: the bound is past the largest float64, every finite value is below it
-        return math.inf
-
-
-def min_normal(dtype: str) -> float:
-    _, emin, _ = FLOAT_FORMATS[dtype]
-    return math.ldexp(1.0, emin)
 
 
 def below_normal(a: np.ndarray, absb: np.ndarray, dtype: str) -> np.ndarray:
