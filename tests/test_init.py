@@ -1194,3 +1194,26 @@ def test_one_test_module_that_cannot_be_collected_does_not_stop_the_others(tmp_p
     assert "ConnectionError" in rep.harvest, rep.harvest
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
     assert cfg.ops[0].inputs[0].shape == (1, 7)  # from the recorded call
+
+
+@pytest.mark.slow
+def test_a_torch_row_in_a_tensorflow_file_keeps_its_framework(tmp_path, monkeypatch):
+    """keras-hub (acceptance): keras_nlp.deserialize, a function classified and probed as torch's,
+    was written without `framework:` into a file whose framework is tensorflow, read back as a
+    TensorFlow row, and failed every variant of the first refresh (exit 2)."""
+    from gate.cli import main
+    from gate.config import load_config
+
+    repo = tmp_path / "mixrepo"
+    (repo / "mixlib").mkdir(parents=True)
+    (repo / "mixlib" / "__init__.py").write_text("from .layers import Scale, Shift\nfrom .fn import twice\n")
+    (repo / "mixlib" / "layers.py").write_text(
+        "import keras\n\n\nclass Scale(keras.layers.Layer):\n    def call(self, x):\n        return x * 2.0\n\n\n"
+        "class Shift(keras.layers.Layer):\n    def call(self, x):\n        return x + 1.0\n")
+    (repo / "mixlib" / "fn.py").write_text("import torch\n\n\ndef twice(x):\n    return torch.as_tensor(x) * 2\n")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    monkeypatch.chdir(repo)
+    assert main(["init", "--no-tests", "--no-workflows"]) == 0
+    assert "\nframework: tensorflow\n" in (repo / ".dl-gate.yml").read_text()
+    rows = {s.name: s for s in load_config(repo / ".dl-gate.yml").ops}
+    assert rows["mixlib.twice"].framework == "torch" and rows["mixlib.Scale"].framework == "tensorflow"

@@ -549,8 +549,13 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
         if spec is None:
             report.left_out.append((name, note))
             continue
-        if spec.get("framework") == framework:
-            del spec["framework"]  # the file's own framework: said once at the top
+        fw = spec.get("framework", "torch")  # a spec without one is torch's (gate.init.infer)
+        if fw == framework:
+            spec.pop("framework", None)  # the file's own framework: said once at the top
+        else:
+            # a torch row in a TensorFlow file says so (keras-hub: keras_nlp.deserialize, probed
+            # with torch tensors, was read back as a TensorFlow row and failed every refresh)
+            spec["framework"] = fw
         final.append((spec, f"{name}: {note}"))
         report.found.append((name, op.kind, note))
 
