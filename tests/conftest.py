@@ -67,6 +67,22 @@ def _zygote_server() -> None:
 
 
 
+@pytest.fixture
+def no_zygote_server(monkeypatch):
+    """The gate's runs without the suite's zygote server, as a user's run is: for the tests of
+    what the supervisor contains (a detached process an operator leaves behind is found by the
+    run's tree or by the run's mark in its environment; a zygote forked from the server is
+    neither: the server is a child of the test process, and its forks keep the server's initial
+    environment block)."""
+    from gate.backends import isolate
+    from gate.backends.sandbox import SERVER_ENV
+
+    monkeypatch.delenv(SERVER_ENV, raising=False)
+    isolate._close_zygotes()  # a served zygote this process holds (an in-process run)
+    yield
+    isolate._close_zygotes()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def zygote_server():
     """Started in each process that runs tests (not in xdist's controller)."""

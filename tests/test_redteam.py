@@ -20,6 +20,9 @@ import pytest
 
 from tests.test_gate_run import git, make_repo
 
+#: what the supervisor contains is tested on a user's path: no zygote server (conftest)
+pytestmark = pytest.mark.usefixtures("no_zygote_server")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE_SRC = '''

@@ -161,6 +161,8 @@ def _decode(status: int) -> int:
 #: this process gives its workers; anything else (no server, another environment) starts one as
 #: usual. A facility for processes that run the gate many times (the test suite:
 #: tests/conftest.py); the Action never sets it. Never passed to workers (sandbox.GATE_PRIVATE).
+#: Not for a gate run that must contain its operators: a process detached from a served zygote is
+#: outside the supervisor's tree and keeps the server's environment block (no run mark).
 
 
 class _Served:
