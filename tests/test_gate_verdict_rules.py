@@ -66,9 +66,11 @@ ops:
     sources: [lib/ops.py]
     dims: {N: [1, 16]}
     inputs: [{name: x, shape: [N]}]
-  - name: lib.entropy_noisy
+  - name: lib.entropy_noisy  # one variant: each other one (a layout, a gradient) is its own coin toss
     callable: lib.ops:entropy_noisy
     sources: [lib/ops.py]
+    layouts: {}
+    grad: false
     dims: {N: [1, 16]}
     inputs: [{name: x, shape: [N]}]
   - name: lib.log1p_masked
