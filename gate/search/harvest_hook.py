@@ -275,7 +275,12 @@ def _wrap_member(op, cls, name) -> None:
     elif isinstance(raw, staticmethod):
         setattr(cls, name, staticmethod(_wrap(op, raw.__func__)))
     else:
-        setattr(cls, name, _wrap(op, getattr(cls, name)))
+        fn = getattr(cls, name)
+        if getattr(fn, "__dl_gate_harvest__", op) != op:
+            # a method the class inherits from another recorded class (geoopt's SPD.inner from
+            # Manifold.inner): its calls through this class are this operator's, not the base's
+            fn = fn.__wrapped__
+        setattr(cls, name, _wrap(op, fn))
 
 
 def _entry_of_class(cls):
