@@ -222,13 +222,16 @@ def test_a_library_that_turns_warnings_into_errors_still_has_its_calls_recorded(
 
 
 def test_the_methods_no_test_calls_are_one_row_per_class_in_inits_table():
-    from gate.commands.init import grouped
+    from gate.init import InitReport
 
     why = "a method of SPD that no test calls (name it with --ops {} to probe it with small tensors)"
-    rows = grouped([("geo.SPD.inner", why.format("geo.SPD.inner")), ("geo.f", "needs a path"),
-                    ("geo.SPD.retr", why.format("geo.SPD.retr")), ("geo.Sphere.proj", why.replace("SPD", "Sphere"))])
-    assert rows == [("geo.SPD.{inner, retr}", "methods of SPD that no test calls (--ops geo.SPD.inner probes one with "
-                                              "small tensors)"),
-                    ("geo.f", "needs a path"),
-                    ("geo.Sphere.proj", "a method of Sphere that no test calls (--ops geo.Sphere.proj probes one with "
-                                        "small tensors)")]
+    rep = InitReport(left_out=[("geo.SPD.inner", why.format("geo.SPD.inner")), ("geo.f", "needs a path"),
+                               ("geo.SPD.retr", why.format("geo.SPD.retr")),
+                               ("geo.Sphere.proj", why.replace("SPD", "Sphere")),
+                               ("geo.Sphere.dist", "its constructor needs r and no test constructs it")],
+                     uncalled=["geo.SPD.inner", "geo.SPD.retr", "geo.Sphere.proj"])
+    assert rep.left_out_table() == [
+        ("geo.SPD.{inner, retr}", "methods of SPD that no test calls (--ops geo.SPD.inner probes one with small tensors)"),
+        ("geo.f", "needs a path"),
+        ("geo.Sphere.proj", "a method of Sphere that no test calls (--ops geo.Sphere.proj probes one with small tensors)"),
+        ("geo.Sphere.dist", "its constructor needs r and no test constructs it")]

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from tests.test_gate_run import by_op, commit_pr, git, make_repo
-from tests.test_verdict_bed import PASSED, PASSING, outcomes, run_gate
+from tests.test_verdict_bed import BED_HEADER, PASSED, PASSING, outcomes, run_gate
 
-OPS = '''
+MANIFOLD = '''
 import torch
 
 
@@ -31,15 +31,6 @@ class Manifold(torch.nn.Module):
 
     def norm(self, x, u):
         return self.inner(x, u).sqrt()
-
-
-class SPD(Manifold):
-    def norm(self, x, u):
-        inner_prod = self.inner(x, u)
-        is_zero = torch.eq(inner_prod, 0)
-        safe_inner = torch.where(is_zero, torch.ones_like(inner_prod), inner_prod)
-        norm = torch.sqrt(safe_inner)
-        return torch.where(is_zero, torch.zeros_like(norm), norm)
 '''
 
 FIXED = '''
@@ -55,14 +46,9 @@ BUGGY = '''
 class SPD(Manifold):
     pass
 '''
+OPS = MANIFOLD + FIXED
 
-CONFIG = '''
-version: 1
-framework: torch
-python_path: ["."]
-builtin: false
-budget: {localise: 15}
-ops:
+CONFIG = BED_HEADER + '''ops:
   - {name: lib.spd_norm, callable: "lib.ops:SPD.norm", construct: {ndim: 2}, sources: [lib/ops.py],
      dims: {N: [1, 4], D: [2, 3]}, inputs: [{name: x, shape: [N, D, D]}, {name: u, shape: [N, D, D]}]}
 '''

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.test_gate_run import by_op, make_repo
-from tests.test_verdict_bed import PASSED, branch, outcomes, run_gate
+from tests.test_verdict_bed import BED_HEADER, PASSED, branch, outcomes, run_gate
 
 OPS = '''
 import torch
@@ -35,13 +35,7 @@ def artanh(x):
     return 0.5 * (torch.log1p(x) - torch.log1p(-x))
 '''
 
-CONFIG = '''
-version: 1
-framework: torch
-python_path: ["."]
-builtin: false
-budget: {localise: 15}
-ops:
+CONFIG = BED_HEADER + '''ops:
   - {name: lib.sobel, callable: "lib.ops:sobel", sources: [lib/ops.py], dims: {N: [1, 3], H: [3, 6], W: [3, 6]},
      inputs: [{name: x, shape: [N, H, W]}]}
   - {name: lib.artanh, callable: "lib.ops:artanh", sources: [lib/ops.py], dims: {N: [1, 32]},

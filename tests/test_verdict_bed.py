@@ -108,13 +108,17 @@ ERF_APPROX = '''def gelu_erf(x):
     return 0.5 * x * (1.0 + erf)
 '''
 
-CONFIG = '''
+#: the beds' config before their rows: a torch library at the repository root, no built-in rows,
+#: and a short localisation (the beds judge verdicts)
+BED_HEADER = '''
 version: 1
 framework: torch
 python_path: ["."]
 builtin: false
-budget: {localise: 15}  # the bed judges verdicts: localisation gets a short share
-ops:
+budget: {localise: 15}
+'''
+
+CONFIG = BED_HEADER + '''ops:
   - {name: lib.hsv_sat, callable: "lib.ops:hsv_sat", sources: [lib/ops.py], dims: {N: [1, 16]},
      inputs: [{name: rgb, shape: [3, N]}]}
   - {name: lib.lse, callable: "lib.ops:lse", sources: [lib/ops.py], dims: {N: [1, 4], D: [1, 16]},

@@ -226,10 +226,10 @@ def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]]
         if construct:
             raise ConfigError(f"{path} is an autograd.Function: construct is for an nn.Module or Keras Layer")
         return cls.apply  # type: ignore[attr-defined]
-    keras_loss = any(b.endswith(".Loss") and "keras" in b for b in bases)
-    if any(b.endswith(".Module") and b.startswith("torch.nn.") or b.endswith(".Layer") for b in bases) or keras_loss:
+    keras = _keras_or_torch(cls)
+    if keras is not None:
         try:
-            return ClassOperator(cls, keras=not any(b.startswith("torch.nn.") for b in bases), kwargs=construct)
+            return ClassOperator(cls, keras=keras, kwargs=construct)
         except Exception as exc:
             if construct:
                 raise ConfigError(f"{path}({', '.join(f'{k}={v!r}' for k, v in construct.items())}) fails: "
@@ -239,6 +239,17 @@ def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]]
                               "(module:INSTANCE) or a factory function") from None
     raise ConfigError(f"{path} is a class, not an operator: declare a function, an instance or, for an "
                       "autograd.Function, its .apply")
+
+
+def _keras_or_torch(cls: type) -> Optional[bool]:
+    """What :class:`ClassOperator` builds per dtype: True for a Keras ``Layer`` or ``Loss``, False
+    for a torch ``nn.Module``, None for any other class."""
+    bases = {f"{c.__module__}.{c.__name__}" for c in cls.__mro__[1:]}
+    if any(b.endswith(".Module") and b.startswith("torch.nn.") for b in bases):
+        return False
+    if any(b.endswith(".Layer") for b in bases) or any(b.endswith(".Loss") and "keras" in b for b in bases):
+        return True
+    return None
 
 
 def _is_instance_method(cls: type, name: str) -> bool:
@@ -259,12 +270,10 @@ class MethodOperator:
 
     def __init__(self, path: str, cls: type, name: str, construct: Optional[Dict[str, Any]] = None):
         self.name = name
-        bases = {f"{c.__module__}.{c.__name__}" for c in cls.__mro__[1:]}
-        torch_module = any(b.endswith(".Module") and b.startswith("torch.nn.") for b in bases)
-        keras_layer = any(b.endswith(".Layer") and ("keras" in b or "tensorflow" in b) for b in bases)
+        keras = _keras_or_torch(cls)
         try:
-            if torch_module or keras_layer:
-                self.owner: Any = ClassOperator(cls, keras=keras_layer, kwargs=construct)
+            if keras is not None:
+                self.owner: Any = ClassOperator(cls, keras=keras, kwargs=construct)
                 self.instance = self.owner.default
             else:
                 self.owner, self.instance = None, cls(**(construct or {}))

@@ -52,6 +52,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .. import errors
 from ..errors import GateError
 from .ipc import Receiver, Sender, SharedMemoryError
+from .sandbox import PER_RUN, SERVER_ENV, worker_env
 
 _TIMEOUT = "timeout"
 _DEAD = "dead"
@@ -128,14 +129,9 @@ def isolate_options(enabled: Optional[bool], timeout: Optional[float] = None,
     return IsolateOptions(**kw)
 
 
-from .sandbox import PER_RUN, SERVER_ENV  # noqa: E402
-
-
 def _child_env() -> Dict[str, str]:
     """The zygote's and the workers' environment: the allow-list of :mod:`gate.backends.sandbox`
     (no credentials), the gate's root first on the import path."""
-    from .sandbox import worker_env
-
     return worker_env()
 
 
@@ -155,17 +151,24 @@ def _decode(status: int) -> int:
 # ---------------------------------------------------------------------------------------
 # the zygote: imports the framework once, forks workers
 # ---------------------------------------------------------------------------------------
-#: SERVER_ENV names a zygote server's socket (``python -m gate.backends.isolate --zygote-server
-#: PATH``): where set, a torch zygote is forked from that warm server (torch imported once per
-#: server, not per gate run) rather than started, provided the server runs in the environment
-#: this process gives its workers; anything else (no server, another environment) starts one as
-#: usual. A facility for processes that run the gate many times (the test suite:
-#: tests/conftest.py); the Action never sets it. Never passed to workers (sandbox.GATE_PRIVATE).
-#: Not for a gate run that must contain its operators: a process detached from a served zygote is
-#: outside the supervisor's tree and keeps the server's environment block (no run mark).
+class _Polled:
+    """``Popen.wait`` for a process this one cannot ``waitpid``: polls :meth:`poll`."""
+
+    returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:  # pragma: no cover - each subclass has its own
+        raise NotImplementedError
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        deadline = time.perf_counter() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.perf_counter() >= deadline:
+                raise subprocess.TimeoutExpired(str(getattr(self, "pid", "")), timeout)
+            time.sleep(0.005)
+        return self.returncode
 
 
-class _Served:
+class _Served(_Polled):
     """The ``Popen``-like handle of a zygote forked by a zygote server (not this process's child:
     the server reaps it)."""
 
@@ -188,19 +191,17 @@ class _Served:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        end = time.monotonic() + (timeout if timeout is not None else 3600.0)
-        while self.poll() is None:
-            if time.monotonic() > end:
-                raise subprocess.TimeoutExpired("zygote", timeout or 0)
-            time.sleep(0.01)
-        return self.returncode
-
 
 def _from_server(preload: Tuple[str, ...], env: Dict[str, str], log: str) -> Optional[Tuple[Connection, _Served]]:
-    """A zygote forked for this process by the server :data:`SERVER_ENV` names: it takes this
-    process's working directory and log, and answers only if the server's environment is
-    ``env``; None otherwise (the caller starts its own)."""
+    """A zygote forked for this process by the zygote server :data:`SERVER_ENV` names (``python
+    -m gate.backends.isolate --zygote-server PATH``: torch imported once per server, not per gate
+    run): it takes this process's working directory and log, and answers only if the server's
+    environment is ``env`` (:func:`server_main`); None otherwise, and where no server is named:
+    the caller starts its own. A facility for processes that run the gate many times (the test
+    suite: tests/conftest.py); the Action never sets it, and workers never see it
+    (sandbox.GATE_PRIVATE). Not for a run that must contain its operators: a process detached
+    from a served zygote is outside the supervisor's tree and keeps the server's environment
+    block (no run mark)."""
     from multiprocessing.reduction import send_handle
 
     path = os.environ.get(SERVER_ENV)
@@ -319,7 +320,7 @@ class _Zygote:
             os.unlink(self.log)
 
 
-class _Forked:
+class _Forked(_Polled):
     """A worker forked by the zygote, with the part of ``Popen``'s interface we use."""
 
     def __init__(self, pid: int, zygote: _Zygote):
@@ -335,14 +336,6 @@ class _Forked:
                 self.returncode = -int(signal.SIGKILL)
         elif self.returncode is None:
             self.returncode = -int(signal.SIGKILL)  # the zygote died: so did its children
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        deadline = time.perf_counter() + (timeout if timeout is not None else 1e9)
-        while self.poll() is None:
-            if time.perf_counter() >= deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout)
-            time.sleep(0.005)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:

@@ -13,35 +13,6 @@ from pathlib import Path
 from .common import print_table
 
 
-
-_UNCALLED = re.compile(r"^a method of (\S+) that no test calls")
-
-
-def grouped(left_out):
-    """The left-out table's rows, the methods of one class that no test calls on one line (a
-    manifold library has a dozen classes of ~15 methods each: one row per class, not 180)."""
-    rows, by_class = [], {}
-    for name, why in left_out:
-        m = _UNCALLED.match(why)
-        if m and "." in name:
-            owner, meth = name.rsplit(".", 1)
-            if owner not in by_class:
-                by_class[owner] = []
-                rows.append((owner, None))
-            by_class[owner].append(meth)
-        else:
-            rows.append((name, why))
-    out = []
-    for name, why in rows:
-        if why is None:
-            meths = by_class[name]
-            out.append((f"{name}.{{{', '.join(meths)}}}" if len(meths) > 1 else f"{name}.{meths[0]}",
-                        f"{'methods' if len(meths) > 1 else 'a method'} of {name.rsplit('.', 1)[-1]} that no test "
-                        f"calls (--ops {name}.{meths[0]} probes one with small tensors)"))
-        else:
-            out.append((name, why))
-    return out
-
 def register(sub) -> None:
     p = sub.add_parser("init", help="write .dl-gate.yml (and the workflows) for this repository's operators",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -110,14 +81,14 @@ def run(args) -> int:
     except GateError as exc:  # what was found before it stopped is not lost: every reason, on the terminal
         part = getattr(exc, "report", None)
         if part is not None and part.left_out:
-            print_table(("left out", "why"), grouped(part.left_out), title=f"{len(part.left_out)} left out")
+            print_table(("left out", "why"), part.left_out_table(), title=f"{len(part.left_out)} left out")
         if part is not None and args.json:
             Path(args.json).write_text(json.dumps(part.to_dict(), indent=2, default=str))
         raise
     print_table(("operator", "is", "spec"), rep.found, title=f"{len(rep.found)} operators gated")
     if rep.left_out:
         print()
-        print_table(("left out", "why"), grouped(rep.left_out), title=f"{len(rep.left_out)} left out")
+        print_table(("left out", "why"), rep.left_out_table(), title=f"{len(rep.left_out)} left out")
     print()
     if rep.kept or rep.removed:
         print(f"{args.config}: {len(rep.added)} operators added, {len(rep.kept)} kept as they are in the file")

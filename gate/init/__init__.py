@@ -55,10 +55,37 @@ class InitReport:
     tested: List[str] = field(default_factory=list)  # operators the tests were recorded calling
     callables: Dict[str, str] = field(default_factory=dict)  # operator name -> module:qualname (of every candidate)
     checked: List[str] = field(default_factory=list)  # rows run once as read back from the written file
+    uncalled: List[str] = field(default_factory=list)  # methods left out because no test calls them
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def left_out_table(self) -> List[Tuple[str, str]]:
+        """``left_out`` as init prints it: the methods of one class that no test calls on one row
+        (a manifold library has a dozen classes of ~15 methods each: a row per class, not 180)."""
+        uncalled = set(self.uncalled)
+        rows: List[Tuple[str, Optional[str]]] = []
+        by_class: Dict[str, List[str]] = {}
+        for name, why in self.left_out:
+            if name not in uncalled:
+                rows.append((name, why))
+                continue
+            owner, meth = name.rsplit(".", 1)
+            if owner not in by_class:
+                by_class[owner] = []
+                rows.append((owner, None))
+            by_class[owner].append(meth)
+        out = []
+        for name, why in rows:
+            if why is not None:
+                out.append((name, why))
+                continue
+            meths = by_class[name]
+            out.append((f"{name}.{{{', '.join(meths)}}}" if len(meths) > 1 else f"{name}.{meths[0]}",
+                        f"{'methods' if len(meths) > 1 else 'a method'} of {name.rsplit('.', 1)[-1]} that no test "
+                        f"calls (--ops {name}.{meths[0]} probes one with small tensors)"))
+        return out
 
 
 class _SignatureOnly:
@@ -465,6 +492,7 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
             # tensors must be (a point on the manifold) shows only in how the tests call them
             report.left_out.append((op.name, f"a method of {op.class_name} that no test calls (name it with "
                                              f"--ops {op.name} to probe it with small tensors)"))
+            report.uncalled.append(op.name)
             continue
         construct: Optional[dict] = None
         if op.kind in ("module", "layer", "method") and op.required_init():
