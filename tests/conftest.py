@@ -37,7 +37,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") is None:
 
 def _zygote_server() -> None:
     """One warm zygote server per test process (gate.backends.isolate.SERVER_ENV): each gate run
-    of the suite (a few hundred) forks its torch zygote from it instead of importing torch anew
+    of the suite forks its torch zygote from it instead of importing torch anew
     (~2 s of CPU a run on this machine). It runs in the environment the gate gives its workers
     as this process sees it now; a test that changes that environment (a thread count, a
     variable a worker must not see) gets a zygote of its own, as a run outside the suite does."""
