@@ -36,7 +36,8 @@ def register(sub) -> None:
     p.add_argument("--probe-timeout", type=float, default=10.0, metavar="S",
                    help="seconds one probe evaluation may take (default 10)")
     p.add_argument("--tests-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds the test command may run (default 600; the calls made until then are kept)")
+                   help="seconds the test command may run (default 600; the calls made until then are kept; a pytest "
+                        "run shares them among its test files, so that every file runs)")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", default=[],
                    help="an environment variable the library's tests (and its import) need, e.g. TEST_DEVICE=cpu "
                         "(repeatable); its name is written to the config's env, so the gate's workers get it")

@@ -118,7 +118,7 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
              log, extra_env: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, list], str]:
     from types import SimpleNamespace
 
-    from ..search.harvest import load_records, run_harvest
+    from ..search.harvest import load_budget, load_records, run_harvest
 
     argv = shlex.split(command)
     if argv and argv[0] in ("pytest", "py.test"):
@@ -134,8 +134,9 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
         t0 = time.monotonic()
         with open(Path(tmp) / "out.log", "w") as out:
             code = _run_quiet(lambda: run_harvest(argv, targets, Path(tmp), cwd=repo, python_path=(),
-                                                  max_calls=64, env=env), out)
+                                                  max_calls=64, env=env, budget_s=_test_budget(timeout)), out)
         records = load_records(Path(tmp))
+        budget = load_budget(Path(tmp))
         text = (Path(tmp) / "out.log").read_text(errors="replace")
         tail = _last_words(text)
         stopped_at = _collection_stop(text) if "--continue-on-collection-errors" not in command else None
@@ -167,7 +168,29 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
             " (a test that needs an environment variable: --env NAME=VALUE; another command: --tests CMD)")
     elif code not in (0, 124, 130, -2) and tail:  # some calls recorded: what stopped the others
         what += f"; the tests said: {tail}"
-    return by, what
+    return by, what + _budget_words(budget, timeout)
+
+
+def _test_budget(timeout: float) -> float:
+    """The seconds the tests' files share (:mod:`gate.search.harvest_budget`): the time limit
+    less a margin for the last test and the recorder's final write (10 %, 5-60 s)."""
+    return max(1.0, timeout - min(60.0, max(5.0, 0.1 * timeout)))
+
+
+def _budget_words(budget: Optional[dict], timeout: float) -> str:
+    """What the time budget did to the test run, in words ("" where it cut nothing)."""
+    if not budget or not budget.get("files"):
+        return ""
+    files, started, skipped = budget["files"], budget.get("started", []), budget.get("skipped", {})
+    words = []
+    if skipped:
+        words.append(f"{sum(skipped.values())} tests in {len(skipped)} of {len(files)} test files skipped once "
+                     f"their file's share of the {timeout:g}s budget was spent")
+    never = [f for f in files if f not in started]
+    if never:
+        shown = ", ".join(never[:5]) + (f" and {len(never) - 5} more" if len(never) > 5 else "")
+        words.append(f"{len(never)} test files never reached ({shown})")
+    return ("; " + "; ".join(words) + " (--tests-timeout SECONDS gives them more)") if words else ""
 
 
 def _collection_stop(out: str) -> Optional[str]:

@@ -62,9 +62,10 @@ class HarvestReport:
 
 def run_harvest(command: Sequence[str], ops: Sequence[OpSpec], raw_dir: Path, *, cwd: Optional[Path] = None,
                 python_path: Sequence[str] = (), max_calls: int = 256, max_elems: int = 1 << 16,
-                env: Optional[Dict[str, str]] = None) -> int:
+                env: Optional[Dict[str, str]] = None, budget_s: Optional[float] = None) -> int:
     """Run ``command`` with the recorder loaded; raw records land in ``raw_dir``. Returns the
-    command's exit status."""
+    command's exit status. ``budget_s``: a pytest run shares this many seconds among its test
+    files (:mod:`gate.search.harvest_budget`; what it did: :func:`load_budget`)."""
     if not command:
         raise GateError("nothing to run: give the test command after --, e.g. dl-gate harvest -- pytest tests/")
     raw_dir = Path(raw_dir)
@@ -82,11 +83,31 @@ def run_harvest(command: Sequence[str], ops: Sequence[OpSpec], raw_dir: Path, *,
     paths = [str(site)] + [str(p) for p in python_path] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])
     full_env["PYTHONPATH"] = os.pathsep.join(paths)
     full_env["DL_GATE_HARVEST"] = str(cfg_path)
+    if budget_s is not None:
+        import time
+
+        plugin = Path(__file__).with_name("harvest_budget.py")
+        (site / f"{BUDGET_PLUGIN}.py").write_text(plugin.read_text())
+        full_env["PYTEST_PLUGINS"] = ",".join(p for p in (full_env.get("PYTEST_PLUGINS"), BUDGET_PLUGIN) if p)
+        full_env["DL_GATE_HARVEST_DEADLINE"] = repr(time.time() + budget_s)
     try:
         proc = subprocess.run(list(command), cwd=str(cwd) if cwd else None, env=full_env)
     except FileNotFoundError as exc:
         raise GateError(f"cannot run {command[0]!r}: {exc.strerror}") from None
     return proc.returncode
+
+
+#: the module name :mod:`gate.search.harvest_budget` is copied under, beside ``sitecustomize``
+BUDGET_PLUGIN = "dl_gate_harvest_budget"
+
+
+def load_budget(raw_dir: Path) -> Optional[dict]:
+    """What a budgeted pytest run wrote of its test files (``files``, ``started``, ``skipped``:
+    file -> tests), or None (no budget, not pytest, or killed before collecting)."""
+    try:
+        return json.loads((Path(raw_dir) / "budget.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _decode(enc: Any, arrays) -> Any:
