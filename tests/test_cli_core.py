@@ -352,3 +352,18 @@ def test_the_terminal_table_shows_nan_on_both_sides_and_the_reports_warnings(cap
     row = next(line for line in out.splitlines() if "amplify.rmsnorm[" in line and "NaN/Inf in both" in line)
     assert row.count("19 NaN/Inf, 0 ulp") == 2, row  # both sides, written alike
     assert "  warning: amplify.rmsnorm[float32/cpu/input]: base's reference does not run in float64" in out
+
+
+def test_the_selection_line_says_how_an_operator_was_selected(capsys):
+    # geoopt acceptance run with --ops: the line read "selected geoopt.SPD.norm: None:None geoopt.SPD.norm"
+    from gate.commands.run import print_report
+    from tests.report_samples import pass_report
+
+    print_report(pass_report(selected=[
+        {"op": "mylib.softplus", "reasons": [{"kind": "forced", "file": None, "line": None, "symbol": "mylib.softplus",
+                                               "path": ["mylib.softplus"]}]},
+        {"op": "mylib.gelu", "reasons": [{"kind": "python", "file": "mylib/ops.py", "line": 12, "symbol": "gelu",
+                                           "path": ["gelu"]}]}]))
+    out = capsys.readouterr().out
+    assert "  selected mylib.softplus: named with --ops" in out and "None" not in out, out
+    assert "  selected mylib.gelu: mylib/ops.py:12 gelu" in out, out

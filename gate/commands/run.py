@@ -210,12 +210,19 @@ def print_next_step(report, out: Path) -> None:
         print(f"\nnext: {report.reason}")
 
 
+def _why(reason: dict) -> str:
+    """One reason an operator was selected, in words: the changed place, or how it was named."""
+    if reason.get("kind") == "forced" or not reason.get("file"):
+        return "named with --ops"
+    return f"{reason.get('file')}:{reason.get('line')} {reason.get('symbol')}"
+
+
 def print_report(report) -> None:
     print(f"dl-gate: {report.outcome.upper()}: {report.reason}")
     if report.base_sha:
         print(f"base {report.base_ref} ({report.base_sha[:10]}) -> head {report.head_sha[:10]}, seed {report.seed}, {report.seconds:.1f}s")
     for s in report.selected:
-        why = "; ".join(f"{r.get('file')}:{r.get('line')} {r.get('symbol')}" for r in (s.get("reasons") or [])[:2])
+        why = "; ".join(_why(r) for r in (s.get("reasons") or [])[:2])
         print(f"  selected {s['op']}: {why}")
     if not report.verdicts:
         return
