@@ -112,6 +112,25 @@ def test_seed_store_round_trip_and_dedup(tmp_path, catalog):
     assert idx["ops"]["torch.tanh"][0]["source"] == "tests/t.py::test_a"
 
 
+def test_seeds_stored_in_a_batch_write_the_index_once_with_what_single_adds_write(tmp_path, monkeypatch):
+    # geoopt: 13,859 recorded calls, each add re-read and rewrote the whole index (minutes of JSON)
+    cands = [Candidate(dims={"N": 2}, params={"p": k % 3}, arrays={"x": np.full(2, float(k))}) for k in range(40)]
+    one = SeedStore(tmp_path / "one", opinfo=False)
+    for k, c in enumerate(cands):
+        one.add(f"lib.op{k % 4}", c, source=f"t{k}")
+    batched = SeedStore(tmp_path / "batched", opinfo=False)
+    writes = []
+    real = SeedStore._write_index
+    monkeypatch.setattr(SeedStore, "_write_index", lambda self, idx: (writes.append(1), real(self, idx)))
+    with batched.batch():
+        for k, c in enumerate(cands + cands[:5]):  # a call seen twice is stored once
+            batched.add(f"lib.op{k % 4}", c, source=f"t{k}")
+        assert not (tmp_path / "batched" / seeds_mod.INDEX).exists()  # not yet written
+    assert writes == [1]
+    assert json.loads((tmp_path / "batched" / seeds_mod.INDEX).read_text()) == one.index()
+    assert SeedStore(tmp_path / "batched", opinfo=False).index() == one.index()
+
+
 def test_fuzz_task_runs_stored_seeds_first(tmp_path, catalog):
     spec = catalog.get("torch.tanh")
     store = SeedStore(tmp_path, opinfo=False)

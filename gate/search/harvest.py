@@ -166,6 +166,12 @@ def store_records(records: Sequence[CallRecord], specs: Sequence[OpSpec], store:
     by_name = {s.name: s for s in specs}
     report = HarvestReport(returncode=0, out=str(store.root))
     fns: Dict[str, Any] = {}
+    with store.batch():
+        _store_each(records, by_name, store, report, fns, resolve)
+    return report
+
+
+def _store_each(records, by_name, store: SeedStore, report: HarvestReport, fns: Dict[str, Any], resolve) -> None:
     for rec in records:
         spec = by_name.get(rec.op)
         if spec is None or rec.kind != "call":  # a construction is no input
@@ -187,7 +193,6 @@ def store_records(records: Sequence[CallRecord], specs: Sequence[OpSpec], store:
             continue
         if store.add(rec.op, cand, source=rec.source):
             report.stored[rec.op] = report.stored.get(rec.op, 0) + 1
-    return report
 
 
 def harvest(command: Sequence[str], specs: Sequence[OpSpec], store: SeedStore, *, cwd: Optional[Path] = None,
