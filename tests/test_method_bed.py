@@ -88,3 +88,51 @@ def test_the_fix_passes(bed, tmp_path):
     code, report = run_gate(bed, tmp_path / "fix", "buggy", "lib.spd_norm")
     vs = by_op(report, "lib.spd_norm")
     assert code in PASSED and vs and all(v.outcome in PASSING for v in vs), outcomes(report, "lib.spd_norm")
+
+
+# geoopt's manifold is defined on SPD points only: a random x is not one, and every input the
+# search ranks highest is NaN on both sides. The one call that tells the revert apart is the
+# library's own test (test_spd_norm: an SPD point, a zero tangent vector), recorded by init.
+POSITIVE = '''
+import torch
+
+
+class Manifold(torch.nn.Module):
+    def inner(self, x, u):
+        # defined where every x > 0 (an SPD point's role): NaN elsewhere, on both sides
+        return (u * u / x).sum(dim=-1) + torch.log(x).sum(dim=-1) * 0
+
+    def norm(self, x, u):
+        return self.inner(x, u).sqrt()
+'''
+POSITIVE_CONFIG = BED_HEADER + '''ops:
+  - {name: lib.pos_norm, callable: "lib.ops:SPD.norm", sources: [lib/ops.py], dims: {N: [1, 4], D: [2, 3]},
+     inputs: [{name: x, shape: [N, D]}, {name: u, shape: [N, D]}]}
+'''
+
+
+def test_the_tests_own_call_is_judged_when_every_input_the_search_ranks_is_nan_on_both_sides(tmp_path):
+    import numpy as np
+
+    from gate.search.inputs import Candidate
+    from gate.search.seeds import SeedStore
+    from tests.test_gate_run import refresh
+
+    repo = make_repo(tmp_path, POSITIVE + FIXED, config=POSITIVE_CONFIG, package="lib", baselines=False)
+    x = np.array([[1.0, 2.0], [0.5, 3.0]])
+    SeedStore(repo / "baselines" / "seeds", opinfo=False).add(  # what init stores from the tests' calls
+        "lib.pos_norm", Candidate(dims={"N": 2, "D": 2}, params={}, arrays={"x": x, "u": np.zeros_like(x)},
+                                  origin="seed:tests/test_norm.py::test_zero_tangent"),
+        source="tests/test_norm.py::test_zero_tangent")
+    refresh(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "baselines and the tests' calls")
+    commit_pr(repo, "revert-norm", "main", FIXED, BUGGY)
+    code, report = run_gate(repo, tmp_path / "revert", "main", "lib.pos_norm")
+    grad = [v for v in by_op(report, "lib.pos_norm") if v.variant.get("oracle") == "grad"]
+    assert code == 1 and grad and all(v.outcome == "regression" and "new NaN/Inf" in v.reason for v in grad), \
+        outcomes(report, "lib.pos_norm")
+    commit_pr(repo, "fix-norm", "revert-norm", BUGGY, FIXED)
+    code, report = run_gate(repo, tmp_path / "fix", "revert-norm", "lib.pos_norm")
+    vs = by_op(report, "lib.pos_norm")
+    assert code in PASSED and vs and all(v.outcome in PASSING for v in vs), outcomes(report, "lib.pos_norm")

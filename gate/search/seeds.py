@@ -517,7 +517,7 @@ class SeedStore:
         if self.root is None:
             raise ValueError("seed store has no directory")
         data = cand.to_bytes()
-        digest = hashlib.sha1(_content_key(cand)).hexdigest()[:16]
+        digest = hashlib.sha1(content_key(cand)).hexdigest()[:16]
         d = self.root / _safe(op)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{digest}.npz"
@@ -536,7 +536,7 @@ class SeedStore:
         return path.name
 
 
-def _content_key(cand: Candidate) -> bytes:
+def content_key(cand: Candidate) -> bytes:
     h = hashlib.sha1()
     h.update(json.dumps({"dims": cand.dims, "params": repr(sorted(cand.params.items()))}, sort_keys=True).encode())
     for k in sorted(cand.arrays):
