@@ -320,6 +320,34 @@ def test_tensorflow_repro_script_runs_with_tensorflow_alone(tmp_path):
 
 
 
+@pytest.mark.tf
+def test_a_keras_loss_class_repro_runs_the_loss_and_reproduces_a_behaviour_change(tmp_path):
+    # keras-cv CenterNetBoxLoss (acceptance run): the script built the loss as a layer and read
+    # its .weights, which a keras.losses.Loss has not: it raised on head and base alike
+    from gate.localise.repro import write_repro
+
+    mod = f"kloss_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{mod}.py").write_text(
+        "import math\n\nimport keras\nfrom keras import ops\n\n\nclass HeadingLoss(keras.losses.Loss):\n"
+        "    def __init__(self, bins, **kwargs):\n        super().__init__(**kwargs)\n        self.bins = bins\n\n"
+        "    def call(self, y_true, y_pred):\n"
+        "        h = ops.floor(ops.mod(y_true, 2 * math.pi))  # the reverted fix's floor\n"
+        "        return ops.abs(ops.floor(h / (2 * math.pi / self.bins)) - y_pred)\n")
+    spec = OpSpec.from_dict({"name": "k.HeadingLoss", "framework": "tensorflow", "callable": f"{mod}:HeadingLoss",
+                             "construct": {"bins": 4, "reduction": "none"},
+                             "inputs": [{"name": "y_true", "shape": ["N"]}, {"name": "y_pred", "shape": ["N"]}],
+                             "dims": {"N": [1, 4]}}, origin="user")
+    cand = Candidate(dims={"N": 4}, params={}, arrays={"y_true": np.array([0.5, 1.7, 3.3, 4.9]), "y_pred": np.zeros(4)})
+    # base's float64 output: the loss without the floor (bins 0, 1, 2, 3)
+    paths = write_repro(tmp_path / "repro", "loss", spec, Variant("float32"), cand, kind="behaviour", threshold=4.0,
+                        threshold_why="test", repo=tmp_path, python_path=["."], reason="planted",
+                        base_reference=[np.array([0.0, 1.0, 2.0, 3.0])])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, env=env, timeout=120)
+    assert "raises" not in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 1 and "float64 output differs from base's" in res.stdout, res.stdout + res.stderr
+
+
 def _trace(calls):
     from gate.localise.trace import Call, OpTrace, Trace
 

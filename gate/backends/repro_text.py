@@ -220,7 +220,7 @@ def at_dtype(fn, dtype):
 
         def first(*args, **kwargs):
             out = layer(*args, **kwargs)
-            if layer.weights:
+            if getattr(layer, "weights", None):  # a Keras Loss has none
                 if not default.built:
                     default(*args, **kwargs)
                 layer.set_weights(default.get_weights())
