@@ -36,3 +36,16 @@ def test_tests_are_taken_round_robin_over_functions_within_their_file():
     got = round_robin(ids, lambda i: i.split("::", 1)[0], lambda i: i.split("[", 1)[0])
     assert got == ["a.py::t[0]", "a.py::u", "a.py::C::v[x]", "a.py::t[1]", "a.py::C::v[y]", "a.py::t[2]",
                    "b.py::w[0]", "b.py::z", "b.py::w[1]"]
+
+
+def test_init_names_the_files_a_run_killed_at_its_limit_never_reached():
+    from gate.init import _budget_words
+
+    budget = {"files": [f"tests/test_{k}.py" for k in range(9)], "started": ["tests/test_0.py", "tests/test_1.py"],
+              "skipped": {"tests/test_0.py": 12}}
+    words = _budget_words(budget, 600)
+    assert "12 tests in 1 of 9 test files skipped once their file's share of the 600s budget was spent" in words
+    assert "7 test files never reached (tests/test_2.py, tests/test_3.py, tests/test_4.py, tests/test_5.py, " \
+           "tests/test_6.py and 2 more)" in words and words.endswith("(--tests-timeout SECONDS gives them more)")
+    assert _budget_words({"files": ["a.py"], "started": ["a.py"], "skipped": {}}, 600) == ""
+    assert _budget_words(None, 600) == ""
