@@ -31,10 +31,15 @@ def test_the_first_test_of_a_file_always_runs_even_past_the_deadline():
 
 
 def test_tests_are_taken_round_robin_over_functions_within_their_file():
-    ids = ["a.py::t[0]", "a.py::t[1]", "a.py::t[2]", "a.py::u", "a.py::C::v[x]", "a.py::C::v[y]", "b.py::w[0]",
-           "b.py::w[1]", "b.py::z"]
-    got = round_robin(ids, lambda i: i.split("::", 1)[0], lambda i: i.split("[", 1)[0])
-    assert got == ["a.py::t[0]", "a.py::u", "a.py::C::v[x]", "a.py::t[1]", "a.py::C::v[y]", "a.py::t[2]",
+    ids = ["a.py::t[0]", "a.py::t[1]", "a.py::t[2]", "a.py::C::v[x]", "a.py::C::v[y]", "a.py::C::s", "a.py::u",
+           "b.py::w[0]", "b.py::w[1]", "b.py::z"]
+
+    def scope(i):  # a class's tests stay together (its setUpClass runs once)
+        parts = i.split("[", 1)[0].split("::")
+        return "::".join(parts[:2]) if len(parts) == 3 else parts[0]
+
+    got = round_robin(ids, lambda i: i.split("::", 1)[0], lambda i: i.split("[", 1)[0], scope)
+    assert got == ["a.py::t[0]", "a.py::u", "a.py::t[1]", "a.py::t[2]", "a.py::C::v[x]", "a.py::C::s", "a.py::C::v[y]",
                    "b.py::w[0]", "b.py::z", "b.py::w[1]"]
 
 

@@ -1238,8 +1238,15 @@ def test_a_slow_test_file_does_not_keep_the_files_after_it_from_being_recorded(t
         "    assert expmap(torch.full((2, 3), 0.01 * k)).shape == (2, 3)\n\n\n"
         "def test_logmap():\n    assert logmap(torch.linspace(-1, 1, 6).reshape(2, 3)).shape == (2, 3)\n")
     (repo / "tests" / "test_b_norm.py").write_text(
-        "import torch\n\nfrom slowlib import norm\n\n\ndef test_zero_tangent():\n"
-        "    assert norm(torch.zeros(2, 3)).shape == (2, 1)\n")
+        "import pytest\nimport torch\n\nfrom slowlib import norm\n\n\n"
+        "@pytest.mark.parametrize('k', [1, 2])\ndef test_zero_tangent(k):\n"
+        "    assert norm(torch.zeros(k, 3)).shape == (k, 1)\n\n\n"
+        "class TestBuilt:  # its class-scoped setup (a model built once) must run once\n"
+        "    @pytest.fixture(scope='class')\n    def built(self):\n"
+        "        with open('setups.txt', 'a') as f:\n            f.write('setup\\n')\n\n"
+        "    @pytest.mark.parametrize('k', [1, 2])\n    def test_p(self, built, k):\n"
+        "        assert norm(torch.ones(k, 3)).shape == (k, 1)\n\n"
+        "    def test_q(self, built):\n        assert norm(torch.ones(1, 3)).shape == (1, 1)\n")
     git(tmp_path, "init", "-q", "-b", "main", str(repo))
     rep = run_init(repo, workflows=False, probe_timeout=20, tests_timeout=24)
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
@@ -1248,3 +1255,4 @@ def test_a_slow_test_file_does_not_keep_the_files_after_it_from_being_recorded(t
     assert "calls of 3 operators recorded" in rep.harvest, rep.harvest
     assert "test files skipped once their file's share of the 24s budget was spent" in rep.harvest, rep.harvest
     assert "--tests-timeout" in rep.harvest and "never reached" not in rep.harvest, rep.harvest
+    assert (repo / "setups.txt").read_text() == "setup\n"  # the class's tests stayed together

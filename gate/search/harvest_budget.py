@@ -10,7 +10,8 @@ tangent vector, the input of the revert's regression - was never reached. Here:
   file leaves goes to the files after it); once its share is spent, the file's remaining tests
   are skipped (the first test of a file always runs);
 * within a file, the tests are taken round-robin over its test functions (one parameter set of
-  each function before the second of any), so a cut file still calls each function once.
+  each function before the second of any), so a cut file still calls each function once; the
+  tests of one class stay together (round robin among themselves), so that its setup runs once.
 
 The recorder is about how tests call the library, not whether they pass: skipping is sampling.
 Progress is written to ``budget.json`` beside the recorder's configuration at each new file and
@@ -62,19 +63,23 @@ class Shares:
         return {"files": self.files, "started": self.started, "skipped": self.skipped}
 
 
-def round_robin(items, key_file, key_function):
+def round_robin(items, key_file, key_function, key_scope=None):
     """``items`` grouped by file (files in their first order) and, within a file, one item of
-    each function in turn."""
+    each function in turn. ``key_scope`` (a test class): the items of one scope stay together,
+    taken round robin among themselves, so that a class's setup (``setUpClass``, class-scoped
+    fixtures: often a model built once) runs once, as in the tests' own order."""
+    key_scope = key_scope or key_file
     files = {}
     for it in items:
-        funcs = files.setdefault(key_file(it), {})
-        funcs.setdefault(key_function(it), []).append(it)
+        scopes = files.setdefault(key_file(it), {})
+        scopes.setdefault(key_scope(it), {}).setdefault(key_function(it), []).append(it)
     out = []
-    for funcs in files.values():
-        queues = [list(q) for q in funcs.values()]
-        depth = max(len(q) for q in queues)
-        for i in range(depth):
-            out.extend(q[i] for q in queues if i < len(q))
+    for scopes in files.values():
+        for funcs in scopes.values():
+            queues = list(funcs.values())
+            depth = max(len(q) for q in queues)
+            for i in range(depth):
+                out.extend(q[i] for q in queues if i < len(q))
     return out
 
 
@@ -87,6 +92,14 @@ def _file_of(item):
 
 def _function_of(item):
     return item.nodeid.split("[", 1)[0]
+
+
+def _scope_of(item):
+    """The test class an item belongs to (its node id up to the class), else its file."""
+    cls = getattr(item, "cls", None)
+    if cls is None:
+        return _file_of(item)
+    return _function_of(item).rsplit("::", 1)[0]
 
 
 def _write():
@@ -109,7 +122,7 @@ def pytest_collection_modifyitems(session, config, items):
     if _deadline is None or _state["config"] not in (None, config):
         return
     _state["config"] = config
-    items[:] = round_robin(items, _file_of, _function_of)
+    items[:] = round_robin(items, _file_of, _function_of, _scope_of)
     files = list(dict.fromkeys(_file_of(it) for it in items))
     _state["shares"] = Shares(files, _deadline)
     _write()
