@@ -151,24 +151,18 @@ def _decode(status: int) -> int:
 # ---------------------------------------------------------------------------------------
 # the zygote: imports the framework once, forks workers
 # ---------------------------------------------------------------------------------------
-class _Polled:
-    """``Popen.wait`` for a process this one cannot ``waitpid``: polls :meth:`poll`."""
-
-    returncode: Optional[int] = None
-
-    def poll(self) -> Optional[int]:  # pragma: no cover - each subclass has its own
-        raise NotImplementedError
-
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        deadline = time.perf_counter() + (timeout if timeout is not None else 1e9)
-        while self.poll() is None:
-            if time.perf_counter() >= deadline:
-                raise subprocess.TimeoutExpired(str(getattr(self, "pid", "")), timeout)
-            time.sleep(0.005)
-        return self.returncode
+def _wait_polling(proc: Any, timeout: Optional[float]) -> Optional[int]:
+    """``Popen.wait`` for a process this one cannot ``waitpid`` (a worker the zygote forked, a
+    zygote the server forked): ``proc.poll()`` until it has a return code."""
+    deadline = time.perf_counter() + (timeout if timeout is not None else 1e9)
+    while proc.poll() is None:
+        if time.perf_counter() >= deadline:
+            raise subprocess.TimeoutExpired(str(proc.pid), timeout)
+        time.sleep(0.005)
+    return proc.returncode
 
 
-class _Served(_Polled):
+class _Served:
     """The ``Popen``-like handle of a zygote forked by a zygote server (not this process's child:
     the server reaps it)."""
 
@@ -184,6 +178,9 @@ class _Served(_Polled):
             except PermissionError:  # pragma: no cover - a reused pid of another user
                 self.returncode = -int(signal.SIGKILL)
         return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        return _wait_polling(self, timeout)
 
     def kill(self) -> None:
         try:
@@ -320,7 +317,7 @@ class _Zygote:
             os.unlink(self.log)
 
 
-class _Forked(_Polled):
+class _Forked:
     """A worker forked by the zygote, with the part of ``Popen``'s interface we use."""
 
     def __init__(self, pid: int, zygote: _Zygote):
@@ -337,6 +334,9 @@ class _Forked(_Polled):
         elif self.returncode is None:
             self.returncode = -int(signal.SIGKILL)  # the zygote died: so did its children
         return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        return _wait_polling(self, timeout)
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
