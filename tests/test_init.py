@@ -434,19 +434,15 @@ def test_no_package_and_an_unknown_package_are_one_line_errors(tmp_path):
 
 def test_a_private_operator_is_taken_when_named(tmp_path):
     # torchmetrics' LPIPS: the operator a PR changes is `_normalize_tensor` in a public module
-    repo = tmp_path / "repo"
-    (repo / "imgmetrics").mkdir(parents=True)
-    (repo / "imgmetrics" / "__init__.py").write_text('"""Image metrics."""\n')
-    (repo / "imgmetrics" / "lpips.py").write_text(
-        "import torch\n\n\ndef _normalize_tensor(in_feat, eps: float = 1e-8):\n"
-        "    norm_factor = torch.sqrt(eps + torch.sum(in_feat**2, dim=1, keepdim=True))\n"
-        "    return in_feat / norm_factor\n")
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_lpips.py").write_text(
-        "import torch\nfrom imgmetrics.lpips import _normalize_tensor\n\n\ndef test_unit_norm():\n"
-        "    x = torch.randn(2, 4, 3, 3)\n"
-        "    assert torch.allclose(_normalize_tensor(x).pow(2).sum(1), torch.ones(2, 3, 3), atol=1e-5)\n")
-    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    repo = write_files(tmp_path / "repo", {
+        "imgmetrics/__init__.py": '"""Image metrics."""\n',
+        "imgmetrics/lpips.py": "import torch\n\n\ndef _normalize_tensor(in_feat, eps: float = 1e-8):\n"
+                               "    norm_factor = torch.sqrt(eps + torch.sum(in_feat**2, dim=1, keepdim=True))\n"
+                               "    return in_feat / norm_factor\n",
+        "tests/test_lpips.py":
+            "import torch\nfrom imgmetrics.lpips import _normalize_tensor\n\n\ndef test_unit_norm():\n"
+            "    x = torch.randn(2, 4, 3, 3)\n"
+            "    assert torch.allclose(_normalize_tensor(x).pow(2).sum(1), torch.ones(2, 3, 3), atol=1e-5)\n"})
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "imgmetrics")
     with pytest.raises(SetupError) as exc:  # not asked for: nothing public, and how to ask
@@ -1219,40 +1215,75 @@ def test_a_torch_row_in_a_tensorflow_file_keeps_its_framework(tmp_path, monkeypa
     assert rows["mixlib.twice"].framework == "torch" and rows["mixlib.Scale"].framework == "tensorflow"
 
 
+def write_files(root: Path, files: dict) -> Path:
+    """A library's repository: ``files`` (relative path -> text) under ``root``, in git."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    git(root.parent, "init", "-q", "-b", "main", str(root))
+    return root
+
+
+#: the library's tests spend time on a clock they drive (the budget plugin's ``time``): the test
+#: does not depend on how fast this machine runs them (each slow test "takes" 10 s, and none sleeps)
+SPENDING_CONFTEST = """import time as _time
+
+import pytest
+
+import dl_gate_harvest_budget as budget
+
+
+class Clock:
+    def __init__(self):
+        self.now = _time.time()
+
+    def time(self):
+        return self.now
+
+
+budget.time = Clock()
+
+
+@pytest.fixture
+def spend():
+    def spend(seconds):
+        budget.time.now += seconds
+    return spend
+"""
+
+
 def test_a_slow_test_file_does_not_keep_the_files_after_it_from_being_recorded(tmp_path):
     """geoopt (acceptance run): its tests under the recorder took more than init's 600 s and
     stopped in the 8th of 24 files; test_spd_norm.py, the one test calling SPD.norm at a zero
-    tangent vector, never ran. Here the first test file alone needs 40 s of a 24 s limit: each
-    file gets its share of the budget, the slow file's other test function still runs (round
-    robin over functions), the last file's operator is recorded, and init says what was skipped."""
-    repo = tmp_path / "slowrepo"
-    (repo / "slowlib").mkdir(parents=True)
-    (repo / "slowlib" / "__init__.py").write_text(
-        "import torch\n\n\ndef expmap(x):\n    return torch.exp(x) - 1\n\n\n"
-        "def logmap(x):\n    return torch.log1p(x.abs())\n\n\n"
-        "def norm(x):\n    return torch.sqrt((x * x).sum(-1, keepdim=True))\n")
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_a_reversibility.py").write_text(
-        "import time\n\nimport pytest\nimport torch\n\nfrom slowlib import expmap, logmap\n\n\n"
-        "@pytest.mark.parametrize('k', range(40))\ndef test_slow(k):\n    time.sleep(1)\n"
-        "    assert expmap(torch.full((2, 3), 0.01 * k)).shape == (2, 3)\n\n\n"
-        "def test_logmap():\n    assert logmap(torch.linspace(-1, 1, 6).reshape(2, 3)).shape == (2, 3)\n")
-    (repo / "tests" / "test_b_norm.py").write_text(
-        "import pytest\nimport torch\n\nfrom slowlib import norm\n\n\n"
-        "@pytest.mark.parametrize('k', [1, 2])\ndef test_zero_tangent(k):\n"
-        "    assert norm(torch.zeros(k, 3)).shape == (k, 1)\n\n\n"
-        "class TestBuilt:  # its class-scoped setup (a model built once) must run once\n"
-        "    @pytest.fixture(scope='class')\n    def built(self):\n"
-        "        with open('setups.txt', 'a') as f:\n            f.write('setup\\n')\n\n"
-        "    @pytest.mark.parametrize('k', [1, 2])\n    def test_p(self, built, k):\n"
-        "        assert norm(torch.ones(k, 3)).shape == (k, 1)\n\n"
-        "    def test_q(self, built):\n        assert norm(torch.ones(1, 3)).shape == (1, 1)\n")
-    git(tmp_path, "init", "-q", "-b", "main", str(repo))
-    rep = run_init(repo, workflows=False, probe_timeout=20, tests_timeout=24)
+    tangent vector, never ran. Here the first test file alone needs 400 s of a 120 s limit (on
+    the clock its tests drive): each file gets its share of the budget, the slow file's other
+    test function still runs (round robin over functions), the last file's operator is recorded,
+    a test class's setup runs once, and init says what was skipped."""
+    repo = write_files(tmp_path / "slowrepo", {
+        "slowlib/__init__.py": "import torch\n\n\ndef expmap(x):\n    return torch.exp(x) - 1\n\n\n"
+                               "def logmap(x):\n    return torch.log1p(x.abs())\n\n\n"
+                               "def norm(x):\n    return torch.sqrt((x * x).sum(-1, keepdim=True))\n",
+        "tests/conftest.py": SPENDING_CONFTEST,
+        "tests/test_a_reversibility.py":
+            "import pytest\nimport torch\n\nfrom slowlib import expmap, logmap\n\n\n"
+            "@pytest.mark.parametrize('k', range(40))\ndef test_slow(k, spend):\n    spend(10)\n"
+            "    assert expmap(torch.full((2, 3), 0.01 * k)).shape == (2, 3)\n\n\n"
+            "def test_logmap():\n    assert logmap(torch.linspace(-1, 1, 6).reshape(2, 3)).shape == (2, 3)\n",
+        "tests/test_b_norm.py":
+            "import pytest\nimport torch\n\nfrom slowlib import norm\n\n\n"
+            "@pytest.mark.parametrize('k', [1, 2])\ndef test_zero_tangent(k):\n"
+            "    assert norm(torch.zeros(k, 3)).shape == (k, 1)\n\n\n"
+            "class TestBuilt:  # its class-scoped setup (a model built once) must run once\n"
+            "    @pytest.fixture(scope='class')\n    def built(self):\n"
+            "        with open('setups.txt', 'a') as f:\n            f.write('setup\\n')\n\n"
+            "    @pytest.mark.parametrize('k', [1, 2])\n    def test_p(self, built, k):\n"
+            "        assert norm(torch.ones(k, 3)).shape == (k, 1)\n\n"
+            "    def test_q(self, built):\n        assert norm(torch.ones(1, 3)).shape == (1, 1)\n"})
+    rep = run_init(repo, workflows=False, probe_timeout=20, tests_timeout=120)
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
     rows = {o.name: o for o in cfg.ops}
     assert {"slowlib.expmap", "slowlib.logmap", "slowlib.norm"} <= set(rows), sorted(rows)
     assert "calls of 3 operators recorded" in rep.harvest, rep.harvest
-    assert "test files skipped once their file's share of the 24s budget was spent" in rep.harvest, rep.harvest
+    assert "test files skipped once their file's share of the 120s budget was spent" in rep.harvest, rep.harvest
     assert "--tests-timeout" in rep.harvest and "never reached" not in rep.harvest, rep.harvest
     assert (repo / "setups.txt").read_text() == "setup\n"  # the class's tests stayed together
