@@ -958,29 +958,6 @@ def _kernels(repo: Path, head_sha: str, catalog: Catalog, cfg: Config, report: V
     return run
 
 
-#: the most calls recorded from the library's tests that every verdict of an operator is made on
-TESTS_CALLS = 8
-
-
-def tests_calls(spec: OpSpec, seed_store, have: Sequence, dtype: str) -> list:
-    """Up to :data:`TESTS_CALLS` of the calls the library's own tests made (harvested seeds, most
-    novel first), not already in ``have``: replayed on head and base whatever the search's
-    ranking, so that a regression on the inputs the tests use is judged on identical inputs.
-    geoopt's revert of 71c7f63 (SPD.norm's gradient NaN at a zero tangent vector, the input of
-    its test_spd_norm): the search's ten worst inputs were random non-SPD matrices, NaN on both
-    sides, and the tests' zero vector, NaN on head only, was never compared with base."""
-    if seed_store is None:
-        return []
-    from .search.seeds import content_key, prioritise
-
-    seeds = seed_store.harvested(spec)
-    if not seeds:
-        return []
-    seen = {content_key(c) for c in have}
-    fresh = [c for c in seeds if content_key(c) not in seen]
-    return prioritise(spec, fresh, dtype, limit=TESTS_CALLS) if fresh else []
-
-
 def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate, base_isolate,
               base_spec: Optional[OpSpec], say, sources: Dict[str, Tuple[Optional[str], Optional[int]]]) -> dict:
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
@@ -1016,7 +993,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     like = cands[-1]
     cands += degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows
     cands += structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
-    cands += tests_calls(spec, seed_store, cands, task.variant.dtype)  # the library's own test inputs
+    cands += seed_store.tests_calls(spec, cands, task.variant.dtype)  # the library's own test inputs
     head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
     return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
             "cands": cands, "head": head_results, "src": sources[spec.name], "corpus_error": corpus_error}

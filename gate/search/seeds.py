@@ -445,6 +445,10 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
+#: the most calls recorded from the library's tests that every verdict of an operator is made on
+TESTS_CALLS = 8
+
+
 class SeedStore:
     """Seeds for each operator: harvested ones under ``root`` (``<baselines>/seeds``) and, for
     torch rows with an ``opinfo`` key, OpInfo samples."""
@@ -480,6 +484,21 @@ class SeedStore:
             info["opinfo_note"] = note
         self.last_sources = info
         return harvested + opinfo
+
+    def tests_calls(self, spec: OpSpec, have: Sequence[Candidate], dtype: str) -> List[Candidate]:
+        """Up to :data:`TESTS_CALLS` of the calls the library's own tests made (harvested seeds,
+        most novel first), not already in ``have``: the gate replays them on head and base
+        whatever the search ranked them, so that a regression on the inputs the tests use is
+        judged on identical inputs. geoopt's revert of 71c7f63 (SPD.norm's gradient NaN at a
+        zero tangent vector, the input of its test_spd_norm): the search's ten worst inputs were
+        random non-SPD matrices, NaN on both sides, and the tests' zero vector, NaN on head only,
+        was never compared with base."""
+        seeds = self.harvested(spec)
+        if not seeds:
+            return []
+        seen = {content_key(c) for c in have}
+        fresh = [c for c in seeds if content_key(c) not in seen]
+        return prioritise(spec, fresh, dtype, limit=TESTS_CALLS) if fresh else []
 
     # -- writing ------------------------------------------------------------------------
     _pending: Optional[dict] = None
