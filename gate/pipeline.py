@@ -222,12 +222,6 @@ def run_gate(opts: RunOptions) -> V.GateReport:
 
         traceback.print_exc()
         report.stopped(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-    finally:
-        import sys
-
-        iso = sys.modules.get("gate.backends.isolate")
-        if iso is not None:  # the run's kept workers go with it (a later run in this process starts afresh)
-            iso.close_idle()
     report.seconds = round(time.perf_counter() - t0, 2)
     return report
 

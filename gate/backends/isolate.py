@@ -16,7 +16,7 @@ pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
 
 * ``fork`` of the gate itself is unsafe once torch/TensorFlow thread pools or CUDA exist; the
   zygote forks from a process that only *imported* the framework (what a DataLoader's workers
-  do), and TensorFlow, whose import starts threads, is not preloaded;
+  do: neither torch's nor TensorFlow's import starts a thread pool or a runtime);
 * ``spawn`` and ``forkserver`` re-import the caller's ``__main__`` in every worker, so a user's
   script without an ``if __name__ == "__main__"`` guard would re-run; our processes start from
   ``-m gate.backends.isolate``;
@@ -58,8 +58,12 @@ _TIMEOUT = "timeout"
 _DEAD = "dead"
 _UNREADABLE = "unreadable"
 #: what a zygote imports before it forks: the framework (and numpy.random, which every worker's
-#: search imports); TensorFlow's import starts threads: not forked
-PRELOAD = {"torch": ("torch", "numpy.random"), "tensorflow": ()}
+#: search imports). TensorFlow through the gate's backend module, which loads Triton first
+#: (gate.backends.base.before_tensorflow) and sets its log level; importing TensorFlow (and Keras)
+#: starts no thread and builds no runtime (its eager context and thread pools are made on a
+#: worker's first operation, after the fork), so its workers are forked warm as torch's are: each
+#: imported it anew before (~3.5 s idle, ~9 s on a loaded 2-core runner, per worker)
+PRELOAD = {"torch": ("torch", "numpy.random"), "tensorflow": ("gate.backends.tf_backend", "numpy.random")}
 #: what the zygote imports before it forks the first worker of a gradient variant: what the
 #: framework imports on a worker's first backward pass (torch.autograd.grad's first call imports
 #: symbolic_shapes, and with it sympy: ~0.3 s of CPU that every gradient worker paid anew, a third
@@ -433,83 +437,9 @@ def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]
 
 @atexit.register
 def _close_zygotes() -> None:
-    _close_idle()
     for z in list(_ZYGOTES.values()):
         z.close()
     _ZYGOTES.clear()
-
-
-#: workers kept for the next runner, by :func:`_reuse_key`: a framework the zygote cannot
-#: preload (TensorFlow: its import starts threads, so each worker imported it after the fork,
-#: ~9 s a worker on a 2-core runner (a Keras layer's run: 18 s for 2 variants), once for every variant) keeps a worker that finished
-#: cleanly for the next runner with the same import path, which sends it a new ``init`` (the
-#: runner is rebuilt; the framework stays imported). Workers of a preloading zygote (torch) are
-#: forked warm in milliseconds and never kept; head's and base's workers never mix (their
-#: import paths differ); a worker that crashed, hung or was killed is never kept.
-_IDLE: Dict[tuple, List["_Worker"]] = {}
-_IDLE_LOCK = threading.Lock()
-IDLE_MAX = 2  # in all (a TensorFlow worker holds hundreds of MB): the oldest are closed first
-_ORDER: List["_Worker"] = []  # the kept workers, oldest first
-
-
-def _reuse_key(spec: Any, options: "IsolateOptions", factory: str) -> Optional[tuple]:
-    if not options.zygote or PRELOAD.get(spec.framework, ()):
-        return None
-    # options without a path or folder of their own start workers with this process's: a worker
-    # that imported one repository's `mylib` must not serve another's (two refreshes in one
-    # process, in two repositories: "module 'mylib.ops' has no attribute 'RMSNorm'")
-    return (spec.framework, options.sys_path if options.sys_path is not None else tuple(sys.path),
-            options.cwd if options.cwd is not None else os.getcwd(), options.memory_limit(), factory)
-
-
-def _take_idle(key: Optional[tuple]) -> Optional["_Worker"]:
-    if key is None:
-        return None
-    with _IDLE_LOCK:
-        pool = _IDLE.get(key) or []
-        while pool:
-            w = pool.pop()
-            if w in _ORDER:
-                _ORDER.remove(w)
-            if w.proc.poll() is None and not w.gone():
-                return w
-            w.kill()
-    return None
-
-
-def _keep_idle(key: Optional[tuple], worker: "_Worker") -> bool:
-    """Keep ``worker`` for the next runner of ``key``; False when it is not kept (close it)."""
-    if key is None or worker.proc.poll() is not None or worker.gone():
-        return False
-    with _IDLE_LOCK:
-        _IDLE.setdefault(key, []).append(worker)
-        _ORDER.append(worker)
-        evicted = []
-        while len(_ORDER) > IDLE_MAX:
-            old = _ORDER.pop(0)
-            for pool in _IDLE.values():
-                if old in pool:
-                    pool.remove(old)
-            evicted.append(old)
-    for w in evicted:
-        w.close()
-    return True
-
-
-
-def _close_idle() -> None:
-    """Close every kept worker (the end of a run: a later run in this process starts afresh)."""
-    with _IDLE_LOCK:
-        workers = list(_ORDER)
-        _IDLE.clear()
-        _ORDER.clear()
-    for w in workers:
-        w.close()
-
-
-def close_idle() -> None:
-    """The run is over: its kept workers go (:func:`_keep_idle`)."""
-    _close_idle()
 
 
 class _RemoteBackend:
@@ -566,8 +496,8 @@ class _Worker:
 
     def init(self, spec: Any, variant: Any, options: IsolateOptions, factory: str = RUNNER_FACTORY) -> None:
         """Ask the worker to build the runner of ``spec`` under ``variant``: sent now, answered
-        (:meth:`ready`) once it has imported the framework and built it; a worker kept idle
-        (:func:`_keep_idle`) gets it again for the next runner."""
+        (:meth:`ready`) once it has built it (the framework imported by its zygote, or by itself
+        when started as a fresh interpreter)."""
         self.fresh = True
         self.env: Optional[dict] = None
         self.flush_subnormals = False
@@ -711,11 +641,7 @@ class IsolatedRunner:
     def _ensure_active(self) -> _Worker:
         if self._active is None:
             self.stats["starts"] += 1
-            worker = _take_idle(_reuse_key(self.spec, self.options, self.factory))
-            if worker is not None:
-                worker.init(self.spec, self.variant, self.options, self.factory)
-            else:
-                worker = _Worker(self.spec, self.variant, self.options, self.factory)
+            worker = _Worker(self.spec, self.variant, self.options, self.factory)
             try:
                 self.env = worker.ready(self.options.start_timeout, self.what)
                 self.devices = worker.devices or self.devices
@@ -736,12 +662,7 @@ class IsolatedRunner:
             self._active = None
 
     def close(self) -> None:
-        """Done with this runner: its worker is kept for the next runner where the framework's
-        import is costly (:func:`_keep_idle`), else closed."""
-        w = self._active
-        if w is not None and _keep_idle(_reuse_key(self.spec, self.options, self.factory), w):
-            self._active = None
-            return
+        """Done with this runner: its worker goes (the next runner's is forked warm)."""
         self._discard_active()
 
     def __enter__(self) -> "IsolatedRunner":
