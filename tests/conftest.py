@@ -26,13 +26,12 @@ if os.environ.get("PYTEST_XDIST_WORKER") is None:
     import compileall
 
     compileall.compile_dir(str(REPO / "gate"), quiet=1)
-    # the fused scoring kernel compiled once into Numba's on-disk cache (~4 s), so that the
-    # workers and the gate's processes load it (~0.3 s) instead of each compiling it
-    from gate.oracles import fused
-    from gate.search import randoms
+    # the compiled loops (scoring, rounding, band counts, random numbers) compiled once into
+    # Numba's on-disk cache (~6 s), so that the zygotes and the gate's processes load them
+    # instead of each compiling them
+    from gate.oracles.registry import warm_kernels
 
-    fused.warm()
-    randoms.warm()  # the search's random-number loops likewise (~2 s compiled, then loaded)
+    warm_kernels()
 
 
 def _zygote_server() -> None:

@@ -225,6 +225,47 @@ def test_the_zygote_imports_what_a_backward_pass_needs_before_its_first_gradient
         runner.close()
 
 
+KERNELS_PROBE = '''
+import json, sys
+loaded = {}
+if "numba" in sys.modules:  # what the zygote had loaded when it forked this process
+    from gate.backends import _round_kernel as r
+    from gate.oracles import _fused_kernel as f
+    from gate.search import _bands_kernel as b, _randoms_kernel as n
+    loaded = {"round_to": len(r.round_to.overloads), "round_float32_twin": len(r.round_float32_twin.overloads),
+              "traverse": len(f.traverse.overloads), "at_or_above": len(b.at_or_above.overloads),
+              "normals": len(n.normals.overloads)}
+print(json.dumps(loaded), flush=True)
+'''
+
+
+@pytest.mark.parametrize("framework", ["torch", pytest.param("tensorflow", marks=pytest.mark.tf)])
+def test_the_zygote_loads_the_compiled_loops_before_it_forks(tmp_path, monkeypatch, framework):
+    """Each worker imported Numba and loaded every compiled loop (rounding, scoring, band counts,
+    random numbers) from its on-disk cache anew: ~1 s of CPU a worker, half of a torch bed's CPU
+    time. The zygote loads them once (gate.oracles.registry.warm_kernels), without importing
+    another framework; its forks start with them."""
+    if framework == "tensorflow":
+        pytest.importorskip("tensorflow")
+    from gate.backends import isolate
+    from gate.backends.isolate import spawn_module
+
+    monkeypatch.delenv(isolate.SERVER_ENV, raising=False)  # this process's own zygote, as a user's run
+    isolate._close_zygotes()
+    (tmp_path / "kernels_probe.py").write_text(KERNELS_PROBE)
+    try:
+        proc = spawn_module(framework, "kernels_probe", [], str(tmp_path), 2, IsolateOptions())
+        assert proc is not None
+        loaded = json.loads(proc.stdout.readline())
+        proc.wait(timeout=60)
+        other = "tensorflow" if framework == "torch" else "torch"
+        maps = Path(f"/proc/{isolate._ZYGOTES[isolate.PRELOAD[framework]].proc.pid}/maps").read_text()
+        assert f"site-packages/{other}/" not in maps  # nothing of the other framework
+    finally:
+        isolate._close_zygotes()
+    assert loaded and all(loaded.values()), loaded
+
+
 SERVER_CLIENT = '''
 import json, os, sys, time
 from gate.backends import isolate

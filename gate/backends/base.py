@@ -491,6 +491,19 @@ def _round_kernel():
     return _ROUND[0]
 
 
+def warm_round_kernel() -> bool:
+    """Load every rounding loop from Numba's cache (compiling it the first time); True when the
+    compiled loops are used (see :func:`gate.oracles.registry.warm_kernels`)."""
+    k = _round_kernel()
+    if k is None:
+        return False
+    a = np.linspace(-1.0, 1.0, ROUND_KERNEL_MIN)
+    for dtype in ("float16", "bfloat16", "float32"):
+        kernel_quantize(k, a, dtype)
+    float32_twin(a)
+    return True
+
+
 def kernel_quantize(k, arr: np.ndarray, dtype: str) -> np.ndarray:
     """:func:`numpy_quantize` by the compiled loop ``k`` (``gate.backends._round_kernel``)."""
     flat = np.ascontiguousarray(arr).reshape(-1)

@@ -73,6 +73,9 @@ GRAD_ORACLES = ("grad", "gradcheck")  # the oracles (by name) whose workers run 
 #: what a worker calls to build its runner, ``module:function(spec, variant)``: a name, not an
 #: import, so that this module knows no oracle (the zygote imports the module once)
 RUNNER_FACTORY = "gate.oracles.registry:build_runner"
+#: what a zygote (and the suite's zygote server) calls once before it forks: the compiled loops
+#: every worker's search and scoring use, loaded once instead of in each worker
+WARM_UP = "gate.oracles.registry:warm_kernels"
 
 
 @dataclass(frozen=True)
@@ -1111,6 +1114,7 @@ def server_main(path: str) -> int:
     _die_with_parent()
     for mod in (*PRELOAD["torch"], *PRELOAD_GRAD["torch"], RUNNER_FACTORY.partition(":")[0]):
         importlib.import_module(mod)
+    _warm_up()
     start_env, start_cwd = dict(os.environ), os.getcwd()
     # the variables of a framework the server has not imported are read where its workers import
     # it, after they take the client's environment: a client may differ in them (a test process
@@ -1155,6 +1159,16 @@ def server_main(path: str) -> int:
             os._exit(code)
 
 
+_WARMED: List[bool] = []
+
+
+def _warm_up() -> None:
+    """:data:`WARM_UP`, once per process."""
+    if not _WARMED:
+        _WARMED.append(True)
+        _resolve(WARM_UP)()
+
+
 def zygote_main(fd: "int | Connection") -> int:
     """Import the framework(s) once, then fork a worker per request (never run an operator)."""
     import faulthandler
@@ -1176,6 +1190,7 @@ def zygote_main(fd: "int | Connection") -> int:
                 except Exception:  # the worker will report it, with the operator's context
                     pass
             importlib.import_module(RUNNER_FACTORY.partition(":")[0])  # the gate's runners, imported once too
+            _warm_up()
 
             conn.send(("ok",))
         elif msg[0] == "fork":

@@ -97,3 +97,22 @@ def build_runner(spec: OpSpec, variant: Variant, *, isolate=None):
 
 
 __all__ = ["RUNNERS", "register_runner", "runner_class", "runner_options", "hooks", "build_runner"]
+
+
+def warm_kernels() -> None:
+    """Load the search's and the oracles' compiled loops (Numba: rounding, scoring, band counts,
+    random numbers) into this process. A worker zygote calls it once before it forks
+    (gate.backends.isolate): each worker otherwise imported Numba and loaded each loop from its
+    on-disk cache anew, ~1 s of CPU a worker (~1 of every 3 CPU-seconds of a torch bed's run).
+    Imports no framework; a loop that cannot be loaded is left to the worker, which falls back
+    to NumPy as before."""
+    from ..backends.base import warm_round_kernel
+    from ..search import coverage, randoms
+    from . import fused
+
+    for warm in (warm_round_kernel, fused.warm, coverage.warm, randoms.warm):
+        try:
+            warm()
+        except Exception:  # pragma: no cover - a broken Numba: the worker's own path reports it
+            pass
+

@@ -227,6 +227,16 @@ def _bands_kernel():
     return _KERNEL[0]
 
 
+def warm() -> bool:
+    """Load the band-counting loop from Numba's cache (compiling it the first time); True when
+    it is used."""
+    k = _bands_kernel()
+    if k is None:
+        return False
+    _counted_features(k, np.linspace(-2.0, 2.0, BANDS_KERNEL_MIN), -2.0, 2.0, "float32")
+    return True
+
+
 #: (weak reference to an array, dtype, its least value, its greatest) of the last few all-finite
 #: arrays whose extremes were read as they were rounded to ``dtype``
 _REMEMBERED: "collections.deque" = collections.deque(maxlen=8)
