@@ -144,12 +144,25 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
 LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-11-29)
-    "init", "kernels_cpp", "keras_mixed_bed", "redteam", "kernels_triton", "containment", "verdict_bed", "input_bed",
-    "keras_layer_class", "size_reach_bed", "stability_bed", "example", "gate_verdict_rules", "refactor_bed",
-    "false_alarms_refactor", "oracles_isolation", "localise", "grad_probe", "false_alarms_improve", "gate_run",
-    "upcast_bed", "exhaustive", "contrast_search", "default_inputs", "method_bed", "threads", "init_messages",
-    "robust_inputs", "mixed_inputs", "cli_core", "oracles_gate_run", "action", "false_alarms_docs", "not_gated",
-    "zero_results", "core_fuzz", "search_harvest"))
+    "init", "kernels_cpp", "redteam", "containment", "verdict_bed", "kernels_triton", "refactor_bed", "keras_mixed_bed",
+    "example", "gate_run", "oracles_isolation", "threads", "localise", "stability_bed", "input_bed", "size_reach_bed",
+    "keras_layer_class", "exhaustive", "upcast_bed", "gate_verdict_rules", "grad_probe", "default_inputs", "method_bed",
+    "action", "false_alarms_docs", "false_alarms_improve", "false_alarms_refactor", "cli_core", "init_messages",
+    "localise_units", "contrast_search", "core_fuzz", "robust_inputs", "mixed_inputs", "oracles_gate_run", "not_gated",
+    "zero_results", "search_harvest"))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker more than the cores this process may use.
+    The end-to-end tests spend part of their time waiting, not computing (a hang's deadline, a
+    worker's time limit, processes starting, a compiler's output): on the 2-core machine the
+    suite's CPU time was 77% of two cores' wall time with two workers; a third fills those waits
+    (772 -> 677 s, 2026-11-29, the same tree, idle)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return cores + 1
 
 
 def pytest_collection_modifyitems(config, items):
