@@ -152,6 +152,7 @@ LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full 
     "zero_results", "search_harvest"))
 
 
+@pytest.hookimpl(optionalhook=True)  # without pytest-xdist (-p no:xdist) the hook is not there
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (pyproject's addopts): one worker more than the cores this process may use.
     The end-to-end tests spend part of their time waiting, not computing (a hang's deadline, a
