@@ -1287,3 +1287,32 @@ def test_a_slow_test_file_does_not_keep_the_files_after_it_from_being_recorded(t
     assert "test files skipped once their file's share of the 120s budget was spent" in rep.harvest, rep.harvest
     assert "--tests-timeout" in rep.harvest and "never reached" not in rep.harvest, rep.harvest
     assert (repo / "setups.txt").read_text() == "setup\n"  # the class's tests stayed together
+
+
+@pytest.mark.tf
+def test_init_workers_of_a_tensorflow_library_are_forked_from_its_warm_zygote(tmp_path, monkeypatch):
+    """init's three workers (classify, probe, check) of a Keras/TensorFlow library are forked from
+    the gate's TensorFlow zygote (TensorFlow imported once: ~3.5 s of CPU a worker here), as a
+    torch library's are from torch's; an ``--env`` value TensorFlow or Keras reads at its import
+    keeps an interpreter of its own."""
+    pytest.importorskip("tensorflow")
+    from gate.backends import isolate
+    from gate.init.discover import _forked_worker
+
+    monkeypatch.delenv(isolate.SERVER_ENV, raising=False)
+    isolate._close_zygotes()
+    request = tmp_path / "request.json"
+    request.write_text("{}")
+    try:
+        with open(tmp_path / "err.log", "w") as err:
+            proc = _forked_worker("tensorflow", request, tmp_path, dict(os.environ), None, err)
+            assert proc is not None
+            zygote = isolate._ZYGOTES[isolate.PRELOAD["tensorflow"]].proc.pid
+            ppid = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            proc.wait(timeout=60)
+            assert ppid == zygote
+            for kept in ({"KERAS_BACKEND": "tensorflow"}, {"TF_ENABLE_ONEDNN_OPTS": "0"}):
+                assert _forked_worker("tensorflow", request, tmp_path, dict(os.environ), kept, err) is None
+            assert _forked_worker("jax", request, tmp_path, dict(os.environ), None, err) is None
+    finally:
+        isolate._close_zygotes()

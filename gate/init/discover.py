@@ -236,23 +236,26 @@ def _gate_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-#: variables a user's ``--env`` may set that torch reads when it is imported: a worker that needs
-#: one starts an interpreter of its own instead of being forked from the warm zygote
-_IMPORT_TIME = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "LD_", "PYTHON")
+#: variables a user's ``--env`` may set that the framework reads when it is imported: a worker
+#: that needs one starts an interpreter of its own instead of being forked from the warm zygote
+_COMMON_IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "CUDA_", "LD_", "PYTHON")
+_IMPORT_TIME = {"torch": ("TORCH_", "PYTORCH_", *_COMMON_IMPORT_TIME),
+                "tensorflow": ("TF_", "XLA_", "ABSL_", "KERAS_", *_COMMON_IMPORT_TIME)}
 
 
 def _forked_worker(framework: str, path: Path, cwd: Path, env: Dict[str, str], env_extra, err):
-    """``python -m gate.init.worker`` forked from the gate's warm torch zygote (torch imported once
-    for init's three workers: ~2 s of CPU each here), in the worker's environment: the zygote's
-    allow-list with the worker's own values on top (its import path is the request's
-    ``sys_path``, which the worker puts first itself); None where it cannot be (a TensorFlow
-    library, an ``--env`` value torch reads at its import, no zygote)."""
-    if framework != "torch" or any(k.startswith(_IMPORT_TIME) for k in (env_extra or {})):
+    """``python -m gate.init.worker`` forked from the gate's warm zygote of ``framework`` (torch or
+    TensorFlow imported once for init's three workers: ~2 s of CPU each for torch, ~3.5 s for
+    TensorFlow here), in the worker's environment: the zygote's allow-list with the worker's own
+    values on top (its import path is the request's ``sys_path``, which the worker puts first
+    itself); None where it cannot be (an ``--env`` value the framework reads at its import, no
+    zygote)."""
+    if framework not in _IMPORT_TIME or any(k.startswith(_IMPORT_TIME[framework]) for k in (env_extra or {})):
         return None
     from ..backends.isolate import spawn_module
 
     overlay = {k: v for k, v in env.items() if k != "PYTHONPATH" and os.environ.get(k) != v}
-    proc = spawn_module("torch", "gate.init.worker", [str(path)], str(cwd), err.fileno(), env=overlay)
+    proc = spawn_module(framework, "gate.init.worker", [str(path)], str(cwd), err.fileno(), env=overlay)
     if proc is not None:
         proc.stdin.close()
     return proc
