@@ -1316,3 +1316,36 @@ def test_init_workers_of_a_tensorflow_library_are_forked_from_its_warm_zygote(tm
             assert _forked_worker("jax", request, tmp_path, dict(os.environ), None, err) is None
     finally:
         isolate._close_zygotes()
+
+
+UPCASTING_LOSSES = '''import torch
+import torch.nn.functional as F
+
+
+def upcast_focal_loss(input, target, gamma=2.0):
+    """As MONAI's FocalLoss at ec63e068fe: the loss computed in float32 whatever its input."""
+    input, target = input.float(), target.float()
+    logp = F.logsigmoid(input) * target + F.logsigmoid(-input) * (1 - target)
+    return (-((1 - logp.exp()) ** gamma) * logp).mean()
+
+
+def plain_softplus(x):
+    return F.softplus(x)
+'''
+
+
+def test_a_dtype_the_operator_does_not_compute_in_is_left_out_of_its_row(tmp_path):
+    """A loss that upcasts its input computes in float32 at every input dtype: its float16 and
+    bfloat16 runs return float32, so those variants are not-measured at every run (the gate's
+    check then ends in an error, exit 2, on every PR: MONAI's focal loss, in a fix direction of
+    the zero-config acceptance). init's probe says so and leaves those dtypes out of the row,
+    naming why; an operator that computes in each dtype keeps them."""
+    repo = write_files(tmp_path / "upcastlib", {"upcastlib/__init__.py": "from .losses import *  # noqa\n",
+                                               "upcastlib/losses.py": UPCASTING_LOSSES})
+    run_init(repo, no_tests=True, workflows=False)
+    text = (repo / ".dl-gate.yml").read_text()
+    ops = {o.name: o for o in parse_config(text, repo / ".dl-gate.yml", repo).ops}
+    assert ops["upcastlib.upcast_focal_loss"].dtypes == ("float32",), text
+    assert "float16 dropped (not measured: its float16 run returns float32" in text, text
+    assert "bfloat16 dropped (not measured: its bfloat16 run returns float32" in text, text
+    assert set(ops["upcastlib.plain_softplus"].dtypes) >= {"float16", "bfloat16", "float32"}, text

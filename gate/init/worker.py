@@ -243,6 +243,11 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
                 if need_all:
                     return last
                 continue
+            if m is not None and m.unmeasured:
+                # runs, but does not measure the variant (a loss that computes in float32 whatever
+                # its input: every run of the row would be not-measured, and the gate's check an
+                # error): the row leaves the dtype out and says why (MONAI's FocalLoss)
+                return "not-measured", f"not measured: {m.unmeasured}"
             if ev.reference is not None and not _some_finite(ev.reference):
                 last = ("invalid", "the float64 output is NaN/Inf everywhere (inputs outside the domain)")
                 if need_all:
