@@ -105,3 +105,27 @@ def test_refresh_refuses_a_corrupt_baseline_file_before_measuring(user_lib, caps
     err = capsys.readouterr().err
     assert "corrupt baseline file" in err and "lib.halve.json" in err
     assert "measuring" not in err  # refused up front, nothing was spent
+
+
+def test_a_baseline_row_keeps_the_largest_finite_error_its_search_saw():
+    """A search whose worst input makes the output NaN (a scalar loss on logits near the range's
+    end: nothing finite left to measure, 0 ulp) also keeps its worst input with finite outputs;
+    the stored row is the larger of the two, the error a head is held to where base cannot be
+    replayed. MONAI's focal loss before ec63e068fe stored 0 ulp and its fix failed at 4.99 ulp
+    as 'max(floor 4, 2 x baseline 0)' although base's own search had seen more."""
+    from gate.judge.baselines import BaselineRow
+    from gate.plan import Variant
+    from gate.search.finding import Finding
+    from gate.search.inputs import Candidate
+    from gate.search.score import Metrics
+
+    nan_input = Metrics(ulp=0.0, abs=0.0, rel=float("nan"), l1=0.0, nonfinite=1)
+    finite = Metrics(ulp=7.5, abs=3e-7, rel=float("nan"), l1=1e-7, nonfinite=0)
+    cand = Candidate(dims={}, params={}, arrays={})
+    f = Finding(op="lib.loss", framework="torch", variant=Variant("float32"), strategy="linf", seed=0, evals=40,
+                seconds=1.0, metrics=nan_input, best=cand)
+    assert BaselineRow.from_finding(f, []).ulp == 0.0  # the worst input alone
+    f.best_finite, f.finite_metrics = cand, finite
+    row = BaselineRow.from_finding(f, [])
+    assert (row.ulp, row.abs, row.l1, row.nonfinite) == (7.5, 3e-7, 1e-7, 1)
+    assert row.rel != row.rel  # not measured by the search on either input: NaN, as before

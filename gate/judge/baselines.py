@@ -101,15 +101,27 @@ class BaselineRow:
 
     @classmethod
     def from_finding(cls, f: Finding, corpus: List[str]) -> "BaselineRow":
+        """The row of a search's finding. Its errors are the largest the search saw, on its worst
+        input or on its worst input with finite outputs (``finite_metrics``): where the worst
+        input makes the output NaN (a scalar loss: nothing finite left to measure, 0 ulp), the
+        base's error on finite outputs is the one a later run's head is held to when base cannot
+        be replayed (MONAI's focal loss, before ec63e068fe: stored as 0 ulp, so the fix's 4.99 ulp
+        failed as 'max(floor 4, 2 x baseline 0)')."""
         m = f.metrics
+        both = [x for x in (m, f.finite_metrics) if x is not None]
+
+        def most(name: str) -> float:
+            vals = [float(getattr(x, name)) for x in both if getattr(x, name) == getattr(x, name)]  # NaN: not measured
+            return max(vals, default=float(getattr(m, name)) if m else 0.0)
+
         return cls(
             op=f.op,
             variant=f.variant.key,
             env=finding_env(f),
-            ulp=float(m.ulp) if m else 0.0,
-            abs=float(m.abs) if m else 0.0,
-            rel=float(m.rel) if m else 0.0,
-            l1=float(m.l1) if m else 0.0,
+            ulp=most("ulp"),
+            abs=most("abs"),
+            rel=most("rel"),
+            l1=most("l1"),
             nonfinite=int(m.nonfinite) if m else 0,
             int_mismatch=int(m.int_mismatch) if m else 0,
             crash=f.crashes[0].signature if f.crashes else None,
