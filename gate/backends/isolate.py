@@ -62,7 +62,7 @@ _UNREADABLE = "unreadable"
 #: (gate.backends.base.before_tensorflow) and sets its log level; importing TensorFlow (and Keras)
 #: starts no thread and builds no runtime (its eager context and thread pools are made on a
 #: worker's first operation, after the fork), so its workers are forked warm as torch's are: each
-#: imported it anew before (~3.5 s idle, ~9 s on a loaded 2-core runner, per worker)
+#: imported it anew before (~3.5 s a worker, measured idle on this 2-core machine)
 PRELOAD = {"torch": ("torch", "numpy.random"), "tensorflow": ("gate.backends.tf_backend", "numpy.random")}
 #: what the zygote imports before it forks the first worker of a gradient variant: what the
 #: framework imports on a worker's first backward pass (torch.autograd.grad's first call imports
