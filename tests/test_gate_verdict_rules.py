@@ -43,6 +43,14 @@ def entropy_noisy(x):
     return x * (1 + torch.from_numpy(rng.standard_normal(x.shape)).to(x.dtype) * 1e-5 * scale)
 
 
+def ref_noisy(x):
+    import numpy as np  # OS entropy: the float64 run moves by 1e-12 relative (far below float32's
+    # resolution, so that the float32 outputs are the same on every call)
+
+    noise = torch.from_numpy(np.random.default_rng().standard_normal(x.shape))
+    return x * (1 + noise * 1e-12) if x.dtype == torch.float64 else x
+
+
 def log1p_masked(x):
     # 0 * exp(x) is NaN once exp overflows the dtype (x > 88.7 in float32): a NaN base and
     # head share, which the search finds within a few evaluations
@@ -73,6 +81,13 @@ ops:
     grad: false
     dims: {N: [1, 16]}
     inputs: [{name: x, shape: [N]}]
+  - name: lib.ref_noisy
+    callable: lib.ops:ref_noisy
+    sources: [lib/ops.py]
+    layouts: {}
+    grad: false
+    dims: {N: [1, 16]}
+    inputs: [{name: x, shape: [N]}]
   - name: lib.log1p_masked
     callable: lib.ops:log1p_masked
     sources: [lib/ops.py]
@@ -86,6 +101,10 @@ PRS = {
     # ten times the noise: head's errors beyond base's largest, a regression if the outputs were
     # deterministic (a benign refactor of a noisy operator is within base's reach now, a pass)
     "entropy": ("standard_normal(x.shape)).to(x.dtype) * 1e-5", "standard_normal(x.shape)).to(x.dtype) * 1e-4"),
+    # head's float32 outputs move by ~2 ulps (the same on every call) and its float64 run's noise
+    # is 1e-6 (~8 float32 ulps): an error above base's that a second run does not reproduce
+    "ref_noise": ("return x * (1 + noise * 1e-12) if x.dtype == torch.float64 else x",
+                  "return x * (1 + noise * 1e-6) if x.dtype == torch.float64 else x * (1 + 2 ** -22)"),
     "no_upcast": ("    xf = x.float()\n", "    xf = x\n"),
     "no_eps": ("torch.rsqrt(ms + eps)", "torch.rsqrt(ms)"),
 }
@@ -198,3 +217,15 @@ def test_a_non_deterministic_operator_is_not_called_a_regression(lib_repo, tmp_p
     # the verdict that would have failed was checked against a second run of head
     assert code == 2 and v.outcome == "error", (v.outcome, v.reason)
     assert v.reason.startswith("non-deterministic") and v.details["nondeterministic"]
+
+
+def test_an_operator_whose_float64_run_is_noisy_is_not_called_a_regression(lib_repo, tmp_path):
+    # head's float32 outputs are the same on every call and its float64 run is not: the error the
+    # verdict rests on is noise (a second run of head that compared the float32 outputs only
+    # let it stand; the OS-entropy test above failed so whenever its float32 noise rounded away)
+    pr(lib_repo, "ref_noise")
+    code, report = gate(lib_repo, tmp_path, "--dtype", "float32", "--ops", "lib.ref_noisy", evals=40)
+    (v,) = main_variants(report, "lib.ref_noisy")
+    assert code == 2 and v.outcome == "error", (v.outcome, v.reason)
+    assert v.reason.startswith("non-deterministic") and v.details["reference_rerun_ulp"] > 1, v.details
+    assert v.details["would_be"] == "regression"

@@ -888,13 +888,19 @@ def under_searched(vv: V.VariantVerdict, settings: GateSettings, asked_evals: Op
 def recheck_determinism(vv: V.VariantVerdict, spec: OpSpec, variant: Variant, cand, first: ReplayResult,
                         isolate=None) -> None:
     """Before a failing verdict stands: run head once more on the input it rests on. If the
-    operator's outputs differ between two runs on the same values, head-vs-base differences
-    cannot be told from noise: the verdict becomes an error that says so."""
+    operator's outputs differ between two runs on the same values, or its float64 run moves by
+    more than rounding (the error the verdict rests on is measured against it: an operator whose
+    noise is below the variant's resolution returns the same float32 values twice while its
+    float64 run does not), head-vs-base differences cannot be told from noise: the verdict
+    becomes an error that says so."""
     if first.status != OK or first.outputs is None:
         return
     again = replay(spec, variant, [cand], isolate=isolate)[0]
     if again.status == OK and same_outputs(first, again):
-        return
+        moved = ref_divergence(first, again, variant.dtype, spec.ulp_floor)
+        if moved is None or moved <= BEHAVIOUR_TOLERANCE_ULP:
+            return
+        vv.details["reference_rerun_ulp"] = round(moved, 3)
     vv.details["nondeterministic"] = True
     vv.details["would_be"] = vv.outcome
     vv.outcome = V.ERROR
