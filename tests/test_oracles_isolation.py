@@ -357,3 +357,91 @@ def test_a_zygote_server_forks_each_runs_zygote_and_the_runs_workers_die_with_it
     finally:
         server.kill()
         server.wait()
+
+
+LIBRARY = '''
+import os, threading, time
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "imports.log"), "a") as f:
+    f.write(f"{os.getpid()}\\n")  # each import of the library, by the process that made it
+if os.environ.get("DL_GATE_TEST_LIB") == "thread":  # a library that starts a pool at import
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+if os.environ.get("DL_GATE_TEST_LIB") == "exit":  # one whose import ends its process
+    os._exit(3)
+
+
+def double(x):
+    return x * 2
+'''
+
+LIBRARY_OPS = """
+- name: lib.double
+  callable: heavylib:double
+  dims: {N: [1, 8]}
+  inputs: [{name: x, shape: [N]}]
+  grad: true
+"""
+
+
+def _library_runs(tmp_path, monkeypatch, how):
+    from gate.backends import isolate
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "heavylib.py").write_text(LIBRARY)
+    monkeypatch.setenv("DL_GATE_TEST_LIB", how)
+    monkeypatch.delenv(isolate.SERVER_ENV, raising=False)  # a zygote of this process's own, in this environment
+    isolate._close_zygotes()
+    spec = user_ops(tmp_path, LIBRARY_OPS)["lib.double"]
+    options = IsolateOptions(sys_path=(str(tmp_path / "lib"), *sys.path), cwd=str(tmp_path / "lib"))
+    return isolate, spec, options
+
+
+def test_a_librarys_workers_are_forked_from_a_zygote_that_imported_it_once(tmp_path, monkeypatch):
+    """A real library's import takes seconds (``import monai.losses``: 4-9 s here) and each
+    variant's workers (its search, head's replay, base's contrast and replay workers) imported it
+    anew: a MONAI run spent 9-19 s a variant on them against 0.1 s of search. A zygote forked
+    from the framework's imports the library once per import path; each worker is its fork."""
+    isolate, spec, options = _library_runs(tmp_path, monkeypatch, "plain")
+    try:
+        workers = []
+        for variant in (Variant("float32", "cpu", "input"), Variant("float16", "cpu", "input"),
+                        Variant("float32", "cpu", "input", oracle="grad")):
+            runner = build_runner(spec, variant, isolate=options)
+            workers.append(runner._active.proc.pid)
+            runner.close()
+        imports = (tmp_path / "lib" / "imports.log").read_text().split()
+        (lz,) = [z for z in isolate._LIBRARY_ZYGOTES.values() if z is not None]
+        assert imports == [str(lz.proc.pid)]  # one import, by the library's zygote, none by a worker
+        assert not set(imports) & {str(w) for w in workers}
+        # another import path (base's worktree) is another library: its own zygote
+        other = IsolateOptions(sys_path=(str(tmp_path / "lib"), str(tmp_path), *sys.path), cwd=str(tmp_path / "lib"))
+        build_runner(spec, Variant("float32", "cpu", "input"), isolate=other).close()
+        assert len([z for z in isolate._LIBRARY_ZYGOTES.values() if z is not None]) == 2
+    finally:
+        isolate._close_zygotes()
+
+
+def test_a_library_whose_import_starts_a_thread_is_imported_by_each_worker(tmp_path, monkeypatch):
+    """fork is unsafe once a library's import has started a thread (a pool, a CUDA context): such
+    a library is not served by a zygote; each worker imports it, as before, and computes."""
+    isolate, spec, options = _library_runs(tmp_path, monkeypatch, "thread")
+    try:
+        for dtype in ("float32", "float16"):
+            f = fuzz_task(task(spec, "precision", dtype=dtype, seconds=None, evals=3), isolate=options)
+            assert f.evals == 3 and not f.crashes and f.status == "ok", (f.status, f.message)
+        imports = (tmp_path / "lib" / "imports.log").read_text().split()
+        assert len(imports) == 3 and len(set(imports)) == 3  # the refused zygote's, then each worker's
+        assert set(isolate._LIBRARY_ZYGOTES.values()) == {None}
+    finally:
+        isolate._close_zygotes()
+
+
+def test_a_library_whose_import_ends_its_process_is_the_workers_one_line_error(tmp_path, monkeypatch):
+    isolate, spec, options = _library_runs(tmp_path, monkeypatch, "exit")
+    try:
+        with pytest.raises(Exception) as err:
+            build_runner(spec, Variant("float32", "cpu", "input"), isolate=options)
+        # what a worker that imports it itself says: one line, with how the process ended
+        assert "\n" not in str(err.value) and "did not start (dead, exit code 3)" in str(err.value), str(err.value)
+        assert set(isolate._LIBRARY_ZYGOTES.values()) == {None}
+    finally:
+        isolate._close_zygotes()

@@ -24,7 +24,10 @@ pipes are handed over with ``SCM_RIGHTS``. Why not ``multiprocessing``:
   cannot corrupt it; its output goes to a log the parent reads for the crash signature.
 
 A replacement worker is a fork (tens of milliseconds), not an interpreter start plus a
-framework import (seconds): that matters when an operator crashes on many inputs. The zygote
+framework import (seconds): that matters when an operator crashes on many inputs. A user
+operator's workers are forked from a **library zygote** (:class:`_LibraryZygote`), a fork of the
+framework's zygote that has imported the operator's module too, one per import path and
+directory (head's checkout, base's worktree), unless that import starts a thread. The zygote
 also forks the localisation workers (:func:`spawn_module`: ``python -m gate.localise.worker``
 with its own stdio), which would otherwise each start an interpreter and import the framework.
 ``IsolateOptions(zygote=False)`` starts every worker as a fresh interpreter instead (and is the
@@ -438,8 +441,117 @@ def _zygote(preload: Tuple[str, ...], start_timeout: float) -> Optional[_Zygote]
         return z
 
 
+class _LibraryZygote(_Zygote):
+    """A zygote that has imported an operator library as well as its framework, so that the
+    library's import (seconds for a real library: ``import monai.losses`` 4-9 s here) is paid once
+    per side of a run instead of by each of a variant's workers (its search, base's contrast
+    worker, head's replay, base's replay). Forked by the framework's zygote (its import is
+    shared), with the workers' import path and directory (head's checkout, or base's worktree),
+    it imports the operators' modules (:meth:`preload_more`) and forks workers as its parent does.
+
+    A library whose import starts a thread (a pool, a CUDA context: fork is unsafe after it), or
+    that does not import, crash or hang there, is not served so: its workers import it
+    themselves, as before, and report what went wrong with the operator's context."""
+
+    def __init__(self, parent: _Zygote, sys_path: Tuple[str, ...], cwd: Optional[str], start_timeout: float):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            parent._await_preload()
+            reply = parent._request(("fork-zygote", list(sys_path), cwd), start_timeout, fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.log = parent.log
+        self.conn = Connection(ours.detach())
+        self.proc: Any = _Forked(int(reply[1]), parent)
+        self.lock = threading.Lock()
+        self.start_timeout = start_timeout
+        self._preloaded = True
+        self._more: set = set()
+        self.users = 0  # workers forked by it that are still open
+        self.refused: Optional[str] = None  # why it no longer forks (a thread started by an import)
+
+    def preload_more(self, modules: Tuple[str, ...], timeout: float) -> None:
+        todo = tuple(m for m in modules if m not in self._more)
+        if not todo:
+            return
+        reply = self._request(("preload", list(todo)), timeout)
+        self._more.update(todo)
+        if len(reply) > 1 and int(reply[1]) > 1:  # a fork has one thread: the import started others
+            self.refused = f"importing {', '.join(todo)} started {int(reply[1]) - 1} thread(s)"
+
+    def close(self) -> None:
+        try:
+            self.conn.close()  # its loop ends, and its workers with it (PR_SET_PDEATHSIG)
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+
+
+#: library zygotes by (framework preload, import path, directory); None: that library is not served so
+_LIBRARY_ZYGOTES: Dict[Tuple[Any, ...], Optional[_LibraryZygote]] = {}
+#: the idle library zygotes kept (a process that runs many gates, the suite, keeps the latest)
+LIBRARY_ZYGOTES_KEPT = 4
+
+
+def _library_module(spec: Any) -> Optional[str]:
+    """The module of a user operator's callable (``pkg.mod:Name`` -> ``pkg.mod``), else None."""
+    if getattr(spec, "origin", None) != "user" or not isinstance(getattr(spec, "callable", None), str):
+        return None
+    module = spec.callable.partition(":")[0]
+    return module or None
+
+
+def _library_zygote(parent: _Zygote, spec: Any, preload: Tuple[str, ...], options: "IsolateOptions",
+                    more: Tuple[str, ...] = ()) -> Optional[_LibraryZygote]:
+    """The zygote that has imported ``spec``'s library (and ``more``) for workers with
+    ``options``' import path and directory, started on first use; None where it cannot serve
+    them (it was refused)."""
+    module = _library_module(spec)
+    if module is None:
+        return None
+    sys_path = tuple(options.sys_path if options.sys_path is not None else sys.path)
+    key = (preload, sys_path, options.cwd)
+    with _ZYGOTE_LOCK:
+        if key in _LIBRARY_ZYGOTES and _LIBRARY_ZYGOTES[key] is None:
+            return None
+        z = _LIBRARY_ZYGOTES.get(key)
+        if z is not None and not z.alive():
+            z.close()
+            z = None
+        try:
+            if z is None:
+                idle = [k for k, v in _LIBRARY_ZYGOTES.items() if v is not None and v.users == 0]
+                for k in idle[:max(0, len(idle) - LIBRARY_ZYGOTES_KEPT + 1)]:
+                    _LIBRARY_ZYGOTES.pop(k).close()
+                z = _LibraryZygote(parent, sys_path, options.cwd, options.start_timeout)
+                _LIBRARY_ZYGOTES[key] = z
+            z.preload_more((module, *more), options.start_timeout)
+        except GateError:  # it crashed or hung importing: the workers import it and say so
+            if z is not None:
+                z.close()
+            _LIBRARY_ZYGOTES[key] = None
+            return None
+        if z.refused:
+            z.close()
+            _LIBRARY_ZYGOTES[key] = None
+            return None
+        return z
+
+
 @atexit.register
 def _close_zygotes() -> None:
+    for lz in list(_LIBRARY_ZYGOTES.values()):
+        if lz is not None:
+            lz.close()
+    _LIBRARY_ZYGOTES.clear()
     for z in list(_ZYGOTES.values()):
         z.close()
     _ZYGOTES.clear()
@@ -473,12 +585,18 @@ class _Worker:
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         self.own_log = zygote is None
+        self.library: Optional[_LibraryZygote] = None
         try:
             if zygote is not None:
                 self.log = zygote.log  # forked workers write where the zygote writes
-                if getattr(variant, "oracle", None) in GRAD_ORACLES and PRELOAD_GRAD.get(spec.framework):
-                    zygote.preload_more(PRELOAD_GRAD[spec.framework], options.start_timeout)
-                self.proc: Any = zygote.fork(p2c_r, c2p_w, options.start_timeout)
+                grad = PRELOAD_GRAD.get(spec.framework, ()) if getattr(variant, "oracle", None) in GRAD_ORACLES else ()
+                if grad:
+                    zygote.preload_more(grad, options.start_timeout)
+                library = _library_zygote(zygote, spec, PRELOAD.get(spec.framework, ()), options, grad)
+                self.proc: Any = (library or zygote).fork(p2c_r, c2p_w, options.start_timeout)
+                if library is not None:
+                    self.library = library
+                    library.users += 1
             else:
                 self.log = _new_log()
                 with open(self.log, "ab") as log:
@@ -493,6 +611,7 @@ class _Worker:
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
+        self.log_start = self.log_size()  # what the log held before this worker wrote to it
         self.tx = Sender(Connection(p2c_w, readable=False))  # large arrays through shared memory (ipc)
         self.rx = Receiver(Connection(c2p_r, writable=False))
         self.init(spec, variant, options, factory)
@@ -536,9 +655,13 @@ class _Worker:
                 cls = GateError
             self.kill()
             raise cls(reply[2])
-        detail = self.log_tail().strip()[-500:]
+        detail = self.log_tail(self.log_start).strip()[-500:]
+        code = self.exit_code() if kind == _DEAD else None
         self.kill()
-        raise GateError(f"isolated worker for {what} did not start ({kind}): {detail}")
+        how = f"{kind}, {_describe_exit(code)[1]}" if code is not None else kind
+        # one line: the log's last line is what the worker said last (a traceback's exception)
+        last = detail.splitlines()[-1].strip() if detail else ""
+        raise GateError(f"isolated worker for {what} did not start ({how})" + (f": {last}" if last else ""))
 
     def call(self, msg: tuple, timeout: float) -> Any:
         self.tx.send(msg)
@@ -605,6 +728,9 @@ class _Worker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+        if self.library is not None:
+            self.library.users -= 1
+            self.library = None
         if self.own_log and os.path.exists(self.log):
             os.unlink(self.log)
 
@@ -970,6 +1096,14 @@ def _describe_exit(rc: Optional[int]) -> Tuple[str, str]:
 # ---------------------------------------------------------------------------------------
 # the worker and the zygote (run as ``python -m gate.backends.isolate``)
 # ---------------------------------------------------------------------------------------
+def _os_threads() -> int:
+    """This process's threads as the kernel counts them (a library's own thread pools too)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # pragma: no cover - not Linux
+        return threading.active_count()
+
+
 def _die_with_parent() -> None:
     """Linux: have the kernel kill this worker when the gate process dies (no orphan hangs)."""
     if sys.platform.startswith("linux"):
@@ -1169,8 +1303,41 @@ def _warm_up() -> None:
         _resolve(WARM_UP)()
 
 
-def zygote_main(fd: "int | Connection") -> int:
-    """Import the framework(s) once, then fork a worker per request (never run an operator)."""
+#: a library zygote imports with one thread for each pool a library loads then: a BLAS that a
+#: library's own dependency brings (scipy's OpenBLAS starts its pool as it loads), or torch's
+#: OpenMP pool started by an operation at import; the pools are left as they are for the
+#: workers (an OpenMP pool in use before a fork hangs the child's first parallel region)
+_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1", "BLIS_NUM_THREADS": "1"}
+
+
+def _import_with_one_thread(mod: str) -> None:
+    """``import mod`` in a library zygote without starting a thread pool: a newly loaded BLAS
+    reads its thread count from the environment as it loads, torch's pool is set to one thread
+    (a worker sets its own count); the environment is restored after."""
+    import importlib
+
+    saved = {k: os.environ.get(k) for k in _ONE_THREAD}
+    os.environ.update(_ONE_THREAD)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    try:
+        if torch is not None and threads != 1:
+            torch.set_num_threads(1)
+        importlib.import_module(mod)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if torch is not None and threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def zygote_main(fd: "int | Connection", library: bool = False) -> int:
+    """Import the framework(s) once, then fork a worker per request (never run an operator).
+    ``library``: a library zygote (:class:`_LibraryZygote`), which imports with one thread."""
     import faulthandler
     import importlib
     from multiprocessing.reduction import recv_handle
@@ -1186,13 +1353,32 @@ def zygote_main(fd: "int | Connection") -> int:
         if msg[0] == "preload":
             for mod in msg[1]:
                 try:
-                    importlib.import_module(mod)
+                    if library:
+                        _import_with_one_thread(mod)
+                    else:
+                        importlib.import_module(mod)
                 except Exception:  # the worker will report it, with the operator's context
                     pass
             importlib.import_module(RUNNER_FACTORY.partition(":")[0])  # the gate's runners, imported once too
             _warm_up()
 
-            conn.send(("ok",))
+            conn.send(("ok", _os_threads()))
+        elif msg[0] == "fork-zygote":  # a library zygote (_LibraryZygote): this one's imports, then the library's
+            _, sys_path, cwd = msg
+            sock = recv_handle(conn)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    conn.close()
+                    sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
+                    if cwd:
+                        os.chdir(cwd)
+                    code = zygote_main(Connection(sock), library=True)
+                finally:
+                    os._exit(code)
+            os.close(sock)
+            conn.send(("forked", pid))
         elif msg[0] == "fork":
             rfd, wfd = recv_handle(conn), recv_handle(conn)
             pid = os.fork()
