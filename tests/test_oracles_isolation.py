@@ -445,3 +445,25 @@ def test_a_library_whose_import_ends_its_process_is_the_workers_one_line_error(t
         assert set(isolate._LIBRARY_ZYGOTES.values()) == {None}
     finally:
         isolate._close_zygotes()
+
+
+def test_a_relative_import_path_in_two_folders_is_two_libraries(tmp_path, monkeypatch):
+    """Two runs in one process (the suite; a script that gates two repositories), each in its own
+    folder, with "." on the import path: each folder's `twice` is its own, not the first one's."""
+    from gate.search.inputs import draw
+
+    isolate, spec, _ = _library_runs(tmp_path, monkeypatch, "plain")
+    outs = []
+    try:
+        for k, factor in (("a", 2), ("b", 3)):
+            (tmp_path / k).mkdir()
+            (tmp_path / k / "heavylib.py").write_text(f"def double(x):\n    return x * {factor}\n")
+            monkeypatch.chdir(tmp_path / k)
+            runner = build_runner(spec, Variant("float32", "cpu", "input"), isolate=IsolateOptions(sys_path=(".", *sys.path)))
+            cand = draw(spec, __import__("numpy").random.default_rng(0))
+            _, ev = runner.evaluate(cand, keep_outputs=True)
+            runner.close()
+            outs.append(float(ev.outputs[0].array.ravel()[0] / cand.arrays["x"].ravel()[0]))
+    finally:
+        isolate._close_zygotes()
+    assert outs == pytest.approx([2.0, 3.0])

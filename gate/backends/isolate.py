@@ -518,7 +518,10 @@ def _library_zygote(parent: _Zygote, spec: Any, preload: Tuple[str, ...], option
     if module is None:
         return None
     sys_path = tuple(options.sys_path if options.sys_path is not None else sys.path)
-    key = (preload, sys_path, options.cwd)
+    # the directory too: a relative entry of the path ("", ".") is another library in another
+    # repository (two runs in one process, the suite: one repository's `lib` must not serve another's)
+    cwd = options.cwd if options.cwd is not None else os.getcwd()
+    key = (preload, sys_path, cwd)
     with _ZYGOTE_LOCK:
         if key in _LIBRARY_ZYGOTES and _LIBRARY_ZYGOTES[key] is None:
             return None
@@ -531,7 +534,7 @@ def _library_zygote(parent: _Zygote, spec: Any, preload: Tuple[str, ...], option
                 idle = [k for k, v in _LIBRARY_ZYGOTES.items() if v is not None and v.users == 0]
                 for k in idle[:max(0, len(idle) - LIBRARY_ZYGOTES_KEPT + 1)]:
                     _LIBRARY_ZYGOTES.pop(k).close()
-                z = _LibraryZygote(parent, sys_path, options.cwd, options.start_timeout)
+                z = _LibraryZygote(parent, sys_path, cwd, options.start_timeout)
                 _LIBRARY_ZYGOTES[key] = z
             z.preload_more((module, *more), options.start_timeout)
         except GateError:  # it crashed or hung importing: the workers import it and say so
