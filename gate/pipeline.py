@@ -869,8 +869,22 @@ def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dic
     report.warnings += stability_fixes(report.verdicts)  # an operator's changes that came with its fix: not failed
     report.warnings += refinements(report.verdicts)  # a refined forward's gradient change: not failed
     report.outcome, report.reason = overall(report.verdicts, report.errors, ctx.settings)
+    _name_ungated(report)
     if ctx.settings.behaviour_change == "fail":  # the reporters mark these as failures too
         report.fail_outcomes = [V.REGRESSION, V.BEHAVIOUR_CHANGE]
+
+
+def _name_ungated(report: V.GateReport) -> None:
+    """A pass says which changed operators it did not judge: a PR whose changes reach only
+    operators without a row (zuko's flows, whose forward returns a distribution; piqa's mdsi,
+    which cannot run in float64) read "7 variant(s) checked, no regression" about the helpers
+    beside them, the changed ones in a warning only."""
+    from .errors import Outcome
+
+    ungated = sorted({n["op"] for n in (report.env.get("selection") or {}).get("not_gated") or []})
+    if report.outcome == Outcome.PASS.value and ungated:
+        more = f" (+{len(ungated) - 3} more)" if len(ungated) > 3 else ""
+        report.reason += f"; changed but not gated: {', '.join(ungated[:3])}{more}"
 
 
 def judge_stopped(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateReport) -> None:

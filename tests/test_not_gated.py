@@ -91,6 +91,8 @@ def test_a_change_beside_a_gated_operator_gates_it_and_names_the_one_that_is_not
     # the row's sources (its file) still pick the change up: mylib.scaled is fuzzed, unchanged, passes
     assert code == 0 and {v.op for v in report.verdicts} == {"mylib.scaled"}, report.reason
     assert any(w.startswith("not gated: mylib.weighted changed (mylib/ops.py:10") for w in report.warnings), report.warnings
+    # the pass's own line says so, not only a warning below it
+    assert report.reason.endswith("no regression; changed but not gated: mylib.weighted"), report.reason
 
 
 def test_a_docs_change_says_no_operator_changed(shared, tmp_path):
