@@ -971,7 +971,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
     every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
     from .fuzz import fuzz_task
-    from .search.inputs import degenerate_inputs, draw, structured_inputs
+    from .search.inputs import degenerate_inputs, draw, neighbours, structured_inputs
     from .judge.contrast import contrast_runner
 
     spec, row, status = planned["spec"], planned["row"], planned["status"]
@@ -997,6 +997,10 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     rng = np.random.default_rng(task.rng_seed() + [1])
     cands = list(corpus)
     cands += finding.inputs
+    anchor = finding.best_finite or finding.best
+    if anchor is not None and finding.extra.get("search") != "exhaustive":  # exact maxima need no draws
+        # the worst input's roundings: base's error there is a distribution, not one draw
+        cands += neighbours(spec, anchor, task.variant.dtype, np.random.default_rng(task.rng_seed() + [2]))
     cands += [draw(spec, rng, origin="control") for _ in range(3)]
     like = cands[-1]
     cands += degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows

@@ -144,3 +144,33 @@ def test_structured_rows_are_replayed_on_both_sides_and_stay_in_the_domain(lib_r
                                                               domain=Domain(lo=0.0, hi=1.0)),))
     for c in structured_inputs(positive, like):
         assert np.all((c.arrays["x"] > 0) & (c.arrays["x"] < 1)), c.origin
+
+
+def test_neighbours_move_each_value_by_a_few_ulps_of_its_dtype_and_keep_what_must_stay():
+    """The worst input's roundings (gate.search.inputs.neighbours): each finite nonzero float
+    element moved by a whole number of ulps within the steps, zeros, NaN/Inf, integer tensors and
+    a move out of the domain kept; reproducible for a seed."""
+    import numpy as np
+
+    from gate.ops.spec import OpSpec
+    from gate.search.inputs import Candidate, neighbours
+    from gate.search.score import ulp
+
+    spec = OpSpec.from_dict({"name": "t.f", "framework": "torch", "callable": "m:f", "inputs": [
+        {"name": "x", "shape": [6]}, {"name": "p", "shape": [3], "domain": "positive"},
+        {"name": "i", "shape": [2], "kind": "index", "high": 4}]})
+    x = np.array([1.0, -3.5, 0.0, np.inf, np.nan, 1e-3])
+    p = np.array([ulp(np.array([0.0]), "float16")[0], 2.0, 7.0])  # the smallest positive: a move down leaves the domain
+    cand = Candidate(dims={}, params={}, arrays={"x": x, "p": p, "i": np.array([1, 3])})
+    got = neighbours(spec, cand, "float16", np.random.default_rng(0), n=16)
+    assert len(got) == 16 and all(c.origin.startswith("neighbour:") for c in got)
+    moved = False
+    for c in got:
+        k = (c.arrays["x"] - x)[[0, 1, 5]] / ulp(x[[0, 1, 5]], "float16")
+        assert np.all(np.abs(k) <= 2) and np.allclose(k, np.round(k))
+        moved |= bool(np.any(k != 0))
+        assert c.arrays["x"][2] == 0 and np.isinf(c.arrays["x"][3]) and np.isnan(c.arrays["x"][4])
+        assert np.all(c.arrays["p"] > 0) and c.arrays["i"] is cand.arrays["i"]
+    assert moved
+    again = neighbours(spec, cand, "float16", np.random.default_rng(0), n=16)
+    assert all(np.array_equal(a.arrays["p"], b.arrays["p"]) for a, b in zip(got, again))

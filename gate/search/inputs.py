@@ -385,6 +385,41 @@ def inside(vals: np.ndarray, domain: Domain) -> np.ndarray:
     return vals[keep]
 
 
+def neighbours(spec: OpSpec, cand: Candidate, dtype: str, rng: np.random.Generator, n: int = 4,
+               steps: int = 2) -> List[Candidate]:
+    """``n`` inputs a few ulps from ``cand``: each finite, nonzero element of a float tensor moved
+    by a random whole number of ulps of its dtype in ``[-steps, steps]`` (zeros, NaN/Inf, integer
+    and bool tensors, parameters and a move that would leave the domain are kept as they are).
+
+    The same point up to the rounding of its values: where an operator amplifies rounding (terms
+    that cancel, a composite loss summing parts of opposite sign), its error there is a draw from
+    a distribution, different for every rounding of the same values. Replayed on head and base
+    beside the search's worst input, they show how far base's own error reaches there, so that a
+    draw where base was lucky (MONAI's GeneralizedDiceFocalLoss: base 19 ulp, head 67 on one
+    input, both the cancellation of two O(1) losses) is not all base is held to, while a real
+    loss (head worse on every rounding of the point) still is."""
+    out = []
+    for k in range(n):
+        arrays = {}
+        for t in spec.inputs:
+            a = cand.arrays.get(t.name)
+            if a is None or t.kind != "float" or a.size == 0 or a.dtype.kind != "f":
+                continue
+            d = t.dtype if (t.dtype and dtype != "float64") else dtype
+            move = rng.integers(-steps, steps + 1, size=a.shape).astype(np.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                b = a + move * ulp(a, d)
+                keep = ~np.isfinite(a) | (a == 0) | ~np.isfinite(b)
+                if t.domain.lo is not None:
+                    keep |= b <= t.domain.lo
+                if t.domain.hi is not None:
+                    keep |= b >= t.domain.hi
+            arrays[t.name] = np.where(keep, a, b)
+        if arrays:
+            out.append(cand.derive(f"neighbour:{k}", **arrays))
+    return out
+
+
 def degenerate_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
     """Inputs where guards matter (an ``eps`` under a square root, a max-shift, an empty-row
     check): every float input all zeros, and every float input one constant (a bool mask all
