@@ -361,11 +361,14 @@ def test_a_zygote_server_forks_each_runs_zygote_and_the_runs_workers_die_with_it
 
 LIBRARY = '''
 import os, threading, time
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "imports.log"), "a") as f:
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "imports.log"), "a") as f:
     f.write(f"{os.getpid()}\\n")  # each import of the library, by the process that made it
-if os.environ.get("DL_GATE_TEST_LIB") == "thread":  # a library that starts a pool at import
+with open(os.path.join(here, "mode")) as f:
+    mode = f.read()
+if mode == "thread":  # a library that starts a pool at import
     threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
-if os.environ.get("DL_GATE_TEST_LIB") == "exit":  # one whose import ends its process
+if mode == "exit":  # one whose import ends its process
     os._exit(3)
 
 
@@ -382,14 +385,21 @@ LIBRARY_OPS = """
 """
 
 
+def _close_libraries(isolate) -> None:
+    """This process's library zygotes go (its framework zygotes, served by the suite's server, stay)."""
+    for z in list(isolate._LIBRARY_ZYGOTES.values()):
+        if z is not None:
+            z.close()
+    isolate._LIBRARY_ZYGOTES.clear()
+
+
 def _library_runs(tmp_path, monkeypatch, how):
     from gate.backends import isolate
 
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "heavylib.py").write_text(LIBRARY)
-    monkeypatch.setenv("DL_GATE_TEST_LIB", how)
-    monkeypatch.delenv(isolate.SERVER_ENV, raising=False)  # a zygote of this process's own, in this environment
-    isolate._close_zygotes()
+    (tmp_path / "lib" / "mode").write_text(how)
+    _close_libraries(isolate)
     spec = user_ops(tmp_path, LIBRARY_OPS)["lib.double"]
     options = IsolateOptions(sys_path=(str(tmp_path / "lib"), *sys.path), cwd=str(tmp_path / "lib"))
     return isolate, spec, options
@@ -417,7 +427,7 @@ def test_a_librarys_workers_are_forked_from_a_zygote_that_imported_it_once(tmp_p
         build_runner(spec, Variant("float32", "cpu", "input"), isolate=other).close()
         assert len([z for z in isolate._LIBRARY_ZYGOTES.values() if z is not None]) == 2
     finally:
-        isolate._close_zygotes()
+        _close_libraries(isolate)
 
 
 def test_a_library_whose_import_starts_a_thread_is_imported_by_each_worker(tmp_path, monkeypatch):
@@ -432,7 +442,7 @@ def test_a_library_whose_import_starts_a_thread_is_imported_by_each_worker(tmp_p
         assert len(imports) == 3 and len(set(imports)) == 3  # the refused zygote's, then each worker's
         assert set(isolate._LIBRARY_ZYGOTES.values()) == {None}
     finally:
-        isolate._close_zygotes()
+        _close_libraries(isolate)
 
 
 def test_a_library_whose_import_ends_its_process_is_the_workers_one_line_error(tmp_path, monkeypatch):
@@ -444,7 +454,7 @@ def test_a_library_whose_import_ends_its_process_is_the_workers_one_line_error(t
         assert "\n" not in str(err.value) and "did not start (dead, exit code 3)" in str(err.value), str(err.value)
         assert set(isolate._LIBRARY_ZYGOTES.values()) == {None}
     finally:
-        isolate._close_zygotes()
+        _close_libraries(isolate)
 
 
 def test_a_relative_import_path_in_two_folders_is_two_libraries(tmp_path, monkeypatch):
@@ -465,5 +475,5 @@ def test_a_relative_import_path_in_two_folders_is_two_libraries(tmp_path, monkey
             runner.close()
             outs.append(float(ev.outputs[0].array.ravel()[0] / cand.arrays["x"].ravel()[0]))
     finally:
-        isolate._close_zygotes()
+        _close_libraries(isolate)
     assert outs == pytest.approx([2.0, 3.0])
