@@ -312,7 +312,8 @@ class _Zygote:
         reply = self._request(("wait", pid, block), 30.0 if block else 5.0)
         return None if reply[1] is None else _decode(reply[1])
 
-    def close(self) -> None:
+    def _stop(self) -> None:
+        """Its connection closed (its loop ends, and its workers with it: PR_SET_PDEATHSIG), the process gone."""
         try:
             self.conn.close()
         except OSError:
@@ -323,6 +324,9 @@ class _Zygote:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover
             pass
+
+    def close(self) -> None:
+        self._stop()
         if os.path.exists(self.log):
             os.unlink(self.log)
 
@@ -483,16 +487,7 @@ class _LibraryZygote(_Zygote):
             self.refused = f"importing {', '.join(todo)} started {int(reply[1]) - 1} thread(s)"
 
     def close(self) -> None:
-        try:
-            self.conn.close()  # its loop ends, and its workers with it (PR_SET_PDEATHSIG)
-        except OSError:
-            pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            pass
+        self._stop()  # the log is its parent's: left to it
 
 
 #: library zygotes by (framework preload, import path, directory); None: that library is not served so
