@@ -34,7 +34,9 @@ def scaled(x):
     return x * 0.5
 '''
 
-#: each operator is base's ``scaled`` until the PR plants its misbehaviour
+#: each operator is base's ``scaled`` until the PR plants its misbehaviour; one variant each (no
+#: gradient, no second layout): what is tested is the process boundary, and every variant crosses
+#: it the same way
 NAMES = ("exit0", "sysexit", "segv", "abort", "memory", "orphan")
 
 CONFIG = """
@@ -49,6 +51,8 @@ ops:
     sources: [lib/ops.py]
     dims: {{N: [1, 16]}}
     inputs: [{{name: x, shape: [N]}}]
+    grad: false
+    layouts: {{}}
 """ for n in NAMES + ("hang",))
 
 BASE_SRC = BASE + "".join(f"\n\ndef {n}(x):\n    return x * 0.5\n" for n in NAMES + ("hang",))

@@ -114,7 +114,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 setup(
     name="lnext",
     packages=["lnext"],
-    ext_modules=[CppExtension("lnext._C", ["csrc/layer_norm.cpp"], extra_compile_args=["-O1"])],
+    ext_modules=[CppExtension("lnext._C", ["csrc/layer_norm.cpp"], extra_compile_args=["-O1", "-g0"])],
     cmdclass={"build_ext": BuildExtension},
 )
 '''
