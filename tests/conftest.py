@@ -144,8 +144,8 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
 LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-11-29)
-    "init", "kernels_cpp", "redteam", "containment", "verdict_bed", "kernels_triton", "refactor_bed", "keras_mixed_bed",
-    "example", "gate_run", "oracles_isolation", "threads", "localise", "stability_bed", "input_bed", "size_reach_bed",
+    "init", "kernels_cpp", "redteam", "verdict_bed", "kernels_triton", "refactor_bed", "keras_mixed_bed",
+    "example", "gate_run", "containment", "oracles_isolation", "threads", "localise", "stability_bed", "input_bed", "size_reach_bed",
     "keras_layer_class", "exhaustive", "upcast_bed", "gate_verdict_rules", "grad_probe", "default_inputs", "method_bed",
     "action", "false_alarms_docs", "false_alarms_improve", "false_alarms_refactor", "cli_core", "init_messages",
     "localise_units", "contrast_search", "core_fuzz", "robust_inputs", "mixed_inputs", "oracles_gate_run", "not_gated",
