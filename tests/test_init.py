@@ -1349,3 +1349,55 @@ def test_a_dtype_the_operator_does_not_compute_in_is_left_out_of_its_row(tmp_pat
     assert "float16 dropped (not measured: its float16 run returns float32" in text, text
     assert "bfloat16 dropped (not measured: its bfloat16 run returns float32" in text, text
     assert set(ops["upcastlib.plain_softplus"].dtypes) >= {"float16", "bfloat16", "float32"}, text
+
+
+GRADIENT_MAP = '''import torch
+import torch.nn.functional as F
+
+# a float32 filter made at import, as piqa's MDSI and other image metrics make theirs
+_PREWITT = torch.tensor([[1.0, 0.0, -1.0], [1.0, 0.0, -1.0], [1.0, 0.0, -1.0]], dtype=torch.float32) / 3
+
+
+def gradient_magnitude(x):
+    """Per-channel Prewitt gradient magnitude of an (N, C, H, W) image."""
+    c = x.shape[1]
+    kx = _PREWITT.view(1, 1, 3, 3).expand(c, 1, 3, 3)
+    gx = F.conv2d(x, kx, padding=1, groups=c)
+    gy = F.conv2d(x, kx.transpose(-1, -2), padding=1, groups=c)
+    return torch.hypot(gx, gy)
+'''
+
+
+def test_an_operator_with_a_float32_constant_of_its_own_is_gated_at_float32(tmp_path):
+    """piqa's MDSI in the zero-config acceptance: its filter is a float32 tensor made at import,
+    so its float64 run raised ("expected scalar type Double but found Float") on every input and
+    init left it out ("no inferred spec runs"). The gate's float64 run now takes the constant's
+    float32 values as float64: init writes the row at float32 (its float16 and bfloat16 runs
+    raise: dropped, with why) and a PR that replaces hypot by the square root of the squares is a
+    regression (new Inf where base is finite)."""
+    repo = write_files(tmp_path / "imglib", {
+        "imglib/__init__.py": "from .grad import gradient_magnitude\n",
+        "imglib/grad.py": GRADIENT_MAP,
+        "tests/test_grad.py": "import torch\nfrom imglib import gradient_magnitude\n\n\ndef test_shape():\n"
+                              "    x = torch.rand(2, 3, 16, 16)\n    assert gradient_magnitude(x).shape == x.shape\n"})
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "imglib")
+    res = _cli(repo, "init", "--no-workflows")
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = (repo / ".dl-gate.yml").read_text()
+    (op,) = parse_config(text, repo / ".dl-gate.yml", repo).ops
+    assert op.name == "imglib.gradient_magnitude" and op.dtypes == ("float32",), text
+    assert "float16 dropped (RuntimeError" in text, text
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "dl-gate init")
+    git(repo, "checkout", "-q", "-b", "pr")
+    src = repo / "imglib" / "grad.py"
+    src.write_text(GRADIENT_MAP.replace("torch.hypot(gx, gy)", "torch.sqrt(gx * gx + gy * gy)"))
+    git(repo, "commit", "-q", "-am", "magnitude without hypot")
+    res = _cli(repo, "run", "--base", "main", "--evals", "30", "--out", str(tmp_path / "out"))
+    import json
+
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert res.returncode == 1, (report["reason"], res.stderr[-2000:])
+    failed = [v for v in report["verdicts"] if v["outcome"] == "regression"]
+    assert failed and all(v["variant"]["dtype"] == "float32" for v in failed), report["verdicts"]

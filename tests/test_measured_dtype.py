@@ -347,3 +347,43 @@ def test_the_float64_reference_keeps_an_operators_own_upcasts_at_float64():
         return y * 2
 
     assert be.call(float32_only, [x], {}, mode="input", dtype="float64", device="cpu").dtype == torch.float32
+
+
+def test_a_constant_of_the_operators_own_dtype_meets_the_float64_run_as_float64():
+    # piqa's MDSI (as the zero-config acceptance found it): a float32 filter kernel made at
+    # import; conv2d(x64, k32) raised "expected scalar type Double but found Float", the float64
+    # run failed on every input and init left the operator out. The kernel's float32 values take
+    # part in the float64 run exactly; what the operator writes into in place stays its own
+    import torch
+    import torch.nn.functional as F
+
+    from gate.backends.torch_backend import TorchBackend
+
+    kernel = torch.tensor([[0.1, 0.7, 0.2]], dtype=torch.float32)  # not exact in binary: float32's values
+
+    def smooth(x):
+        k = kernel.view(1, 1, 1, 3).expand(x.shape[1], 1, 1, 3)
+        return F.conv2d(x, k, padding=(0, 1), groups=x.shape[1]) + x @ kernel.t().expand(x.shape[-1], 1)
+
+    be = TorchBackend()
+    x = torch.linspace(-2, 3, 2 * 3 * 4 * 3, dtype=torch.float64).reshape(2, 3, 4, 3)
+    with pytest.raises(RuntimeError):
+        smooth(x)  # as written, outside the gate's float64 run
+    ref = be.call(smooth, [x], {}, mode="input", dtype="float64", device="cpu")
+    k64 = kernel.double()
+    exact = F.conv2d(x, k64.view(1, 1, 1, 3).expand(3, 1, 1, 3), padding=(0, 1), groups=3) + x @ k64.t().expand(3, 1)
+    assert ref.dtype == torch.float64 and torch.equal(ref, exact)
+    low = be.call(smooth, [x.float()], {}, mode="input", dtype="float32", device="cpu")
+    assert low.dtype == torch.float32 and not torch.equal(low.double(), ref)  # measured against float64
+    assert kernel.dtype == torch.float32  # the operator's constant is untouched
+
+    acc = torch.zeros(3, dtype=torch.float32)
+
+    def accumulate(x):
+        acc.add_(x)  # an in-place write into a float32 tensor of its own: the caller's, left as it is
+        return acc * 1
+
+    out = be.call(accumulate, [torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)], {}, mode="input",
+                  dtype="float64", device="cpu")
+    assert acc.dtype == torch.float32 and torch.equal(out, acc)  # the write went into the operator's tensor
+    assert acc[0].item() != 0.0

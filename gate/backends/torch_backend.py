@@ -88,8 +88,10 @@ class Float64Everywhere(torch.overrides.TorchFunctionMode):
     ``softmax(..., dtype=torch.float32)``); run on float64 inputs, the same code casts the
     reference *down* to float32 and returns it as float64: the "reference" then equals the
     float32 run (a float32 regression reads 0 ulp) and two ways of writing one function differ
-    by float32 rounding (a behaviour change where nothing changed). A reference that cannot run
-    so (an extension that takes float32 only) is run as written (:meth:`TorchBackend.call`)."""
+    by float32 rounding (a behaviour change where nothing changed). A constant of the operator's
+    own in a narrower dtype (a float32 kernel made at import) meets the float64 values as float64
+    (:func:`_constants_widened`). A reference that cannot run so (an extension that takes float32
+    only) is run as written (:meth:`TorchBackend.call`)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -101,7 +103,50 @@ class Float64Everywhere(torch.overrides.TorchFunctionMode):
         args = tuple(_wide(a) for a in args)
         if "dtype" in kwargs:
             kwargs = {**kwargs, "dtype": _wide(kwargs["dtype"])}
+        if _meets_float64(args, kwargs):
+            args, kwargs = _constants_widened(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _tensors(args, kwargs):
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (v for v in a if isinstance(v, torch.Tensor))
+
+
+def _meets_float64(args, kwargs) -> bool:
+    """Does a narrower float tensor meet a float64 one in this call?"""
+    wide = narrow = False
+    for t in _tensors(args, kwargs):
+        wide = wide or t.dtype == torch.float64
+        narrow = narrow or t.dtype in _NARROW
+    return wide and narrow
+
+
+def _widen(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.dtype in _NARROW:
+        return x.to(torch.float64)  # exact: every float16/bfloat16/float32 value is a float64 value
+    if isinstance(x, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in x):
+        return type(x)(_widen(v) for v in x)
+    return x
+
+
+def _constants_widened(func, args, kwargs):
+    """The float64 run's ``args`` and ``kwargs`` with each narrower float tensor widened where it
+    meets a float64 one: a constant the operator made in a dtype of its own (a float32 filter
+    kernel at module level, piqa's MDSI; a float32 buffer) takes part in the float64 run with its
+    own values, exactly, where ``conv2d(x64, k32)`` raised "expected scalar type Double but
+    found Float" and the operator had no reference at all. Where the call writes into its first
+    argument (``acc.add_(x)``, ``acc += x``) or into ``out=``, that tensor is the caller's and is
+    left as it is; a tensor widened here is a copy, never the operator's own."""
+    name = getattr(func, "__name__", "")
+    in_place = name.endswith("_") and not name.endswith("__") or name.startswith("__i")
+    first = args[:1] if in_place else tuple(_widen(a) for a in args[:1])
+    args = first + tuple(_widen(a) for a in args[1:])
+    kwargs = {k: (v if k == "out" else _widen(v)) for k, v in kwargs.items()}
+    return args, kwargs
 
 
 def float64_everywhere(dtype: str):
