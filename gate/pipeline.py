@@ -905,22 +905,9 @@ def judge_stopped(opts: RunOptions, ctx: Context, planned: Planned, report: V.Ga
     judge_stage(opts, ctx, planned, done, report, recheck=False)
 
 
-def measured_floor(spec, results):
-    """``spec`` judged per output where the runs measured its operator not elementwise
-    (a row of no declared kind: :meth:`gate.oracles.runner.VariantRunner.measure_floor`), so
-    that the judge and the localiser count ulps as the runs did."""
-    if spec.floor_measured and spec.ulp_floor != "output" and any(
-            r is not None and r.metrics is not None and r.metrics.ulp_floor == "output" for r in results or ()):
-        return spec.replace(ulp_floor="output")
-    return spec
-
-
 def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict, recheck: bool = True) -> V.VariantVerdict:
     """One work item's verdict, with its figures, source, repro command and determinism check."""
     task, finding = w["task"], w["finding"]
-    # base's runs measure it when there are any (base is the trusted side; head's runner runs the PR's code)
-    w["spec"] = measured_floor(w["spec"], w["base"] if any(r is not None and r.metrics is not None
-                                                          for r in (w["base"] or ())) else w["head"])
     vv = decide(w["spec"], task.variant, w["head"], w["base"], w["row"], w["status"], finding,
                 ctx.settings, inputs=[c.summary() for c in w["cands"]],
                 controls=[c.origin == "control" for c in w["cands"]],

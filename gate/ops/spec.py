@@ -291,11 +291,6 @@ class OpSpec:
     kind: str = "elementwise"
     exact: bool = False
     ulp_floor: str = "output"  # output: ulp of the output's magnitude; dtype: smallest normal
-    #: a row that declares neither ``kind`` nor ``ulp_floor`` (nor ``elementwise: true``) is
-    #: elementwise by default; the runner measures whether its operator is (one element of an
-    #: input moved: does more than one output element move?) and judges it per output if not
-    #: (:meth:`gate.oracles.runner.VariantRunner.measure_floor`)
-    floor_measured: bool = False
     sources: tuple = ()
     native: tuple = ()  # native op names (ATen / TF op registrations)
     twin: Optional[str] = None  # cross-framework twin op name
@@ -357,7 +352,6 @@ class OpSpec:
             "kind": self.kind,
             "exact": self.exact,
             "ulp_floor": self.ulp_floor,
-            **({"floor_measured": True} if self.floor_measured else {}),
             "sources": list(self.sources),
             "native": list(self.native),
             "twin": self.twin,
@@ -419,9 +413,6 @@ class OpSpec:
                 kind=kind,
                 exact=bool(merged.get("exact", False)),
                 ulp_floor=str(merged.get("ulp_floor", "dtype" if kind == "elementwise" else "output")),
-                floor_measured=bool(merged["floor_measured"]) if "floor_measured" in merged else (
-                    origin == "user" and "kind" not in merged and "ulp_floor" not in merged
-                    and not merged.get("elementwise")),
                 sources=tuple(merged.get("sources", ())),
                 native=tuple(merged.get("native", ())),
                 twin=merged.get("twin"),

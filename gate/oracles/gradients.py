@@ -108,8 +108,6 @@ class GradRunner(_GradBase):
             sig, short = exception_signature(exc)
             return q, Evaluation(self.classify(exc), error=f"backward: {short}", signature=f"backward: {sig}",
                                  seconds=time.perf_counter() - t0)
-        if not self._floor_known:
-            self.measure_floor()
         names = float_input_names(self.spec)
         # the terms a gradient sums are the upstream gradient times the operator's inputs or
         # outputs: a gradient that is zero in exact arithmetic (shift invariance, ties) is judged
@@ -123,7 +121,6 @@ class GradRunner(_GradBase):
         metrics = compare(low, ref, dtype, self.spec.ulp_floor, scale=scale, check_dtypes=False, figures=self.figures)
         if scale > 0:
             metrics = dataclasses.replace(metrics, scale=scale)
-        metrics = self._floor_mark(metrics)
         if self.variant.mode == "input":
             # each gradient in its own input's dtype (a mixed-precision input keeps its declared one)
             by_name = {t.name: t.dtype_at(dtype) for t in self.spec.inputs}

@@ -232,77 +232,6 @@ class VariantRunner:
             outs[0] = Output(np.transpose(outs[0].array, inv), outs[0].dtype)
         return outs
 
-    # -- the ULP floor of a row that declared no kind ---------------------------------------
-    _floor_known = False
-
-    def measure_floor(self) -> None:
-        """Settle the ULP floor of a row that declared neither ``kind`` nor ``ulp_floor``
-        (``spec.floor_measured``): such a row is elementwise by default, each output element
-        judged in ulps of its own value, which is right for an elementwise operator and wrong
-        for any other: an element that is zero in exact arithmetic (a layer norm's gradient with
-        respect to the one large value of a row [1.5e10, 0, 0, 0]: scale invariance) is a
-        float64 residue or 0, and head's float32 rounding of the O(1) terms there read 4.5e15
-        ulp of float32's smallest normal, failing a benign refactor. So the operator is measured
-        once, on one fixed draw (the same for head's and base's runners, whatever their searches
-        do): its float64 run, then again with one element of its first float input moved. An
-        output of another shape than that input, or more than one output element moved, is not
-        elementwise: the row is judged per output (``ulp_floor: output``, the zero-result scale
-        included), as a declared normalisation or composite is. A draw that shows nothing (no
-        element moved: a constant output) keeps the default."""
-        self._floor_known = True
-        if not self.spec.floor_measured:
-            return
-        from ..search.inputs import draw
-
-        names = [t.name for t in self.spec.inputs if t.kind == "float"]
-        if not names:
-            return
-        try:
-            fixed = {n: max(lo, min(hi, 6)) for n, (lo, hi) in self.spec.dims}
-            cand = self.quantize(draw(self.spec, np.random.default_rng(20261129), fixed_dims=fixed, origin="probe"))
-            first = np.asarray(cand.arrays[names[0]], dtype=np.float64)
-            if first.size < 2:
-                return
-            ref = [o for o in self.run_reference(cand) if o.is_float]
-            moved_in = first.copy()
-            x0 = moved_in.reshape(-1)[0]
-            moved_in.reshape(-1)[0] = x0 * 0.5 + 1.0 if np.isfinite(x0) and x0 * 0.5 + 1.0 != x0 else 0.25
-            probe = cand.derive()
-            probe.arrays[names[0]] = self.quantize_array(moved_in, names[0])
-            moved = [o for o in self.run_reference(probe) if o.is_float]
-        except Exception:  # the draw is outside the operator's domain: keep the default
-            return
-        if not ref or len(moved) != len(ref):
-            return
-        if any(np.shape(o.array) != first.shape for o in ref):
-            self._judge_per_output()
-            return
-        changed = 0
-        for a, b in zip(ref, moved):
-            x, y = np.asarray(a.array, dtype=np.float64), np.asarray(b.array, dtype=np.float64)
-            changed += int(np.count_nonzero(~((x == y) | (np.isnan(x) & np.isnan(y)))))
-        if changed > 1:
-            self._judge_per_output()
-
-    def _judge_per_output(self) -> None:
-        self.spec = self.spec.replace(ulp_floor="output")
-        self.measured_floor = "output"
-
-    measured_floor: Optional[str] = None
-
-    def quantize_array(self, arr: np.ndarray, name: str) -> np.ndarray:
-        """One input's values rounded as :meth:`quantize` rounds them."""
-        t = next(t for t in self.spec.inputs if t.name == name)
-        return self.backend.quantize(np.asarray(arr, dtype=np.float64), t.dtype_at(self.input_dtype))
-
-    def _floor_mark(self, metrics):
-        """``metrics`` with the floor this runner measured (read by the judge's float64 comparison)."""
-        if self.measured_floor is None or metrics is None:
-            return metrics
-        import dataclasses
-
-        return dataclasses.replace(metrics, ulp_floor=self.measured_floor)
-
     # -- running ----------------------------------------------------------------------------
     def run_reference(self, cand: Candidate) -> List[Output]:
         truth = self.true_ref or (self.truth if is_exhaustive(cand) else None)
@@ -352,14 +281,12 @@ class VariantRunner:
         # in ulps of its own reference (a floor from the set's largest output would hide them all)
         # (and there, results below the smallest normal are judged too, unless the framework flushes
         # them by design: the sweep measures the function's accuracy, not a PR's change)
-        if not self._floor_known:
-            self.measure_floor()
         every_value = q.origin.startswith(("exhaustive", "sweep"))
         floor = "dtype" if every_value else self.spec.ulp_floor
         metrics = compare(out, ref, self.variant.dtype, floor, ftz=self.backend.flush_subnormals or not every_value,
                           figures="all" if every_value else self.figures,
                           check_dtypes=self.variant.mode == "input")
-        ev = Evaluation(OK, metrics=self._floor_mark(metrics), seconds=time.perf_counter() - t0)
+        ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0)
         if keep_outputs == "nonfinite":
             keep_outputs = any(o.is_float and not np.isfinite(o.array).all() for o in out)
         if keep_outputs:

@@ -63,9 +63,6 @@ class Metrics:
     #: divergence on it too: two float64 runs of a result that is zero in exact arithmetic differ
     #: by residues, which are no behaviour change
     scale: float = 0.0
-    #: the ULP floor the figures were taken with where the runner measured it (a row of no
-    #: declared kind whose operator is not elementwise: ``"output"``); None: the row's own
-    ulp_floor: Optional[str] = None
 
     @property
     def severity(self) -> float:
