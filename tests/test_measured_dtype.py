@@ -387,3 +387,25 @@ def test_a_constant_of_the_operators_own_dtype_meets_the_float64_run_as_float64(
                   dtype="float64", device="cpu")
     assert acc.dtype == torch.float32 and torch.equal(out, acc)  # the write went into the operator's tensor
     assert acc[0].item() != 0.0
+
+
+def test_a_cast_to_complex64_in_the_float64_run_is_complex128():
+    # piqa's MDSI (f73b13c) casts its similarity maps with `.type(torch.cfloat)`: complex64, two
+    # float32s. In the float64 run that computed the rest in float32 and returned float32: init
+    # left MDSI out as "its float64 reference returns float32"; now it is gated at float32
+    import torch
+
+    from gate.backends.torch_backend import TorchBackend
+
+    def similarity(x):
+        g = x.type(torch.cfloat)
+        h = x.to(torch.complex64) + x.cfloat()
+        return (g * h).abs().mean(-1)
+
+    be = TorchBackend()
+    x = torch.linspace(0.1, 2.0, 8, dtype=torch.float64).reshape(2, 4)
+    ref = be.call(similarity, [x], {}, mode="input", dtype="float64", device="cpu")
+    exact = (x.to(torch.complex128) * (2 * x.to(torch.complex128))).abs().mean(-1)
+    assert ref.dtype == torch.float64 and torch.equal(ref, exact)
+    low = be.call(similarity, [x.float()], {}, mode="input", dtype="float32", device="cpu")
+    assert low.dtype == torch.float32  # the float32 run computes in complex64, as written

@@ -66,12 +66,18 @@ def _cudnn_tf32(c, value: bool):
 
 
 _NARROW = (torch.float16, torch.bfloat16, torch.float32)
+#: complex dtypes narrower than complex128 (complex64 is two float32s: piqa's MDSI casts its
+#: similarity maps to ``torch.cfloat``, which in the float64 run computed in float32)
+_NARROW_COMPLEX = (torch.complex64, torch.complex32)
 _NARROWING_METHODS = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
 
 
 def _wide(x: Any) -> Any:
-    """``x`` with a narrower float dtype (or a list/tuple of them) replaced by float64."""
+    """``x`` with a narrower float dtype (or a list/tuple of them) replaced by float64, a
+    narrower complex dtype by complex128."""
     if isinstance(x, torch.dtype):
+        if x in _NARROW_COMPLEX:
+            return torch.complex128
         return torch.float64 if x in _NARROW else x
     if isinstance(x, (list, tuple)) and any(isinstance(v, torch.dtype) for v in x):
         return type(x)(_wide(v) for v in x)
@@ -97,6 +103,9 @@ class Float64Everywhere(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
             return args[0]
+        if func is torch.Tensor.cfloat and args and isinstance(args[0], torch.Tensor) \
+                and args[0].dtype in (torch.float64, torch.complex128):
+            return args[0].to(torch.complex128)
         if func is torch.Tensor.to and len(args) > 1 and isinstance(args[0], torch.Tensor) \
                 and isinstance(args[1], torch.Tensor) and args[1].dtype in _NARROW:
             args = (args[0], args[1].device, *args[2:])  # x.to(other): other's device, float64 kept
@@ -117,17 +126,19 @@ def _tensors(args, kwargs):
 
 
 def _meets_float64(args, kwargs) -> bool:
-    """Does a narrower float tensor meet a float64 one in this call?"""
+    """Does a narrower float (or complex) tensor meet a float64 (or complex128) one in this call?"""
     wide = narrow = False
     for t in _tensors(args, kwargs):
-        wide = wide or t.dtype == torch.float64
-        narrow = narrow or t.dtype in _NARROW
+        wide = wide or t.dtype in (torch.float64, torch.complex128)
+        narrow = narrow or t.dtype in _NARROW or t.dtype in _NARROW_COMPLEX
     return wide and narrow
 
 
 def _widen(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.dtype in _NARROW:
         return x.to(torch.float64)  # exact: every float16/bfloat16/float32 value is a float64 value
+    if isinstance(x, torch.Tensor) and x.dtype in _NARROW_COMPLEX:
+        return x.to(torch.complex128)
     if isinstance(x, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in x):
         return type(x)(_widen(v) for v in x)
     return x
