@@ -1401,3 +1401,23 @@ def test_an_operator_with_a_float32_constant_of_its_own_is_gated_at_float32(tmp_
     assert res.returncode == 1, (report["reason"], res.stderr[-2000:])
     failed = [v for v in report["verdicts"] if v["outcome"] == "regression"]
     assert failed and all(v["variant"]["dtype"] == "float32" for v in failed), report["verdicts"]
+
+
+def test_a_test_command_that_runs_another_interpreter_says_so(tmp_path):
+    """piqa in this session's acceptance: `--tests "python -m pytest ..."` ran the system's
+    Python (the gate's venv not activated), which has no torch; init said "pytest stopped at a
+    module it could not import (... No module named 'torch'): add --continue-on-collection-errors",
+    a wrong lead. A module the gate's own interpreter imports is another interpreter's absence:
+    init names the gate's interpreter to use."""
+    repo = tmp_path / "irepo"
+    (repo / "ilib").mkdir(parents=True)
+    (repo / "ilib" / "__init__.py").write_text("import torch\n\n\ndef twice(x):\n    return 2 * x\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_ops.py").write_text("import torch\n\nfrom ilib import twice\n\n\ndef test_it():\n"
+                                                "    assert twice(torch.ones(3)).shape == (3,)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    # an interpreter without the site packages (as a system Python without the venv's): no pytest, no torch
+    rep = run_init(repo, tests=f"{sys.executable} -S -m pytest -q tests", workflows=False, probe_timeout=20)
+    assert "0 distinct calls" in rep.harvest and "the tests ran an interpreter without" in rep.harvest, rep.harvest
+    assert f'--tests "{sys.executable} -m pytest tests"' in rep.harvest, rep.harvest
+    assert "continue-on-collection-errors" not in rep.harvest

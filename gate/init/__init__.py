@@ -158,7 +158,11 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
             f" in {time.monotonic() - t0:.0f}s; {sum(r.kind == 'call' for v in by.values() for r in v)} distinct "
             f"calls of {sum(any(r.kind == 'call' for r in v) for v in by.values())} operators recorded")
-    if not any(r.kind == "call" for v in by.values() for r in v) and stopped_at:
+    other = _other_interpreter(text) if not any(r.kind == "call" for v in by.values() for r in v) else None
+    if other:
+        what += (f"; the tests ran an interpreter without {other}, which the gate's own has: name it in --tests, "
+                 f"e.g. --tests \"{sys.executable} -m pytest tests\" (`python` on PATH is another one)")
+    elif not any(r.kind == "call" for v in by.values() for r in v) and stopped_at:
         # pytest ran no test at all: one module failed to import (tensorflow/recommenders: np.str)
         what += (f"; pytest stopped at a module it could not import ({stopped_at}"
                  + (f": {tail}" if tail else "") + "): add --continue-on-collection-errors to --tests "
@@ -169,6 +173,22 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     elif code not in (0, 124, 130, -2) and tail:  # some calls recorded: what stopped the others
         what += f"; the tests said: {tail}"
     return by, what + _budget_words(budget, timeout)
+
+
+def _other_interpreter(text: str) -> Optional[str]:
+    """The module a test run could not import (``No module named 'torch'``) that the gate's own
+    interpreter imports: the test command ran another Python (a bare `python` of the system,
+    where the user's venv is not activated), not a missing dependency of the library."""
+    import importlib.util
+    import re
+
+    for name in dict.fromkeys(re.findall(r"No module named '?([A-Za-z_][\w.]*)'?", text)):
+        try:
+            if importlib.util.find_spec(name.split(".")[0]) is not None:
+                return name.split(".")[0]
+        except (ImportError, ValueError):
+            continue
+    return None
 
 
 def _test_budget(timeout: float) -> float:
