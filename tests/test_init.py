@@ -1419,5 +1419,16 @@ def test_a_test_command_that_runs_another_interpreter_says_so(tmp_path):
     # an interpreter without the site packages (as a system Python without the venv's): no pytest, no torch
     rep = run_init(repo, tests=f"{sys.executable} -S -m pytest -q tests", workflows=False, probe_timeout=20)
     assert "0 distinct calls" in rep.harvest and "the tests ran an interpreter without" in rep.harvest, rep.harvest
-    assert f'--tests "{sys.executable} -m pytest tests"' in rep.harvest, rep.harvest
+    assert f'--tests "{sys.executable} -m pytest -q tests"' in rep.harvest, rep.harvest  # the user's own arguments
     assert "continue-on-collection-errors" not in rep.harvest
+    # a module of the repository itself that the tests could not import is no such evidence
+    from gate.init import _other_interpreter
+
+    sys.path.insert(0, str(repo))  # as the gate's process sees it when run from the repository
+    try:
+        assert _other_interpreter("ModuleNotFoundError: No module named 'ilib'", repo) is None
+        assert _other_interpreter("ModuleNotFoundError: No module named 'ilib'", tmp_path / "elsewhere") == "ilib"
+    finally:
+        sys.path.remove(str(repo))
+    assert _other_interpreter("ModuleNotFoundError: No module named 'torch.nn'", repo) == "torch"
+    assert _other_interpreter("ModuleNotFoundError: No module named 'no_such_dependency_x'", repo) is None

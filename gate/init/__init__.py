@@ -158,10 +158,11 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     what = (f"`{command}` exited {code}" + (" (stopped at the time limit)" if code in (124, 130, -2) else "") +
             f" in {time.monotonic() - t0:.0f}s; {sum(r.kind == 'call' for v in by.values() for r in v)} distinct "
             f"calls of {sum(any(r.kind == 'call' for r in v) for v in by.values())} operators recorded")
-    other = _other_interpreter(text) if not any(r.kind == "call" for v in by.values() for r in v) else None
+    other = _other_interpreter(text, repo) if not any(r.kind == "call" for v in by.values() for r in v) else None
     if other:
-        what += (f"; the tests ran an interpreter without {other}, which the gate's own has: name it in --tests, "
-                 f"e.g. --tests \"{sys.executable} -m pytest tests\" (`python` on PATH is another one)")
+        rest = command.split("pytest", 1)[1] if "pytest" in command else " tests"
+        what += (f"; the tests ran an interpreter without {other}, which the gate's own has: name the gate's in "
+                 f"--tests, e.g. --tests \"{sys.executable} -m pytest{rest}\"")
     elif not any(r.kind == "call" for v in by.values() for r in v) and stopped_at:
         # pytest ran no test at all: one module failed to import (tensorflow/recommenders: np.str)
         what += (f"; pytest stopped at a module it could not import ({stopped_at}"
@@ -175,19 +176,25 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     return by, what + _budget_words(budget, timeout)
 
 
-def _other_interpreter(text: str) -> Optional[str]:
+def _other_interpreter(text: str, repo: Path) -> Optional[str]:
     """The module a test run could not import (``No module named 'torch'``) that the gate's own
-    interpreter imports: the test command ran another Python (a bare `python` of the system,
-    where the user's venv is not activated), not a missing dependency of the library."""
+    interpreter has installed: the test command ran another Python (a bare `python` of the
+    system, where the user's venv is not activated), not a missing dependency of the library.
+    Only top-level names are looked up (``find_spec`` of one executes nothing), and a module
+    found inside the repository (the library itself, a local helper the tests did not put on
+    their path) is not such evidence."""
     import importlib.util
     import re
 
-    for name in dict.fromkeys(re.findall(r"No module named '?([A-Za-z_][\w.]*)'?", text)):
+    root = Path(repo).resolve()
+    for name in dict.fromkeys(n.split(".")[0] for n in re.findall(r"No module named '?([A-Za-z_][\w.]*)'?", text)):
         try:
-            if importlib.util.find_spec(name.split(".")[0]) is not None:
-                return name.split(".")[0]
+            spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             continue
+        origin = (spec.origin or (list(spec.submodule_search_locations or ()) or [None])[0]) if spec else None
+        if origin and origin not in ("built-in", "frozen") and root not in Path(origin).resolve().parents:
+            return name
     return None
 
 
