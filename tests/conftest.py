@@ -35,11 +35,13 @@ if os.environ.get("PYTEST_XDIST_WORKER") is None:
 
 
 def _zygote_server() -> None:
-    """One warm zygote server per test process (gate.backends.isolate.SERVER_ENV): each gate run
-    of the suite forks its torch zygote from it instead of importing torch anew
-    (~2 s of CPU a run on this machine). It runs in the environment the gate gives its workers
-    as this process sees it now; a test that changes that environment (a thread count, a
-    variable a worker must not see) gets a zygote of its own, as a run outside the suite does."""
+    """Warm zygote servers (gate.backends.isolate.SERVER_ENV), one for torch and one for
+    TensorFlow, started once by the process that starts the suite (xdist's controller, whose
+    environment its workers inherit): each gate run of the suite forks its zygote from one of
+    them instead of importing its framework anew (~2.5 s of CPU for torch, ~6 s for TensorFlow,
+    a run on this machine). They run in the environment the gate gives its workers as this
+    process sees it now; a test that changes that environment (a thread count, a variable a
+    worker must not see) gets a zygote of its own, as a run outside the suite does."""
     if os.environ.get("DL_GATE_ZYGOTE_SERVER") or os.environ.get("DL_GATE_NO_ZYGOTE_SERVER"):
         return
     import atexit
@@ -49,20 +51,26 @@ def _zygote_server() -> None:
 
     from gate.backends.sandbox import SERVER_ENV, worker_env
 
-    path = os.path.join(tempfile.mkdtemp(prefix="dl-gate-zs-"), "sock")
-    proc = subprocess.Popen([sys.executable, "-m", "gate.backends.isolate", "--zygote-server", path],
-                            env=worker_env(), cwd=str(REPO), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.environ[SERVER_ENV] = path
-    for _ in range(1200):  # until it listens (its torch import): the first run's zygote comes from it too
-        if os.path.exists(path) or proc.poll() is not None:
+    where = tempfile.mkdtemp(prefix="dl-gate-zs-")
+    procs, entries = [], []
+    for framework in ("torch", "tensorflow"):
+        path = os.path.join(where, framework)
+        procs.append(subprocess.Popen([sys.executable, "-m", "gate.backends.isolate", "--zygote-server", path,
+                                       framework], env=worker_env(), cwd=str(REPO), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        entries.append(f"{framework}={path}")
+    os.environ[SERVER_ENV] = os.pathsep.join(entries)
+    torch_path = os.path.join(where, "torch")
+    for _ in range(1200):  # until torch's listens: the first run's zygote comes from it too
+        if os.path.exists(torch_path) or procs[0].poll() is not None:
             break
-        time.sleep(0.05)
+        time.sleep(0.05)  # TensorFlow's comes later: a run before it has a zygote of its own
 
     @atexit.register
     def _stop() -> None:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 
@@ -84,7 +92,8 @@ def no_zygote_server(monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def zygote_server():
-    """Started in each process that runs tests (not in xdist's controller)."""
+    """A process that runs tests with no servers in its environment (one whose starter did not
+    start them) starts its own."""
     _zygote_server()
     yield
 
@@ -114,6 +123,10 @@ def _action_remote() -> None:
 
 
 _action_remote()
+if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    # after the kernels' cache is written and the environment is set (above): the servers load
+    # the kernels from the cache, and serve a client only in their own environment
+    _zygote_server()
 
 
 def _has_cuda() -> bool:

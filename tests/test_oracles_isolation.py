@@ -359,6 +359,18 @@ def test_a_zygote_server_forks_each_runs_zygote_and_the_runs_workers_die_with_it
         server.wait()
 
 
+def test_the_server_variable_names_a_server_per_framework():
+    """tests/conftest.py starts one for torch and one for TensorFlow (a zygote that imported
+    TensorFlow costs ~6 s of CPU): a client is served by its own framework's, never another's."""
+    from gate.backends.isolate import server_paths
+
+    assert server_paths("/z/torch") == {"torch": "/z/torch"}  # a bare path: torch's, as before
+    both = server_paths(os.pathsep.join(["torch=/z/t", "tensorflow=/z/tf"]))
+    assert both == {"torch": "/z/t", "tensorflow": "/z/tf"}
+    assert server_paths(os.pathsep.join(["jax=/z/j", "", "tensorflow=/z/tf"])) == {"tensorflow": "/z/tf"}
+    assert server_paths("") == {}
+
+
 LIBRARY = '''
 import os, threading, time
 here = os.path.dirname(os.path.abspath(__file__))

@@ -211,8 +211,9 @@ def _from_server(preload: Tuple[str, ...], env: Dict[str, str], log: str) -> Opt
     block (no run mark)."""
     from multiprocessing.reduction import send_handle
 
-    path = os.environ.get(SERVER_ENV)
-    if not path or tuple(preload) != PRELOAD.get("torch"):
+    path = server_paths(os.environ.get(SERVER_ENV, "")).get(
+        next((fw for fw, mods in PRELOAD.items() if tuple(mods) == tuple(preload)), ""))
+    if not path:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -238,6 +239,19 @@ def _from_server(preload: Tuple[str, ...], env: Dict[str, str], log: str) -> Opt
         conn.close()
         return None
     return conn, _Served(int(reply[1]))
+
+
+def server_paths(value: str) -> Dict[str, str]:
+    """The zygote servers :data:`SERVER_ENV` names, by framework: ``os.pathsep``-separated
+    ``framework=path`` entries, a bare path being torch's (``/tmp/zs/torch:tensorflow=/tmp/zs/tf``)."""
+    out: Dict[str, str] = {}
+    for entry in filter(None, value.split(os.pathsep)):
+        fw, eq, path = entry.partition("=")
+        if eq and fw in PRELOAD:
+            out[fw] = path
+        elif not eq:
+            out["torch"] = entry
+    return out
 
 
 class _Zygote:
@@ -1232,22 +1246,27 @@ def _spawned_main(module: str, argv: List[str], cwd: str, fds: List[int]) -> int
 _FRAMEWORK_VARS = {"tensorflow": ("TF_", "XLA_"), "absl": ("ABSL_",), "triton": ("TRITON_",)}
 
 
-def server_main(path: str) -> int:
-    """A zygote server (:data:`SERVER_ENV`): imports torch and what its workers import, listens
+def server_main(path: str, framework: str = "torch") -> int:
+    """A zygote server (:data:`SERVER_ENV`): imports ``framework`` (torch, or TensorFlow: ~6 s
+    of CPU a zygote here) and what its workers import, listens
     on ``path``, and forks a zygote for each process that connects. The forked zygote answers
     only a client whose workers' environment is the server's own but for the per-run variables
-    (gate.backends.sandbox.PER_RUN) and those of frameworks it has not imported (else it says so
-    and exits),
+    (gate.backends.sandbox.PER_RUN), those of frameworks it has not imported, and those its own
+    imports set (TensorFlow sets ``ABSL_MIN_LOG_LEVEL`` as it loads: a client that imported it
+    too has it, one that did not has not, and the server's import is done either way) (else it
+    says so and exits),
     takes the client's working directory and log, and runs :func:`zygote_main` on the
     connection: it exits when the client closes it or dies, and its workers with it."""
     import importlib
     from multiprocessing.reduction import recv_handle
 
     _die_with_parent()
-    for mod in (*PRELOAD["torch"], *PRELOAD_GRAD["torch"], RUNNER_FACTORY.partition(":")[0]):
+    before = dict(os.environ)
+    for mod in (*PRELOAD[framework], *PRELOAD_GRAD.get(framework, ()), RUNNER_FACTORY.partition(":")[0]):
         importlib.import_module(mod)
     _warm_up()
     start_env, start_cwd = dict(os.environ), os.getcwd()
+    set_by_import = frozenset(k for k in set(before) | set(start_env) if before.get(k) != start_env.get(k))
     # the variables of a framework the server has not imported are read where its workers import
     # it, after they take the client's environment: a client may differ in them (a test process
     # that imported TensorFlow has ABSL_MIN_LOG_LEVEL set; a Triton bed, TRITON_INTERPRET)
@@ -1273,7 +1292,7 @@ def server_main(path: str) -> int:
             _, env, cwd = conn.recv()
             log = recv_handle(conn)
             diff = sorted(k for k in set(env) | set(start_env) if env.get(k) != start_env.get(k)
-                          and k not in PER_RUN and not k.startswith(unread))
+                          and k not in PER_RUN and k not in set_by_import and not k.startswith(unread))
             if diff:
                 conn.send(("refused", f"another environment ({', '.join(diff[:5])})"))
                 os._exit(0)
@@ -1418,5 +1437,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "--zygote":
         sys.exit(zygote_main(int(sys.argv[2])))
     if sys.argv[1] == "--zygote-server":
-        sys.exit(server_main(sys.argv[2]))
+        sys.exit(server_main(*sys.argv[2:4]))
     sys.exit(worker_main(int(sys.argv[1]), int(sys.argv[2])))

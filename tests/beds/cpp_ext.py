@@ -9,7 +9,7 @@ its spread. The pull requests:
 * ``one_pass_variance``: the planted regression, the revert of that fix (one pass, squared sum);
 * ``benign``: the row statistics move to a helper with renamed locals, same arithmetic in the
   same order: must pass;
-* ``broken``: a typo that does not compile: the gate's outcome is ``error`` naming the compiler's
+* ``broken``: a typo that does not compile (a misspelt header): the gate's outcome is ``error`` naming the compiler's
   first error line.
 
 ``rms_norm_forward`` shares no code with the layer norm: a change to the layer norm must not
@@ -225,7 +225,9 @@ PRS = {
   }
   var = squares / static_cast<acc_t>(n);
 '''),
-    "broken": ("  var = sq / static_cast<acc_t>(n);\n", "  var = sq / static_cast<acc_t>(n)\n"),
+    # a misspelt header: g++ stops at its first fatal error, where a typo in a function body costs a
+    # whole parse of torch's headers (~11 s here) before the build fails
+    "broken": ("#include <ATen/Dispatch.h>\n", "#include <ATen/Dispach.h>\n"),
 }
 
 _LOAD_HELPER = '''template <typename acc_t, typename scalar_t>
