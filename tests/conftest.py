@@ -167,16 +167,21 @@ LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full 
 
 @pytest.hookimpl(optionalhook=True)  # without pytest-xdist (-p no:xdist) the hook is not there
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (pyproject's addopts): one worker more than the cores this process may use.
+    """``-n auto`` (pyproject's addopts): two workers more than the cores this process may use.
     The end-to-end tests spend part of their time waiting, not computing (a hang's deadline, a
-    worker's time limit, processes starting, a compiler's output): on the 2-core machine the
-    suite's CPU time was 77% of two cores' wall time with two workers; a third fills those waits
-    (772 -> 677 s, 2026-11-29, the same tree, idle)."""
+    worker's time limit, processes starting, a compiler's output, a gate run's judge waiting for
+    its workers and they for it): on the 2-core machine the suite's CPU time was 77% of two
+    cores' wall time with two workers; a third filled part of those waits (772 -> 677 s,
+    2026-11-29, the same tree, idle), and still left 22% (user+sys 1157 s over 746 s, each
+    worker busy to the end: a per-test timeline showed the three within 4 s of each other); a
+    fourth: 746-768 s -> 699 s (2026-11-30, the same tree, idle; one earlier pair had read 695 vs
+    753 s the other way, before TensorFlow's zygotes were served and its import left out of
+    collection)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    return cores + 1
+    return cores + 2
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("tensorflow")
+from tests.helpers import require_module
+
+require_module("tensorflow")  # skipped where it is not installed; imported where a test needs it
 
 from gate.oracles.export import export_op  # noqa: E402
 from gate.ops.catalog import load_builtin  # noqa: E402

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import require_module
 from tests.helpers.repro import assert_repro_head_then_base
 from tests.test_gate_run import gate, git, make_repo
 
-pytest.importorskip("tensorflow")
+require_module("tensorflow")  # skipped where it is not installed; imported where a test needs it
 
 FIXED = '''import keras
 from keras import ops
