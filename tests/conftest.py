@@ -53,7 +53,10 @@ def _zygote_server() -> None:
 
     where = tempfile.mkdtemp(prefix="dl-gate-zs-")
     procs, entries = [], []
-    for framework in ("torch", "tensorflow"):
+    import importlib.util
+
+    # TensorFlow's only where it is installed (a torch-only checkout, `pip install -e '.[torch]'`)
+    for framework in ("torch", "tensorflow")[:2 if importlib.util.find_spec("tensorflow") else 1]:
         path = os.path.join(where, framework)
         procs.append(subprocess.Popen([sys.executable, "-m", "gate.backends.isolate", "--zygote-server", path,
                                        framework], env=worker_env(), cwd=str(REPO), stdin=subprocess.DEVNULL,
