@@ -735,6 +735,7 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         isolate = planned.isolate
         base_isolate = base_isolate_options(tree, py_path, isolate, ctx.repo) if tree is not None and isolate else None
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
+        _settle_structure(ctx, planned, isolate, base_isolate, report, say)
         pools = _Pools(planned, None if opts.evals else ctx.settings.min_evals)
         work = planned.done
         for task in planned.run_tasks:
@@ -765,6 +766,40 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
     for w in work:
         w["base"] = base_results.get(w["task"].id)
     return work
+
+
+def _settle_structure(ctx: Context, planned: Planned, isolate, base_isolate, report: V.GateReport, say) -> None:
+    """Rows judged elementwise only by default (no ``kind:``) are asked whether they are
+    (gate.judge.structure), on base's worker where base has the operator, before their gradient
+    variants are searched; a coupled one's gradient variants are judged on their own scale."""
+    from .judge.structure import judged_for_grad, needs_probe, probe_structure, say_structure
+
+    grads = {}
+    for t in planned.run_tasks:
+        spec = planned.by_id[t.id]["spec"]
+        if t.variant.oracle == "grad" and needs_probe(spec):
+            grads.setdefault(spec.name, spec)
+    found = {}
+    for name, spec in grads.items():
+        base_spec = ctx.base_specs.get(name)
+        on_base = base_isolate is not None and base_spec is not None
+        found[name] = probe_structure(base_side(spec, base_spec) if on_base else spec,
+                                      base_isolate if on_base else isolate, side="base" if on_base else "head")
+        report.env.setdefault("structure", {})[name] = found[name].to_dict()
+        line = say_structure(name, found[name])
+        if line:
+            say(line)
+    if not found:
+        return
+    tasks = []
+    for t in planned.run_tasks:
+        p = planned.by_id[t.id]
+        if t.variant.oracle == "grad" and p["spec"].name in found:
+            spec = judged_for_grad(p["spec"], found[p["spec"].name])
+            t = Task(op=spec, variant=t.variant, budget=t.budget, seed=t.seed, strategy=t.strategy)
+            p["spec"], p["task"] = spec, t
+        tasks.append(t)
+    planned.run_tasks[:] = tasks
 
 
 #: the base replay's share of a time-budgeted run (seconds), unless ``budget.replay`` says

@@ -121,7 +121,10 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         tasks = plan([spec], budget, per_op=budget, seed=seed, dtypes=want, devices=devices or gate_cfg.get("devices"),
                      modes=modes or gate_cfg.get("modes"), available_devices=backend.devices(),
                      oracles=gate_cfg.get("oracles"))
+        grad_spec = _grad_row(spec, tasks, isolate, say)
         for t in tasks:
+            if t.variant.oracle == "grad" and grad_spec is not spec:
+                t = Task(op=grad_spec, variant=t.variant, budget=t.budget, seed=t.seed, strategy=t.strategy)
             if evals:
                 t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
             say(f"[{k}/{len(names)}] measuring {t.id} ({t.budget.evals} evals)" if t.budget.evals else
@@ -140,6 +143,20 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         raise GateError(f"{len(unmeasured)} variant(s) could not be measured, e.g. {unmeasured[0].id}: "
                         f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written){hint}")
     return changes
+
+
+def _grad_row(spec, tasks, isolate, say):
+    """The row ``spec``'s gradient variants are measured with: as ``run`` judges them
+    (gate.judge.structure: a row elementwise only by default is asked whether it is)."""
+    from ..judge.structure import judged_for_grad, needs_probe, probe_structure, say_structure
+
+    if not needs_probe(spec) or not any(t.variant.oracle == "grad" for t in tasks):
+        return spec
+    found = probe_structure(spec, isolate, side="this tree")
+    line = say_structure(spec.name, found)
+    if line:
+        say(line)
+    return judged_for_grad(spec, found)
 
 
 def _build(cfg, say) -> None:

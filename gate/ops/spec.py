@@ -305,6 +305,10 @@ class OpSpec:
     tags: tuple = ()
     description: str = ""
     origin: str = "builtin"  # builtin | user
+    #: the row says how its errors are scaled (``kind:`` or ``ulp_floor:``); a user row that does
+    #: not is elementwise by default, and the gate checks that on base's worker before judging
+    #: its gradients (gate.judge.structure)
+    floor_declared: bool = True
 
     # -- helpers -------------------------------------------------------------------------
     def threshold(self, dtype: str) -> Threshold:
@@ -426,6 +430,7 @@ class OpSpec:
                 tags=tuple(merged.get("tags", ())),
                 description=str(merged.get("description", "")),
                 origin=origin,
+                floor_declared="kind" in merged or "ulp_floor" in merged,
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"operator {name}: {exc}") from exc
