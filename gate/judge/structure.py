@@ -57,9 +57,10 @@ class Structure:
     result: str  # COUPLED | ELEMENTWISE | UNKNOWN
     evidence: str
     side: str = "base"
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"result": self.result, "evidence": self.evidence, "side": self.side}
+        return {"result": self.result, "evidence": self.evidence, "side": self.side, "seconds": round(self.seconds, 3)}
 
 
 def needs_probe(spec: OpSpec) -> bool:
@@ -150,8 +151,11 @@ def probe_structure(spec: OpSpec, isolate=None, side: str = "base", seed: int = 
     """Run the probe inputs (the same for a row whatever the run's seed: a refresh and a run
     judge its gradients alike) through ``spec``'s float64 reference run (in a worker with
     ``isolate``) and decide; any failure is UNKNOWN (the row stays as declared)."""
+    import time
+
     from .replay import replay
 
+    t0 = time.perf_counter()
     base, probes = probe_inputs(spec, seed)
     if base is None or not probes:
         return Structure(UNKNOWN, "no float input with two elements was drawn", side)
@@ -166,7 +170,7 @@ def probe_structure(spec: OpSpec, isolate=None, side: str = "base", seed: int = 
         return r.reference if r.status == "ok" and r.reference is not None else None
 
     found = decide_structure(ref(results[0]), [(p, ref(r)) for (p, _), r in zip(probes, results[1:])])
-    found.side = side
+    found.side, found.seconds = side, time.perf_counter() - t0
     return found
 
 

@@ -368,6 +368,7 @@ class OpSpec:
             "tags": list(self.tags),
             "description": self.description,
             "origin": self.origin,
+            **({} if self.floor_declared else {"floor_declared": False}),
         }
 
     @classmethod
@@ -430,7 +431,7 @@ class OpSpec:
                 tags=tuple(merged.get("tags", ())),
                 description=str(merged.get("description", "")),
                 origin=origin,
-                floor_declared="kind" in merged or "ulp_floor" in merged,
+                floor_declared=bool(merged.get("floor_declared", "kind" in merged or "ulp_floor" in merged)),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"operator {name}: {exc}") from exc
