@@ -153,6 +153,17 @@ def test_nan_in_both_outputs_reads_in_both_columns_when_heads_reference_is_nan_t
     assert (v.head_nonfinite, v.base_nonfinite) == (1, 1) and "NaN/Inf in both (head 1, base 1 elements)" in v.reason
 
 
+def test_a_passing_rows_nan_columns_count_the_same_outputs_alike(spec):
+    # pytorch-metric-learning's PNPLoss fix in the zero-config acceptance: 15 of 15 outputs
+    # identical, NaN at the same elements, but each side counted NaN/Inf where its *own* float64
+    # run was finite, and the two float64 runs differ: the row read "1883 vs 1967 NaN/Inf"
+    head = [rr([np.nan, np.inf, 1.0], [1.0, 2.0, 1.0], ulp=0.0, nonfinite=2)]
+    base = [rr([np.nan, np.inf, 1.0], [np.nan, 2.0, 1.0], ulp=0.0, nonfinite=1)]
+    v = judge(spec, head, base)
+    assert v.outcome == V.PASS, (v.outcome, v.reason)
+    assert (v.head_nonfinite, v.base_nonfinite) == (2, 2) and "NaN/Inf in both (head 2, base 2 elements)" in v.reason
+
+
 def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_precision(spec):
     # the benign layer_norm refactor's gradient on a near-constant row (bench/false_alarms.py: 11
     # of 20 seeds failed before): the float64 gradient is ~1e-30 of the inputs' scale, base's
