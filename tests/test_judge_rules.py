@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gate.judge import verdict as V
-from gate.judge.decide import GateSettings, decide
+from gate.judge.decide import GateSettings, decide, ref_divergence
 from gate.judge.replay import ReplayResult
 from gate.ops.catalog import load_catalog
 from gate.oracles.precision import Metrics
@@ -162,6 +162,21 @@ def test_a_passing_rows_nan_columns_count_the_same_outputs_alike(spec):
     v = judge(spec, head, base)
     assert v.outcome == V.PASS, (v.outcome, v.reason)
     assert (v.head_nonfinite, v.base_nonfinite) == (2, 2) and "NaN/Inf in both (head 2, base 2 elements)" in v.reason
+
+
+def test_a_function_that_was_zero_and_is_not_changed_on_heads_scale():
+    # kornia's sobel eps fix (3950f42b0) on a flat image, judged per output (kind: composite, as
+    # init writes rows): base's float64 output is 0, head's sqrt(1e-6) = 1e-3. Measured in ulps of
+    # 1 (an all-zero output's default scale) that read 1 float16 ulp, "the function did not
+    # change", and the fix's float16 rounding of its subnormal eps failed as a precision loss
+    head = ReplayResult("ok", Metrics(ulp=7.42), outputs=[np.full(4, 1.007e-3, np.float16)], reference=[np.full(4, 1e-3)])
+    base = ReplayResult("ok", Metrics(ulp=0.0), outputs=[np.zeros(4, np.float16)], reference=[np.zeros(4)])
+    assert ref_divergence(head, base, "float16", "output") > 500
+    # per element it always read so; and a residue on the computation's scale still is none
+    assert ref_divergence(head, base, "float16", "dtype") > 500
+    res = ReplayResult("ok", Metrics(ulp=0.0, scale=1.0), outputs=[np.zeros(2, np.float32)], reference=[np.array([3e-17, 0.0])])
+    zero = ReplayResult("ok", Metrics(ulp=0.0, scale=1.0), outputs=[np.zeros(2, np.float32)], reference=[np.zeros(2)])
+    assert ref_divergence(res, zero, "float32", "output") < 1 and ref_divergence(zero, res, "float32", "output") < 1
 
 
 def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_precision(spec):
