@@ -183,12 +183,14 @@ def parse_config(text: str, path: Optional[Path] = None, root: Optional[Path] = 
         line = _line_of(node, path) if node is not None else None
         raise ConfigError(f"{where}:{line or 1}: {keypath}: {msg}")
     if raw.get("env"):
-        from .backends.sandbox import check_names
+        from .backends.sandbox import check_names, env_names
 
-        reason = check_names(raw["env"])
+        names = env_names(raw["env"])
+        reason = check_names(names)
         if reason is not None:
-            bad = next(i for i, n in enumerate(raw["env"]) if check_names([n]))
-            raise ConfigError(f"{where}:{_line_of(node, ['env', bad]) or 1}: env: {reason}")
+            bad = next(i for i, n in enumerate(names) if check_names([n]))
+            key = names[bad] if isinstance(raw["env"], dict) else bad
+            raise ConfigError(f"{where}:{_line_of(node, ['env', key]) or 1}: env: {reason}")
     root = root or (path.parent if path else Path.cwd())
     framework = raw.get("framework", "torch")
     ops: List[OpSpec] = []

@@ -563,7 +563,9 @@ def _not_base_either(ctx: Context, suspects: Sequence[OpSpec], broken: Dict[str,
     import os
 
     s = both[0]
-    unset = [n for n in (ctx.cfg.raw.get("env") or []) if n not in os.environ]
+    from .backends.sandbox import unset_names
+
+    unset = unset_names(ctx.cfg.raw.get("env"))
     hint = (f"; the config's env: names {', '.join(unset)}, not set in this job's environment" if unset else
             "; install what the library needs in the job (the Action's install: input)")
     more = f" (and {len(both) - 1} more)" if len(both) > 1 else ""

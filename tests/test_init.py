@@ -970,7 +970,7 @@ def test_a_test_run_that_records_nothing_says_why_and_env_gives_its_environment(
     rep = run_init(repo, workflows=False, probe_timeout=20, env={"TEST_DEVICE": "cpu"})
     assert "1 distinct calls of 1 operators" in rep.harvest, rep.harvest
     cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
-    assert cfg.raw["env"] == ["TEST_DEVICE"]
+    assert cfg.raw["env"] == {"TEST_DEVICE": "cpu"}  # the value too: refresh and run need no export
     assert cfg.ops[0].inputs[0].shape == (1, 7)  # from the recorded call, not probed
 
 

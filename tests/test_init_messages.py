@@ -46,6 +46,53 @@ def test_refresh_names_a_config_env_variable_that_is_not_set(tmp_path, monkeypat
     assert "env: names DL_GATE_TEST_UNSET_VAR, not set in this environment" in out, out[-2000:]
 
 
+ENV_OPS = """
+import os
+
+import torch
+
+
+def scaled(x):
+    # as a library whose tests pick the device from the environment (pytorch-metric-learning's
+    # TEST_DEVICE): without the variable the operator raises
+    return torch.log1p(torch.exp(x)).to(os.environ["DL_GATE_TEST_DEVICE"])
+"""
+
+ENV_CONFIG = CONFIG.replace("name: mylib.log1p", "name: mylib.scaled").replace("mylib.ops:log1p_op", "mylib.ops:scaled")
+
+
+def test_the_configs_env_values_reach_the_workers_without_an_export(tmp_path, monkeypatch):
+    # pytorch-metric-learning in the zero-config acceptance: `init --env TEST_DEVICE=cpu` recorded
+    # the name only, and every refresh warned until the user exported it. A value in the config
+    # is the workers' where the job sets none; a name with null still takes the job's
+    monkeypatch.delenv("DL_GATE_TEST_DEVICE", raising=False)
+    monkeypatch.delenv("DL_GATE_TEST_UNSET_VAR", raising=False)
+    assert "mylib.ops:scaled" in ENV_CONFIG
+    config = ENV_CONFIG + "env: {DL_GATE_TEST_DEVICE: cpu, DL_GATE_TEST_UNSET_VAR: null}\n"
+    repo = make_repo(tmp_path, ENV_OPS, config=config, baselines=False)
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh", "--evals", "3", "--ops",
+                          "mylib.scaled", "--dtype", "float32"], cwd=repo, capture_output=True, text=True, timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-2000:]
+    assert "env: names DL_GATE_TEST_UNSET_VAR, not set in this environment" in out, out[-2000:]
+    assert "DL_GATE_TEST_DEVICE" not in out.split("not set")[0].splitlines()[-1], out[-2000:]
+    # the gate's own process is not given the value (its git and compiler runs see the job's only)
+    from gate.backends import sandbox
+    from gate.config import load_config
+
+    cfg = load_config(repo / ".dl-gate.yml")
+    assert sandbox.env_values(cfg.raw["env"]) == {"DL_GATE_TEST_DEVICE": "cpu"}
+    import os
+
+    sandbox.allow(cfg.raw["env"])  # what Config.activate does in a run
+    try:
+        assert "DL_GATE_TEST_DEVICE" not in os.environ
+        assert sandbox.worker_env()["DL_GATE_TEST_DEVICE"] == "cpu"
+        assert sandbox.worker_env(source={"DL_GATE_TEST_DEVICE": "cuda"})["DL_GATE_TEST_DEVICE"] == "cuda"  # the job's wins
+    finally:
+        sandbox.allow([])
+
+
 def test_a_collection_error_that_stopped_the_users_test_command_is_named_with_what_to_do(tmp_path):
     # tensorflow/recommenders (acceptance run): one test module fails to import under NumPy 2
     # (np.str); `--tests "pytest -q ..."` without --continue-on-collection-errors ran no test,

@@ -12,7 +12,10 @@ of the job's environment (issue 27):
   ``DL_GATE_THREADS``) and the ``DL_GATE_*`` variables the gate reads in its workers;
 * the frameworks' own variables (``TF_*``, ``ABSL_*``, ``TRITON_*``, ``TORCH_*``, ``PYTORCH_*``,
   ``CUDA_*``, ``XLA_*``, ``XDG_CACHE_HOME`` …) and a build's compiler (``CC``, ``CXX``, flags);
-* the names the config lists under ``env:`` (:func:`allow`).
+* the names the config lists under ``env:`` (:func:`allow`); where the config gives a value
+  (``env: {TEST_DEVICE: cpu}``, what ``dl-gate init --env`` was given), the workers get it
+  when the job's environment does not set the name (the gate's own process never does: its
+  ``git`` and compiler runs see the job's environment only).
 
 Whatever the lists say, a name that looks like a credential (:func:`denied`) is never passed,
 and the config may not name one (a one-line error at load, :func:`check_names`).
@@ -67,6 +70,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: names the config's ``env:`` adds (set by :func:`allow`, from ``Config.activate``)
 _CONFIG_NAMES: List[str] = []
+_CONFIG_VALUES: Dict[str, str] = {}
 
 
 def denied(name: str) -> bool:
@@ -87,15 +91,46 @@ def check_names(names: Iterable[str]) -> Optional[str]:
     return None
 
 
-def allow(names: Optional[Iterable[str]]) -> None:
-    """Pass the config's ``env:`` names to the workers this process starts from now on."""
-    names = list(names or [])
+def env_names(env) -> List[str]:
+    """The names of a config's ``env:``: a list of names, or a mapping of names to values
+    (``None``: no value of its own, the job's)."""
+    if isinstance(env, Mapping):
+        return [str(k) for k in env]
+    return list(env or [])
+
+
+def env_values(env) -> Dict[str, str]:
+    """The values a config's ``env:`` mapping gives (numbers and booleans as YAML wrote them)."""
+    if not isinstance(env, Mapping):
+        return {}
+    out = {}
+    for k, v in env.items():
+        if v is None:
+            continue
+        out[str(k)] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+    return out
+
+
+def unset_names(env, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Names of ``env:`` that neither this environment nor the config gives a value."""
+    environ = os.environ if environ is None else environ
+    given = env_values(env)
+    return [n for n in env_names(env) if n not in environ and n not in given]
+
+
+def allow(names) -> None:
+    """Pass the config's ``env:`` (names, or names with values) to the workers this process
+    starts from now on."""
+    values = env_values(names)
+    names = env_names(names)
     reason = check_names(names)
     if reason is not None:  # parse_config refused it already; a second line of defence
         from ..errors import ConfigError
 
         raise ConfigError(f"env: {reason}")
     _CONFIG_NAMES[:] = names
+    _CONFIG_VALUES.clear()
+    _CONFIG_VALUES.update(values)
 
 
 def allowed(name: str, extra_names: Sequence[str] = ()) -> bool:
@@ -121,6 +156,9 @@ def worker_env(extra: Optional[Mapping[str, str]] = None, *, path_front: Sequenc
     is not filtered, except that a denied name in it is still dropped."""
     src = os.environ if source is None else source
     env = {k: v for k, v in src.items() if allowed(k, names)}
+    for k, v in _CONFIG_VALUES.items():  # the config's values, where the job sets none
+        if k not in env and allowed(k, names):
+            env[k] = v
     parts = [str(p) for p in path_front] + ([gate_root()] if gate_first else [])
     if src.get("PYTHONPATH"):
         parts.append(src["PYTHONPATH"])

@@ -88,7 +88,9 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     check_writable(out, names)
     import os
 
-    unset = [n for n in (cfg.raw.get("env") or []) if n not in os.environ]
+    from ..backends.sandbox import unset_names
+
+    unset = unset_names(cfg.raw.get("env"))
     hint = ""
     if unset:  # init wrote them because the library's tests (or its import) need them
         hint = (f"; the config's env: names {', '.join(unset)}, not set here: export {unset[0]}=... as the "

@@ -105,7 +105,10 @@ def _supervise(args) -> int:
               if isinstance(v, (int, float)) and not isinstance(v, bool)} if isinstance(raw.get("budget"), dict) else {}
     # the run's environment is the workers' allow-list plus the names the config's env: lists
     # (the run validates them: a credential's name is refused there)
-    env_names = [n for n in (raw.get("env") or []) if isinstance(n, str)] if isinstance(raw.get("env"), list) else []
+    from ..backends.sandbox import env_names as _env_names
+
+    env_names = [n for n in _env_names(raw.get("env")) if isinstance(n, str)] \
+        if isinstance(raw.get("env"), (list, dict)) else []
     seconds_, text = supervise.deadline_for(
         args.budget if args.budget is not None else budget.get("total", 60.0 if args.example else None),
         args.evals or budget.get("evals"), budget.get("localise"),

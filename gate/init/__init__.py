@@ -657,7 +657,7 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
     left_before = list(report.left_out)
     while True:
         report.left_out = list(left_before)
-        text = _render(pkg, framework, syms, path, existing, final, report, ops, sorted(env or {}))
+        text = _render(pkg, framework, syms, path, existing, final, report, ops, dict(sorted((env or {}).items())))
         try:
             parse_config(text, path, repo)
         except ConfigError as exc:  # a bug of init, or a user's edit that was already invalid
@@ -682,8 +682,10 @@ def _write_config(repo: Path, pkg, framework: str, syms, config: str, final: Lis
 
 
 def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[Tuple[dict, str]],
-            report: InitReport, ops: Sequence[Operator], env_names: Sequence[str] = ()) -> str:
-    """The config's text: a new document, or the rows merged into the existing file."""
+            report: InitReport, ops: Sequence[Operator], env: Optional[Dict[str, str]] = None) -> str:
+    """The config's text: a new document, or the rows merged into the existing file. ``env``:
+    the ``--env`` values, written as the config's ``env:`` mapping (the workers get them where
+    the job's environment sets none: refresh and run need no export)."""
     from .. import __version__
     from . import yamlio
 
@@ -716,19 +718,21 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
         if listed or kept_listed or "not_gated" in doc:
             doc["not_gated"] = yamlio.not_gated_list(kept_listed + listed)
         report.removed = [r.get("name") for r in doc.get("ops") or [] if isinstance(r, dict) and gone(r)]
-        missing = [n for n in env_names if n not in (doc.get("env") or [])]
-        if missing:
-            doc["env"] = list(doc.get("env") or []) + missing
+        if env:
+            cur = doc.get("env")
+            merged = dict(cur) if isinstance(cur, dict) else {str(n): None for n in cur or []}
+            merged.update(env)  # a name given again takes its new value
+            doc["env"] = merged
     else:
         when = datetime.date.today().isoformat()
         top = {"version": 1, "framework": framework, "python_path": [pkg.python_path], "seed": 0,
                "budget": {"total": 300, "per_op": 10, "localise": 60},
                "gate": {"dtypes": list(LOW), "behaviour_change": "fail"}}
-        if env_names:
-            top["env"] = list(env_names)
+        if env:
+            top["env"] = dict(env)
         comments = {"python_path": "where the package imports from (relative to this file)",
-                    "env": "variables the library needs (dl-gate init --env): the gate's workers get them; "
-                           "set their values in the workflow's env",
+                    "env": "variables the library needs (dl-gate init --env): the gate's workers get these "
+                           "values where the job's environment sets none (a list of names takes the job's)",
                     "budget": "seconds: a PR's fuzzing in all, at most per_op for each operator (and each "
                               "operator's baseline), localisation",
                     "gate": "only a real regression fails the check"}
