@@ -69,6 +69,7 @@ def test_a_change_reaching_only_an_operator_that_is_not_gated_is_named_with_why(
     assert report.reason == "no gated operator changed; changed but not gated: mylib.blend"
     (warn,) = [w for w in report.warnings if "mylib.blend" in w]
     assert "mylib/helpers.py:2" in warn and "constructor needs w and no test constructs it" in warn
+    assert "reaches a change (mylib/helpers.py:2" in warn and "code it calls or inherits" in warn  # not its own file
     (ng,) = report.env["selection"]["not_gated"]
     assert (ng["op"], ng["file"], ng["line"]) == ("mylib.blend", "mylib/helpers.py", 2)
     assert not any(c["file"] == "mylib/helpers.py" for c in report.env["selection"]["cleared"])  # not "reaches nothing"
@@ -90,7 +91,8 @@ def test_a_change_beside_a_gated_operator_gates_it_and_names_the_one_that_is_not
     code, report = gate(repo, tmp_path)
     # the row's sources (its file) still pick the change up: mylib.scaled is fuzzed, unchanged, passes
     assert code == 0 and {v.op for v in report.verdicts} == {"mylib.scaled"}, report.reason
-    assert any(w.startswith("not gated: mylib.weighted changed (mylib/ops.py:10") for w in report.warnings), report.warnings
+    assert any(w.startswith("not gated: mylib.weighted reaches a change (mylib/ops.py:10") for w in report.warnings), \
+        report.warnings
     # the pass's own line says so, not only a warning below it
     assert report.reason.endswith("no regression; changed but not gated: mylib.weighted"), report.reason
 
