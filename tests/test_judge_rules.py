@@ -179,6 +179,31 @@ def test_a_function_that_was_zero_and_is_not_changed_on_heads_scale():
     assert ref_divergence(res, zero, "float32", "output") < 1 and ref_divergence(zero, res, "float32", "output") < 1
 
 
+def test_a_fixs_new_inf_where_bases_value_was_no_answer_is_reported_with_the_fix(spec):
+    # piqa-style gradient magnitude, sqrt(gx*gx + gy*gy) -> hypot(gx, gy) (the overflow fix): in
+    # float32 at x = 1.7e38 torch's hypot backward (grad * x / result) overflows to -inf, where
+    # base's gradient through the overflowed square read 0 for a true -2.2. The fix fails loudly
+    # where base failed quietly: with the forward's fix in the same run it is reported, not failed
+    from gate.judge.decide import stability_fixes
+
+    head = [rr([-np.inf, 1.0], [-2.2042229175567627, 1.0], ulp=0.5)]
+    base = [rr([0.0, 1.0], [-2.2042229175567627, 1.0], ulp=9.25e6)]
+    grad = judge(spec, head, base)
+    assert grad.outcome == V.REGRESSION and grad.details.get("base_no_answer") == 1, grad.reason
+    assert "fewer than half their digits right" in grad.reason
+    fwd = V.VariantVerdict(op=grad.op, framework="torch", variant={"dtype": "float32"}, outcome=V.IMPROVEMENT,
+                           reason="head fixes NaN/Inf", details={"fixed_inputs": 7})
+    alone = judge(spec, head, base)
+    assert stability_fixes([alone]) == [] and alone.outcome == V.REGRESSION  # no fix in the run: it fails
+    lines = stability_fixes([fwd, grad])
+    assert grad.outcome == V.BEHAVIOUR_CHANGE and "alongside a stability fix" in grad.reason and lines, grad.reason
+    # base's finite value was an answer (a kept clamp, a two-pass variance): a new NaN/Inf stays new
+    answered = judge(spec, head, [rr([-2.2042229175567627, 1.0], [-2.2042229175567627, 1.0], ulp=0.3)])
+    assert "base_no_answer" not in answered.details
+    stability_fixes([fwd, answered])
+    assert answered.outcome == V.REGRESSION
+
+
 def test_where_base_kept_fewer_than_half_its_digits_head_cannot_regress_in_precision(spec):
     # the benign layer_norm refactor's gradient on a near-constant row (bench/false_alarms.py: 11
     # of 20 seeds failed before): the float64 gradient is ~1e-30 of the inputs' scale, base's

@@ -292,6 +292,32 @@ def _where_float64(h: ReplayResult, b: ReplayResult, dtype: str) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def base_no_answer(h: ReplayResult, b: ReplayResult, dtype: str) -> bool:
+    """Every element where head's output became NaN/Inf (:func:`new_nonfinite_masks`) is one
+    where base's finite value had fewer than half the dtype's digits right against base's own
+    float64 run (:func:`base_unreliable`, per element): base had no answer there either (torch's
+    hypot backward, ``grad * x / result``, overflows at x = 1.7e38 in float32 where the square
+    root of the squares it replaced returned a gradient of 0 for a true -2.2)."""
+    from ..oracles.precision import ulp
+
+    seen = False
+    for k, new in new_nonfinite_masks(h, b, dtype):
+        if not new.any():
+            continue
+        ry = _ref(b, k, new.shape)
+        if ry is None:
+            return False
+        y = np.asarray(b.outputs[k], dtype=np.float64)[new]
+        r = ry[new]
+        with np.errstate(invalid="ignore", over="ignore"):
+            ok = np.isfinite(r)
+            off = np.abs(y - np.where(ok, r, 0.0)) / ulp(np.where(ok, r, 0.0), dtype)
+        if not (ok & (off >= half_digits_ulps(dtype))).all():
+            return False
+        seen = True
+    return seen
+
+
 def _ref(r: ReplayResult, k: int, shape) -> Optional[np.ndarray]:
     ref = r.reference[k] if r.reference is not None and k < len(r.reference) else None
     return None if ref is None or np.shape(ref) != shape else np.asarray(ref, dtype=np.float64)
@@ -464,6 +490,10 @@ class _Tally:
     fixed_ordinary: int = 0
     changed_at: Optional[Tuple[int, float]] = None  # (input, float64 move) of the worst precision loss
     base_reach: float = 0.0  # base's largest error on any input of the run where it kept half its digits
+    # inputs with new NaN/Inf where base's finite values had fewer than half their digits right
+    # (no answer either), and those where base's values were answers
+    nonfinite_no_answer: int = 0
+    nonfinite_answered: int = 0
 
     def regress(self, sev: float, i: int, why: str) -> None:
         self.worst = max(self.worst, (sev, i, why), key=lambda x: x[0])
@@ -595,8 +625,13 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         return
     nf = new_nonfinite(h, b, dtype) if by_output else 0
     if nf:
+        no_answer = base_no_answer(h, b, dtype)
+        t.nonfinite_no_answer += no_answer
+        t.nonfinite_answered += not no_answer
         t.regress(math.inf, i, f"new NaN/Inf: head returns NaN/Inf on {nf} elements where base's output is "
-                               f"finite{_where_float64(h, b, dtype)}")
+                               f"finite{_where_float64(h, b, dtype)}"
+                               + ("; base's finite values there had fewer than half their digits right"
+                                  if no_answer else ""))
         return
     if by_output and new_nonfinite(b, h, dtype):
         # head returns numbers where base returned NaN/Inf: a fix, whatever head's error there
@@ -732,6 +767,8 @@ def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, f
     kind = ("crash" if _failed(h) else "nonfinite" if t.worst[2].startswith("new NaN/Inf")
             else "int" if t.worst[2].startswith("integer outputs") else "precision")
     vv.details["kind"] = kind  # what the report draws: one kind, one NaN count, per verdict
+    if kind == "nonfinite" and t.nonfinite_no_answer and not t.nonfinite_answered:
+        vv.details["base_no_answer"] = t.nonfinite_no_answer  # read by stability_fixes
     nf_new = new_nonfinite(h, b, vv.variant["dtype"]) if by_output else 0
     vv.head_nonfinite = (nf_new or (h.metrics.nonfinite if h.metrics else 0)) if kind == "nonfinite" else \
         (h.metrics.nonfinite if h.metrics else 0)
@@ -942,9 +979,11 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
     its variants: a NaN gradient fixed by an eps shows in the gradient variant, the eps itself
     in the forward one), that operator's behaviour changes, and its precision losses on inputs
     where head's float64 run computes another value than base's, are reported with the fix, not
-    failed. New NaN/Inf, new crashes, a lost gradient and precision losses where the function
-    did not change still fail. Returns one warning line per operator whose verdicts it marked
-    (``details.with_fix``)."""
+    failed; so are its new NaN/Inf on inputs where base's finite values had fewer than half their
+    digits right (:func:`base_no_answer`: the fix's formula fails loudly where base's failed
+    quietly). Other new NaN/Inf, new crashes, a lost gradient and precision losses where the
+    function did not change still fail. Returns one warning line per operator whose verdicts it
+    marked (``details.with_fix``)."""
     fixes: Dict[str, Tuple[str, int]] = {}
     for v in verdicts:
         n = int(v.details.get("fixed_inputs") or 0)
@@ -955,7 +994,11 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
         if v.op not in fixes:
             continue
         changed = v.outcome == V.REGRESSION and v.details.get("kind") == "precision" and "function_changed_ulp" in v.details
-        if v.outcome != V.BEHAVIOUR_CHANGE and not changed:
+        # a new NaN/Inf only where base's finite value was no answer either (fewer than half its
+        # digits right): the fix's formula fails loudly where base's failed quietly (hypot for
+        # the square root of the squares: its gradient overflows at 1.7e38, base's read 0)
+        no_answer = v.outcome == V.REGRESSION and v.details.get("kind") == "nonfinite" and v.details.get("base_no_answer")
+        if v.outcome != V.BEHAVIOUR_CHANGE and not changed and not no_answer:
             continue
         key, n = fixes[v.op]
         v.details["with_fix"] = {"variant": key, "fixed_inputs": n}
@@ -963,6 +1006,8 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
             v.outcome = V.BEHAVIOUR_CHANGE
             v.reason = (f"{v.reason}, where head's float64 output differs from base's by "
                         f"{_f(v.details['function_changed_ulp'])} {v.variant.get('dtype')} ulp (the function changed there)")
+        elif no_answer:
+            v.outcome = V.BEHAVIOUR_CHANGE
         v.reason = (f"changed alongside a stability fix (head returns numbers where base failed on {n} input(s) of "
                     f"{key}): reported, not failed. {v.reason}")
         marked[v.op] = marked.get(v.op, 0) + 1
