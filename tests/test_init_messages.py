@@ -24,6 +24,18 @@ def test_keras2_code_under_keras3_gets_the_legacy_keras_hint(monkeypatch):
     assert _import_error(AttributeError("module 'numpy' has no attribute 'float'"), "x")["hint"] == ""
 
 
+def test_a_child_that_died_of_two_llvms_gets_the_backend_hint():
+    # keras's torch backend (acceptance run): "the child process died (exit -6): LLVM ERROR: Option
+    # 'bitcode-mdindex-threshold' registered more than once!" read "make it importable from the
+    # repository root", a wrong lead; KERAS_BACKEND=torch was the answer
+    from gate.init import _died_hint
+
+    hint = _died_hint("the child process died (exit -6): LLVM ERROR: Option 'bitcode-mdindex-threshold' "
+                      "registered more than once!")
+    assert "--env KERAS_BACKEND=torch" in hint, hint
+    assert _died_hint("the child process died (exit -11): Segmentation fault") == ""
+
+
 def test_a_torn_record_file_loses_its_own_calls_only(tmp_path):
     # kornia's test_hd killed a recording process mid-write: init died on a JSONDecodeError
     rec = tmp_path / "records"

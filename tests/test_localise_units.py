@@ -320,6 +320,31 @@ def test_tensorflow_repro_script_runs_with_tensorflow_alone(tmp_path):
 
 
 
+def test_a_repro_script_sets_the_configs_env_values_as_the_workers_had_them(tmp_path):
+    # keras's torch backend in the zero-config acceptance: the gate's workers had the config's
+    # KERAS_BACKEND=torch, the repro script did not, and aborted at import (exit 134) although
+    # the report said it exits 1 on head
+    from gate.localise.repro import write_repro
+
+    mod = f"envlib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{mod}.py").write_text(
+        "import os\n\nimport torch\n\nif os.environ.get('DL_GATE_REPRO_BACKEND') != 'torch':\n"
+        "    raise RuntimeError('no backend chosen')\n\n\ndef softplus(x):\n    return torch.log(1 + torch.exp(x))\n")
+    spec = OpSpec.from_dict({"name": "t.softplus", "framework": "torch", "callable": f"{mod}:softplus",
+                             "inputs": [{"name": "x", "shape": ["N"]}], "dims": {"N": [1, 4]}}, origin="user")
+    cand = Candidate(dims={"N": 2}, params={}, arrays={"x": np.array([-20.0, 0.5])})
+    paths = write_repro(tmp_path / "repro", "softplus", spec, Variant("float32"), cand, kind="precision", threshold=2.0,
+                        threshold_why="test", repo=tmp_path, python_path=["."], reason="planted",
+                        env={"DL_GATE_REPRO_BACKEND": "torch"})
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DL_GATE_REPRO_BACKEND")}
+    res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 1 and "float32 max error" in res.stdout, res.stdout + res.stderr
+    # the job's own value wins over the config's
+    res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, timeout=120,
+                         env={**env, "DL_GATE_REPRO_BACKEND": "numpy"})
+    assert res.returncode == 2 and "no backend chosen" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
 @pytest.mark.tf
 def test_a_keras_loss_class_repro_runs_the_loss_and_reproduces_a_behaviour_change(tmp_path):
     # keras-cv CenterNetBoxLoss (acceptance run): the script built the loss as a layer and read

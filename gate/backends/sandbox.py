@@ -118,6 +118,12 @@ def unset_names(env, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     return [n for n in env_names(env) if n not in environ and n not in given]
 
 
+def config_values() -> Dict[str, str]:
+    """The values the active config's ``env:`` gives (what the workers get where the job sets
+    none): a repro script sets them too, so that it runs the operator as the gate did."""
+    return dict(_CONFIG_VALUES)
+
+
 def allow(names) -> None:
     """Pass the config's ``env:`` (names, or names with values) to the workers this process
     starts from now on."""

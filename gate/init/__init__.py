@@ -457,6 +457,17 @@ def file_framework(guess: str, ops: Sequence["Operator"]) -> str:
     return top if n > counts.get(guess, 0) else guess
 
 
+def _died_hint(failed: str) -> str:
+    """What to do about an import whose child process died, from the last line it wrote."""
+    if "registered more than once" in failed and "LLVM" in failed:
+        # keras's torch backend (acceptance run): importing it loaded TensorFlow beside torch, both
+        # bundle LLVM, and the process aborted (exit -6); Keras 3 picks its backend from KERAS_BACKEND
+        return ("two frameworks that each bundle LLVM (TensorFlow and torch) were loaded in one process: if the "
+                "library picks its backend from an environment variable (Keras 3: KERAS_BACKEND=torch or "
+                "=tensorflow), give it: `dl-gate init --env KERAS_BACKEND=torch` (the config's env: keeps it)")
+    return ""
+
+
 def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: InitReport,
               env: Optional[Dict[str, str]] = None) -> List[Operator]:
     """1. What each public definition is, in a child process: the operator candidates."""
@@ -464,7 +475,8 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
     answers = run_worker("classify", list(syms), lambda m: m, {"names": names, "package": pkg.name}, cwd=repo, sys_path=sys_path,
                          item_timeout=120.0, env_extra=env, framework=framework)
     import_errors = {m: a["error"] for m, a in answers.items() if "error" in a}
-    import_errors.update({m: {"error": a["failed"], "hint": ""} for m, a in answers.items() if "failed" in a})
+    import_errors.update({m: {"error": a["failed"], "hint": _died_hint(a["failed"])} for m, a in answers.items()
+                          if "failed" in a})
     if import_errors and len(import_errors) == len(syms):
         first = next(iter(import_errors.values()))
         hint = first.get("hint") or "make it importable from the repository root (its declared dependencies installed)"
