@@ -410,7 +410,12 @@ CONTAINMENT_KEYS = ("isolate", "eval_timeout", "eval_memory_mb")
 
 def _contain_as_base(cfg: Config, bcfg: Config, report: V.GateReport) -> None:
     """Head's ``gate.isolate`` / ``eval_timeout`` / ``eval_memory_mb`` replaced by base's: a PR
-    cannot turn its own code's isolation off (the command line's ``--no-isolate`` still can)."""
+    cannot turn its own code's isolation off (the command line's ``--no-isolate`` still can).
+    Nor does a PR give the workers values of its own (``env: {NAME: value}``): base's workers run
+    with them too, and a value (``LD_PRELOAD``, a library's backend switch) would let head's
+    change reach base's side; the values are base's config's (head may still name variables
+    whose values the job gives)."""
+    _contain_env(cfg, bcfg, report)
     head_g, base_g = dict(cfg.raw.get("gate") or {}), dict(bcfg.raw.get("gate") or {})
     changed = [k for k in CONTAINMENT_KEYS if head_g.get(k) != base_g.get(k)]
     if not changed:
@@ -423,6 +428,24 @@ def _contain_as_base(cfg: Config, bcfg: Config, report: V.GateReport) -> None:
     cfg.raw["gate"] = head_g
     report.warnings.append(f"the PR changes gate.{', gate.'.join(changed)}: not used (base's config decides how "
                            "the PR's code is contained)")
+
+
+def _contain_env(cfg: Config, bcfg: Config, report: V.GateReport) -> None:
+    """Head's ``env:`` with base's values (see :func:`_contain_as_base`), made the workers' own."""
+    from .backends.sandbox import allow, env_names, env_values
+
+    head_env, base_env = cfg.raw.get("env"), bcfg.raw.get("env")
+    hv, bv = env_values(head_env), env_values(base_env)
+    if hv == bv:
+        return
+    env = {n: bv.get(n) for n in env_names(head_env)}
+    for n, v in bv.items():
+        env.setdefault(n, v)
+    cfg.raw["env"] = env
+    allow(env)
+    changed = sorted(n for n in set(hv) | set(bv) if hv.get(n) != bv.get(n))
+    report.warnings.append(f"the PR changes the values of env: {', '.join(changed)}: not used (base's config gives "
+                           "the workers' values)")
 
 
 NO_CONFIG = "no .dl-gate.yml: run `dl-gate init`"

@@ -179,6 +179,20 @@ def test_the_config_env_list_passes_a_name_and_refuses_a_credential(repo, tmp_pa
     assert "GITHUB_TOKEN is never passed to the code under test" in report["reason"], report["reason"]
 
 
+def test_the_pr_cannot_give_the_workers_values_of_its_own(repo, tmp_path):
+    # env: may give values (dl-gate init --env); base's workers get them too, so a PR's own value
+    # (LD_PRELOAD, a backend switch) would reach base's side: the values are base's config's
+    leak = tmp_path / "leak.jsonl"
+    config = CONFIG + "env: {LIB_SETTING: forged}\n"
+    pr = pull_request(repo, tmp_path, head_src(SNOOP % str(leak), '_snoop("call")'), {".dl-gate.yml": config})
+    res = run_gate(pr, tmp_path / "out")
+    report = report_of(tmp_path / "out")
+    assert res.returncode == 1, (report["reason"], res.stderr[-2000:])
+    assert any("env: LIB_SETTING" in w and "base's config gives" in w for w in report["warnings"]), report["warnings"]
+    records = [json.loads(line) for line in leak.read_text().splitlines()]
+    assert records and not any(r["env"].get("LIB_SETTING") == "forged" for r in records)
+
+
 # ---------------------------------------------------------------------------------------
 # B. nothing the code under test prints is a workflow command
 # ---------------------------------------------------------------------------------------
