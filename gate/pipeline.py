@@ -583,8 +583,6 @@ def _not_base_either(ctx: Context, suspects: Sequence[OpSpec], broken: Dict[str,
     both = [s for s in suspects if on_base.get(s.callable)]
     if not both:
         return
-    import os
-
     s = both[0]
     from .backends.sandbox import unset_names
 

@@ -86,8 +86,6 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
         i, n = shard
         names = names[i - 1::n]
     check_writable(out, names)
-    import os
-
     from ..backends.sandbox import unset_names
 
     unset = unset_names(cfg.raw.get("env"))
