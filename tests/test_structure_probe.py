@@ -14,7 +14,6 @@ Beds, both modelled on real code:
 """
 from __future__ import annotations
 
-import subprocess
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from gate.judge.structure import (COUPLED, ELEMENTWISE, UNKNOWN, Probe, decide_s
                                   needs_probe, probe_structure)
 
 from tests.test_gate_run import by_op, make_repo
-from tests.test_verdict_bed import branch, run_gate
+from tests.test_verdict_bed import branch
 import tests.test_zero_results as zero
 
 
@@ -82,10 +81,8 @@ def test_an_undeclared_attention_is_not_failed_on_the_residue_of_its_gradient(tm
     assert "kind" not in cfg
     repo = make_repo(tmp_path / "bed", zero.OPS, config=cfg, package="lib")
     branch(repo, "to-max", "main", zero.AMAX, zero.MAX)
-    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "to-max"], check=True)
-    code, report = run_gate(repo, tmp_path / "out", "main", "lib.attention", dtype="float16", evals=20)
-    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, "lib.attention")]
-    grads = [v for v in by_op(report, "lib.attention") if v.variant.get("oracle") == "grad"]
+    code, report, rows, grads = zero.run_branch(repo, "to-max", tmp_path / "out", "main", "lib.attention",
+                                                dtype="float16")
     assert grads and all(v.outcome != "regression" for v in grads), rows
     assert code != 1 and report.outcome != "regression", rows
     assert report.env["structure"]["lib.attention"]["result"] == COUPLED
@@ -125,17 +122,12 @@ def ln_bed(tmp_path_factory):
 
 
 def test_an_undeclared_layer_norm_still_fails_its_variance_revert_on_its_gradient(ln_bed, tmp_path):
-    subprocess.run(["git", "-C", str(ln_bed), "checkout", "-q", "one-pass"], check=True)
-    code, report = run_gate(ln_bed, tmp_path / "out", "main", "lib.layer_norm", evals=20)
-    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, "lib.layer_norm")]
+    code, report, rows, grads = zero.run_branch(ln_bed, "one-pass", tmp_path / "out", "main", "lib.layer_norm")
     assert code == 1, rows
-    grads = [v for v in by_op(report, "lib.layer_norm") if v.variant.get("oracle") == "grad"]
     assert grads and all(v.outcome == "regression" for v in grads), rows
     assert report.env["structure"]["lib.layer_norm"]["result"] == COUPLED
 
 
 def test_an_undeclared_layer_norm_passes_its_variance_fix(ln_bed, tmp_path):
-    subprocess.run(["git", "-C", str(ln_bed), "checkout", "-q", "two-pass"], check=True)
-    code, report = run_gate(ln_bed, tmp_path / "out", "one-pass", "lib.layer_norm", evals=20)
-    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, "lib.layer_norm")]
+    code, report, rows, _ = zero.run_branch(ln_bed, "two-pass", tmp_path / "out", "one-pass", "lib.layer_norm")
     assert code == 0 and all(v.outcome in ("pass", "improvement") for v in by_op(report, "lib.layer_norm")), rows

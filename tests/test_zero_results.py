@@ -89,13 +89,19 @@ def bed(tmp_path_factory):
     return repo
 
 
-def test_amax_to_max_is_not_a_gradient_regression(bed, tmp_path):
+def run_branch(repo, head, out, base, op, **kw):
+    """``dl-gate run`` with ``head`` checked out: (exit code, report, every row as (id, outcome,
+    reason), the gradient variants' verdicts)."""
     import subprocess
 
-    subprocess.run(["git", "-C", str(bed), "checkout", "-q", "to-max"], check=True)
-    code, report = run_gate(bed, tmp_path / "out", "main", "lib.attention", evals=20)
-    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, "lib.attention")]
-    grads = [v for v in by_op(report, "lib.attention") if v.variant.get("oracle") == "grad"]
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", head], check=True)
+    code, report = run_gate(repo, out, base, op, evals=20, **kw)
+    rows = [(v.id, v.outcome, v.reason) for v in by_op(report, op)]
+    return code, report, rows, [v for v in by_op(report, op) if v.variant.get("oracle") == "grad"]
+
+
+def test_amax_to_max_is_not_a_gradient_regression(bed, tmp_path):
+    code, report, rows, grads = run_branch(bed, "to-max", tmp_path / "out", "main", "lib.attention")
     assert grads, rows
     assert code == 0 and report.outcome == "pass", rows
 
