@@ -15,7 +15,7 @@ from gate.oracles.precision import compare, min_normal, overflow_bound
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="Numba is not installed: NumPy scores every output")
 
-DTYPES = ("float16", "bfloat16", "float32")
+DTYPES = ("float16", "bfloat16", "float32", "float64")  # float64: its own ulps, by division
 
 
 def _bits(x: float) -> bytes:

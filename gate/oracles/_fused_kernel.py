@@ -9,11 +9,13 @@ i into lane i mod 8), the lanes combined as a tree, the remainder added in order
 (numpy/_core/src/umath/loops_utils.h.src, ``pairwise_sum``); so both sums are NumPy's bit for
 bit. Each block is scored by one of two leaves:
 
-* the all-finite leaf (:func:`finite_leaf`): what almost every block is. No branch and no store
-  per element: sums in eight registers, maxima and minima as trees of eight (exact in any order,
-  so compiled with ``fastmath`` for NaN-free max/min: their results are used only when the sum
-  says every error was finite); where the block holds a new maximum, only that block is scanned
-  again for its first index (np.argmax's).
+* the all-finite leaf (:func:`finite_leaf`): what almost every block is. One loop with no branch
+  and no reduction (vectorised: errors, ulp errors as products by exact inverse powers of two,
+  magnitudes, into scratch of 128), then the sums in NumPy's eight lanes and the maxima and
+  minima as integer maxima of the bit patterns (exact in any order, and vectorised where a float
+  maximum is not; their results are used only when the sums say every error was finite); where
+  the block holds a new maximum, only that block is scanned again for its first index
+  (np.argmax's).
 * the general leaf (:func:`general_leaf`), for a block that holds a NaN/Inf, a reference beyond
   the dtype's range, or (with a flush to zero) one below its smallest normal number: element by
   element, with every rule of :func:`gate.oracles.precision._slow_errors`. Its counts tell the
@@ -28,29 +30,8 @@ import math
 import numba
 import numpy as np
 
-_FM = {"nnan", "ninf", "nsz"}  # max/min only: exact in any order, NaN excluded by the caller
 _NN = {"nnan", "nsz"}  # the same, where an infinity may occur (an error between two huge float64 values)
 _EXP = np.uint64(0x7FF0000000000000)
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
-def _max(x, y):
-    return x if x > y else y
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
-def _min(x, y):
-    return x if x < y else y
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
-def _max8(x0, x1, x2, x3, x4, x5, x6, x7):
-    return _max(_max(_max(x0, x1), _max(x2, x3)), _max(_max(x4, x5), _max(x6, x7)))
-
-
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
-def _min8(x0, x1, x2, x3, x4, x5, x6, x7):
-    return _min(_min(_min(x0, x1), _min(x2, x3)), _min(_min(x4, x5), _min(x6, x7)))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -80,56 +61,60 @@ def _u(e, bi, by_dtype, scl, lo_ulp, hi_ulp):
 
 
 @numba.njit(cache=True, nogil=True)
-def finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp):
-    """(sum err, sum ulp err, max err, max ulp err, max |b|, min |b|) of one block."""
-    r0 = r1 = r2 = r3 = r4 = r5 = r6 = r7 = 0.0
-    q0 = q1 = q2 = q3 = q4 = q5 = q6 = q7 = 0.0
-    mx = mu = mb = 0.0
-    nb = np.inf
-    m = 0 if n < 8 else n - n % 8
-    for g in range(lo, lo + m, 8):
-        b0, b1, b2, b3, b4, b5, b6, b7 = b[g], b[g + 1], b[g + 2], b[g + 3], b[g + 4], b[g + 5], b[g + 6], b[g + 7]
-        e0, e1, e2, e3 = abs(a[g] - b0), abs(a[g + 1] - b1), abs(a[g + 2] - b2), abs(a[g + 3] - b3)
-        e4, e5, e6, e7 = abs(a[g + 4] - b4), abs(a[g + 5] - b5), abs(a[g + 6] - b6), abs(a[g + 7] - b7)
-        r0 += e0
-        r1 += e1
-        r2 += e2
-        r3 += e3
-        r4 += e4
-        r5 += e5
-        r6 += e6
-        r7 += e7
-        mx = _max(mx, _max8(e0, e1, e2, e3, e4, e5, e6, e7))
-        x0, x1, x2, x3 = abs(b0), abs(b1), abs(b2), abs(b3)
-        x4, x5, x6, x7 = abs(b4), abs(b5), abs(b6), abs(b7)
-        mb = _max(mb, _max8(x0, x1, x2, x3, x4, x5, x6, x7))
-        nb = _min(nb, _min8(x0, x1, x2, x3, x4, x5, x6, x7))
-        if by_dtype:
-            u0, u1 = _u(e0, b0, True, scl, lo_ulp, hi_ulp), _u(e1, b1, True, scl, lo_ulp, hi_ulp)
-            u2, u3 = _u(e2, b2, True, scl, lo_ulp, hi_ulp), _u(e3, b3, True, scl, lo_ulp, hi_ulp)
-            u4, u5 = _u(e4, b4, True, scl, lo_ulp, hi_ulp), _u(e5, b5, True, scl, lo_ulp, hi_ulp)
-            u6, u7 = _u(e6, b6, True, scl, lo_ulp, hi_ulp), _u(e7, b7, True, scl, lo_ulp, hi_ulp)
-            q0 += u0
-            q1 += u1
-            q2 += u2
-            q3 += u3
-            q4 += u4
-            q5 += u5
-            q6 += u6
-            q7 += u7
-            mu = _max(mu, _max8(u0, u1, u2, u3, u4, u5, u6, u7))
-    s1 = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)) if m else 0.0
-    s2 = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7)) if m else 0.0
-    for i in range(lo + m, lo + n):
-        e = abs(a[i] - b[i])
-        u = _u(e, b[i], by_dtype, scl, lo_ulp, hi_ulp)
-        s1 += e
-        s2 += u
-        mx = _max(mx, e)
-        mu = _max(mu, u)
-        mb = _max(mb, abs(b[i]))
-        nb = _min(nb, abs(b[i]))
-    return s1, s2, mx, mu, mb, nb
+def _bits_max(v, n):
+    """The largest of the non-negative float64 values ``v[:n]`` (0.0 for n = 0), compared as
+    their bit patterns: for values >= +0 the order of the patterns is the order of the values,
+    and an integer maximum is vectorised where a float one, with NaN to respect, is not (a NaN
+    pattern is above +inf: a block holding one is not read, its sums are not finite)."""
+    w = v.view(np.int64)
+    r = np.int64(0)
+    for t in range(n):
+        r = max(r, w[t])
+    return np.int64(r).view(np.float64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _bits_min(v, n):
+    """The least of the non-negative float64 values ``v[:n]`` (+inf for n = 0), as :func:`_bits_max`."""
+    w = v.view(np.int64)
+    r = np.int64(0x7FF0000000000000)
+    for t in range(n):
+        r = min(r, w[t])
+    return np.int64(r).view(np.float64)
+
+
+@numba.njit(cache=True, nogil=True)
+def finite_leaf(a, b, lo, n, by_dtype, p, emin, scl, lo_ulp, hi_ulp, e, q, x):
+    """(sum err, sum ulp err, max err, max ulp err, max |b|, min |b|) of one block, through the
+    scratch ``e``, ``q``, ``x`` (errors, ulp errors, magnitudes; 128 each): first one loop with
+    no branch and no reduction, which the compiler vectorises; then the sums in NumPy's eight
+    lanes (:func:`lane_sum`) and the maxima as integer maxima of the bit patterns.
+
+    The error in ulps is the error times 2^((p-1) - k), k the reference's exponent clamped to
+    [emin, 1023] (the exponent of ``ulp_of``'s value, a power of two): a product by the exact
+    inverse of a power of two is the quotient, rounded once from the same real number, so the
+    figures are ``e / ulp_of(b)``'s bit for bit, without a division an element (for float64's
+    own ulps, where 2^((p-1) - emin) is beyond float64's range, the division is kept)."""
+    av = a[lo:lo + n]
+    bv = b[lo:lo + n]
+    for t in range(n):
+        bt = bv[t]
+        e[t] = abs(np.float64(av[t]) - bt)
+        x[t] = abs(bt)
+    s2 = 0.0
+    mu = 0.0
+    if by_dtype:
+        if p - 1 - emin <= 1023:
+            bu = b.view(np.uint64)[lo:lo + n]
+            for t in range(n):
+                k = min(max(np.int64((bu[t] >> np.uint64(52)) & np.uint64(0x7FF)) - 1023, emin), 1023)
+                q[t] = e[t] * np.uint64((p - 1 - k + 1023) << 52).view(np.float64)
+        else:
+            for t in range(n):
+                q[t] = e[t] / ulp_of(bv[t], scl, lo_ulp, hi_ulp)
+        s2 = lane_sum(q, n)
+        mu = _bits_max(q, n)
+    return lane_sum(e, n), s2, _bits_max(e, n), mu, _bits_max(x, n), _bits_min(x, n)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -258,6 +243,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
     r = np.zeros(128)
     q = np.zeros(128)
     w = np.zeros(128)
+    x = np.zeros(128)
     st[0] = -1.0
     st[1] = -1.0
     st[2] = 0.0
@@ -277,7 +263,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
             # a block with every value finite and in range, and nothing a flush would change,
             # is scored by the all-finite leaf (the same figures); only the others element by
             # element with every rule (a few NaN/Inf in a large output cost a few blocks)
-            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, scl, lo_ulp, hi_ulp)
+            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, p, emin, scl, lo_ulp, hi_ulp, r, q, x)
             # with a flush to zero, elements both below the smallest normal number are not
             # judged (an error of 0): the same figures as the all-finite leaf's where each such
             # output equals its reference (zeros on both sides, an exact tiny result)
