@@ -262,7 +262,11 @@ def test_the_focal_loss_fix_passes_forward(bed, tmp_path):
     # 65504 is cast to float16 in the einsum: -inf, 0 x -inf; the eps version clamped it at -18:
     # the same limit as the gradient's, docs/verdicts.md)
     forward = [v for v in by_op(report, "lib.focal") if v.variant["oracle"] != "grad" and v.variant["mode"] == "input"]
-    assert len(forward) >= 3 and all(v.outcome in PASSING for v in forward), outcomes(report, "lib.focal")
+    # float32 refined: a variant whose control inputs show the float64 run moved beyond its
+    # threshold (within half the digits) is a refinement, reported (which inputs show it depends
+    # on the CPU's kernels: this machine's AVX2 ones do for the noncontiguous layout)
+    assert len(forward) >= 3 and all(v.outcome in PASSING or v.reported_only for v in forward), \
+        outcomes(report, "lib.focal")
     assert any(v.outcome == "improvement" and v.variant["dtype"] == "float16" for v in forward), outcomes(report, "lib.focal")
 
 
