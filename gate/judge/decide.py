@@ -5,7 +5,9 @@ Rules (FIELD_GUIDE §2, after PyTorch's own compile-vs-eager rule), on identical
 * **regression** if head raises where base returns; or head's *output* is NaN/Inf where base's
   output is finite (new NaN/Inf: even when head's float64 run is NaN too, and never when both
   outputs are non-finite, whatever the float64 runs say; nor where head's infinity is its finite
-  float64 value correctly rounded and base's finite value was 2^(p/2) ulps off: :func:`new_nonfinite`);
+  float64 value correctly rounded and base's finite value was 2^(p/2) ulps off: :func:`new_nonfinite`;
+  nor, in a gradient, on an input where head's forward returns numbers where base's returned
+  NaN/Inf, :func:`_forward_fixed`: a behaviour change, reported);
   or head's error vs its reference
   exceeds ``max(floor, m x base error)`` (``m`` per dtype: 3 for float16/bfloat16, 2 for
   float32). An input on which head's output is bit-identical to base's is never a precision
@@ -292,32 +294,6 @@ def _where_float64(h: ReplayResult, b: ReplayResult, dtype: str) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def base_no_answer(h: ReplayResult, b: ReplayResult, dtype: str) -> bool:
-    """Every element where head's output became NaN/Inf (:func:`new_nonfinite_masks`) is one
-    where base's finite value had fewer than half the dtype's digits right against base's own
-    float64 run (:func:`base_unreliable`, per element): base had no answer there either (torch's
-    hypot backward, ``grad * x / result``, overflows at x = 1.7e38 in float32 where the square
-    root of the squares it replaced returned a gradient of 0 for a true -2.2)."""
-    from ..oracles.precision import ulp
-
-    seen = False
-    for k, new in new_nonfinite_masks(h, b, dtype):
-        if not new.any():
-            continue
-        ry = _ref(b, k, new.shape)
-        if ry is None:
-            return False
-        y = np.asarray(b.outputs[k], dtype=np.float64)[new]
-        r = ry[new]
-        with np.errstate(invalid="ignore", over="ignore"):
-            ok = np.isfinite(r)
-            off = np.abs(y - np.where(ok, r, 0.0)) / ulp(np.where(ok, r, 0.0), dtype)
-        if not (ok & (off >= half_digits_ulps(dtype))).all():
-            return False
-        seen = True
-    return seen
-
-
 def _ref(r: ReplayResult, k: int, shape) -> Optional[np.ndarray]:
     ref = r.reference[k] if r.reference is not None and k < len(r.reference) else None
     return None if ref is None or np.shape(ref) != shape else np.asarray(ref, dtype=np.float64)
@@ -490,10 +466,10 @@ class _Tally:
     fixed_ordinary: int = 0
     changed_at: Optional[Tuple[int, float]] = None  # (input, float64 move) of the worst precision loss
     base_reach: float = 0.0  # base's largest error on any input of the run where it kept half its digits
-    # inputs with new NaN/Inf where base's finite values had fewer than half their digits right
-    # (no answer either), and those where base's values were answers
-    nonfinite_no_answer: int = 0
-    nonfinite_answered: int = 0
+    # a gradient's inputs with new NaN/Inf where base's own forward output was NaN/Inf and head's
+    # is not (head fixed the function there): reported, not failed; the first of them
+    forward_fixed: int = 0
+    forward_fixed_at: int = -1
 
     def regress(self, sev: float, i: int, why: str) -> None:
         self.worst = max(self.worst, (sev, i, why), key=lambda x: x[0])
@@ -564,6 +540,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
         return _nothing_compared(vv, head, base)
     if t.behaviour[1] >= 0:
         return _behaviour_change(vv, t, variant.dtype, settings, inputs)
+    if t.forward_fixed:
+        return _gradient_of_a_fix(vv, t, variant.dtype, inputs)
     return _no_regression(vv, t, variant.dtype, row, row_status, base, m, floor, head=head)
 
 
@@ -624,14 +602,13 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         t.regress(math.inf, i, f"new NaN/Inf: {hm.nonfinite} non-finite outputs where float64 is finite and base had none")
         return
     nf = new_nonfinite(h, b, dtype) if by_output else 0
+    if nf and _forward_fixed(h, b):  # no gradient of base's to lose there: reported (_gradient_of_a_fix)
+        t.forward_fixed += 1
+        t.forward_fixed_at = i if t.forward_fixed_at < 0 else t.forward_fixed_at
+        return
     if nf:
-        no_answer = base_no_answer(h, b, dtype)
-        t.nonfinite_no_answer += no_answer
-        t.nonfinite_answered += not no_answer
         t.regress(math.inf, i, f"new NaN/Inf: head returns NaN/Inf on {nf} elements where base's output is "
-                               f"finite{_where_float64(h, b, dtype)}"
-                               + ("; base's finite values there had fewer than half their digits right"
-                                  if no_answer else ""))
+                               f"finite{_where_float64(h, b, dtype)}")
         return
     if by_output and new_nonfinite(b, h, dtype):
         # head returns numbers where base returned NaN/Inf: a fix, whatever head's error there
@@ -767,8 +744,6 @@ def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, f
     kind = ("crash" if _failed(h) else "nonfinite" if t.worst[2].startswith("new NaN/Inf")
             else "int" if t.worst[2].startswith("integer outputs") else "precision")
     vv.details["kind"] = kind  # what the report draws: one kind, one NaN count, per verdict
-    if kind == "nonfinite" and t.nonfinite_no_answer and not t.nonfinite_answered:
-        vv.details["base_no_answer"] = t.nonfinite_no_answer  # read by stability_fixes
     nf_new = new_nonfinite(h, b, vv.variant["dtype"]) if by_output else 0
     vv.head_nonfinite = (nf_new or (h.metrics.nonfinite if h.metrics else 0)) if kind == "nonfinite" else \
         (h.metrics.nonfinite if h.metrics else 0)
@@ -808,6 +783,36 @@ def _behaviour_change(vv: V.VariantVerdict, t: _Tally, dtype: str, settings, inp
                      "input (the function changed; precision did not worsen)")
     vv.details["input_index"] = i
     vv.details["behaviour_change"] = settings.behaviour_change
+    if i < len(inputs):
+        vv.input_summary = inputs[i]
+    return vv
+
+
+def _forward_fixed(h: ReplayResult, b: ReplayResult) -> bool:
+    """A gradient variant's input on which base's own forward output held more NaN/Inf where its
+    float64 forward is finite than head's (``Metrics.forward_nonfinite``): head fixed the
+    function on this input (in float16 a true value beyond the range still overflows on both
+    sides), and base's gradient of values it could not compute was no answer."""
+    return bool(h.metrics is not None and b.metrics is not None
+                and b.metrics.forward_nonfinite > h.metrics.forward_nonfinite)
+
+
+def _gradient_of_a_fix(vv: V.VariantVerdict, t: _Tally, dtype: str, inputs) -> V.VariantVerdict:
+    """New NaN/Inf in a gradient only on inputs where head fixed the forward (:func:`_forward_fixed`),
+    and nothing else regressed: a behaviour change, reported and never failed. ``hypot`` for the
+    square root of the squares (piqa 5ac2e7d) fixes the forward's overflow of ``gx * gx``; torch's
+    hypot backward (``grad * x / result``) still overflows at x = 1.7e38 in float32, where base's
+    gradient through the overflowed square read 0 for a true 2.0."""
+    i = t.forward_fixed_at
+    vv.outcome = V.BEHAVIOUR_CHANGE
+    vv.details["gradient_of_a_fix"] = t.forward_fixed
+    vv.details["input_index"] = i
+    vv.reason = (f"new NaN/Inf in the {dtype} gradient on {t.forward_fixed} input(s), only on inputs where head's "
+                 f"{dtype} forward returns numbers where base's returned NaN/Inf (head fixed the function there; "
+                 "base's gradient of values it could not compute was no answer): reported, not failed")
+    if t.pairs:
+        vv.reason += f"; elsewhere head {_f(t.head_max_same)} ulp vs base {_f(t.base_max)} ulp on {t.pairs} input(s)"
+    vv.base_error, vv.head_error = t.base_max, t.head_max_same
     if i < len(inputs):
         vv.input_summary = inputs[i]
     return vv
@@ -979,10 +984,9 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
     its variants: a NaN gradient fixed by an eps shows in the gradient variant, the eps itself
     in the forward one), that operator's behaviour changes, and its precision losses on inputs
     where head's float64 run computes another value than base's, are reported with the fix, not
-    failed; so are its new NaN/Inf on inputs where base's finite values had fewer than half their
-    digits right (:func:`base_no_answer`: the fix's formula fails loudly where base's failed
-    quietly). Other new NaN/Inf, new crashes, a lost gradient and precision losses where the
-    function did not change still fail. Returns one warning line per operator whose verdicts it
+    failed. New NaN/Inf (but a gradient's where base's forward itself failed,
+    :func:`_forward_fixed`), new crashes, a lost gradient and precision losses where the function
+    did not change still fail. Returns one warning line per operator whose verdicts it
     marked (``details.with_fix``)."""
     fixes: Dict[str, Tuple[str, int]] = {}
     for v in verdicts:
@@ -994,11 +998,7 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
         if v.op not in fixes:
             continue
         changed = v.outcome == V.REGRESSION and v.details.get("kind") == "precision" and "function_changed_ulp" in v.details
-        # a new NaN/Inf only where base's finite value was no answer either (fewer than half its
-        # digits right): the fix's formula fails loudly where base's failed quietly (hypot for
-        # the square root of the squares: its gradient overflows at 1.7e38, base's read 0)
-        no_answer = v.outcome == V.REGRESSION and v.details.get("kind") == "nonfinite" and v.details.get("base_no_answer")
-        if v.outcome != V.BEHAVIOUR_CHANGE and not changed and not no_answer:
+        if v.outcome != V.BEHAVIOUR_CHANGE and not changed:
             continue
         key, n = fixes[v.op]
         v.details["with_fix"] = {"variant": key, "fixed_inputs": n}
@@ -1006,8 +1006,6 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
             v.outcome = V.BEHAVIOUR_CHANGE
             v.reason = (f"{v.reason}, where head's float64 output differs from base's by "
                         f"{_f(v.details['function_changed_ulp'])} {v.variant.get('dtype')} ulp (the function changed there)")
-        elif no_answer:
-            v.outcome = V.BEHAVIOUR_CHANGE
         v.reason = (f"changed alongside a stability fix (head returns numbers where base failed on {n} input(s) of "
                     f"{key}): reported, not failed. {v.reason}")
         marked[v.op] = marked.get(v.op, 0) + 1

@@ -86,6 +86,16 @@ def normalised_scale(spec) -> float:
     return 1.0 if getattr(spec, "kind", None) == "normalization" else 0.0
 
 
+def forward_nonfinite(low: List[Output], ref: List[Output]) -> int:
+    """Elements of the low-precision forward outputs that are NaN/Inf where the float64 forward is
+    finite."""
+    n = 0
+    for o, r in zip(low, ref):
+        if o.is_float and r.is_float and np.shape(o.array) == np.shape(r.array):
+            n += int(np.count_nonzero(~np.isfinite(o.array) & np.isfinite(r.array)))
+    return n
+
+
 class GradRunner(_GradBase):
     oracle = "grad"
 
@@ -100,7 +110,7 @@ class GradRunner(_GradBase):
         except Exception as exc:  # outside the domain (forward or backward)
             return q, Evaluation(INVALID, error=exception_signature(exc)[1], seconds=time.perf_counter() - t0)
         try:
-            _, low = self._vjp(q, dtype, self.fn, dtype)
+            fwd, low = self._vjp(q, dtype, self.fn, dtype)
         except NotDifferentiable as exc:  # the reference has a gradient, the operator does not (a kernel launched
             # outside autograd): nothing to judge here; base having one on the same input is judged "gradient lost"
             return q, Evaluation(UNSUPPORTED, error=str(exc), signature=str(exc), seconds=time.perf_counter() - t0)
@@ -121,6 +131,10 @@ class GradRunner(_GradBase):
         metrics = compare(low, ref, dtype, self.spec.ulp_floor, scale=scale, check_dtypes=False, figures=self.figures)
         if scale > 0:
             metrics = dataclasses.replace(metrics, scale=scale)
+        if self.figures == "all":  # the judge's: did the forward itself fail here (gate.judge.decide)
+            broken = forward_nonfinite(fwd, ref_outs)
+            if broken:
+                metrics = dataclasses.replace(metrics, forward_nonfinite=broken)
         if self.variant.mode == "input":
             # each gradient in its own input's dtype (a mixed-precision input keeps its declared one)
             by_name = {t.name: t.dtype_at(dtype) for t in self.spec.inputs}

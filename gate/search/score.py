@@ -63,6 +63,9 @@ class Metrics:
     #: divergence on it too: two float64 runs of a result that is zero in exact arithmetic differ
     #: by residues, which are no behaviour change
     scale: float = 0.0
+    #: a gradient's (gate.oracles.gradients): elements of the low-precision forward output that
+    #: are NaN/Inf where its float64 forward is finite (measured when judging, not while searching)
+    forward_nonfinite: int = 0
 
     @property
     def severity(self) -> float:
