@@ -84,7 +84,7 @@ def _bits_min(v, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def finite_leaf(a, b, lo, n, by_dtype, p, emin, scl, lo_ulp, hi_ulp, e, q, x):
+def finite_leaf(a, b, lo, n, by_dtype, p, emin, e, q, x):
     """(sum err, sum ulp err, max err, max ulp err, max |b|, min |b|) of one block, through the
     scratch ``e``, ``q``, ``x`` (errors, ulp errors, magnitudes; 128 each): first one loop with
     no branch and no reduction, which the compiler vectorises; then the sums in NumPy's eight
@@ -93,8 +93,8 @@ def finite_leaf(a, b, lo, n, by_dtype, p, emin, scl, lo_ulp, hi_ulp, e, q, x):
     The error in ulps is the error times 2^((p-1) - k), k the reference's exponent clamped to
     [emin, 1023] (the exponent of ``ulp_of``'s value, a power of two): a product by the exact
     inverse of a power of two is the quotient, rounded once from the same real number, so the
-    figures are ``e / ulp_of(b)``'s bit for bit, without a division an element (for float64's
-    own ulps, where 2^((p-1) - emin) is beyond float64's range, the division is kept)."""
+    figures are ``e / ulp_of(b)``'s bit for bit, without a division an element (2^((p-1) - emin)
+    is a normal float64 for the 16- and 32-bit formats the kernel scores in, fused.DTYPES)."""
     av = a[lo:lo + n]
     bv = b[lo:lo + n]
     for t in range(n):
@@ -104,14 +104,10 @@ def finite_leaf(a, b, lo, n, by_dtype, p, emin, scl, lo_ulp, hi_ulp, e, q, x):
     s2 = 0.0
     mu = 0.0
     if by_dtype:
-        if p - 1 - emin <= 1023:
-            bu = b.view(np.uint64)[lo:lo + n]
-            for t in range(n):
-                k = min(max(np.int64((bu[t] >> np.uint64(52)) & np.uint64(0x7FF)) - 1023, emin), 1023)
-                q[t] = e[t] * np.uint64((p - 1 - k + 1023) << 52).view(np.float64)
-        else:
-            for t in range(n):
-                q[t] = e[t] / ulp_of(bv[t], scl, lo_ulp, hi_ulp)
+        bu = b.view(np.uint64)[lo:lo + n]
+        for t in range(n):
+            k = min(max(np.int64((bu[t] >> np.uint64(52)) & np.uint64(0x7FF)) - 1023, emin), 1023)
+            q[t] = e[t] * np.uint64((p - 1 - k + 1023) << 52).view(np.float64)
         s2 = lane_sum(q, n)
         mu = _bits_max(q, n)
     return lane_sum(e, n), s2, _bits_max(e, n), mu, _bits_max(x, n), _bits_min(x, n)
@@ -263,7 +259,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
             # a block with every value finite and in range, and nothing a flush would change,
             # is scored by the all-finite leaf (the same figures); only the others element by
             # element with every rule (a few NaN/Inf in a large output cost a few blocks)
-            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, p, emin, scl, lo_ulp, hi_ulp, r, q, x)
+            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, p, emin, r, q, x)
             # with a flush to zero, elements both below the smallest normal number are not
             # judged (an error of 0): the same figures as the all-finite leaf's where each such
             # output equals its reference (zeros on both sides, an exact tiny result)

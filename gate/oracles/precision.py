@@ -157,7 +157,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         if a.dtype != np.float64 and a.dtype != np.float32:  # numpy's float16 arithmetic is emulated
             a = a.astype(np.float64)
         b = b.astype(np.float64, copy=False).reshape(-1)
-        if search and kernel != "numpy" and (kernel == "fused" or a.size >= fused.MIN_ELEMENTS):
+        if search and kernel != "numpy" and dtype in fused.DTYPES and (kernel == "fused" or a.size >= fused.MIN_ELEMENTS):
             r = fused.scores(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ulp_floor, ftz)
             if r is None and kernel == "fused":
                 raise RuntimeError("the fused scoring kernel is not available (Numba missing, or DL_GATE_FUSED=0)")
