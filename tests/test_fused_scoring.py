@@ -48,8 +48,8 @@ def adversarial(rng, n, dtype):
     return a, b
 
 
-def metrics_pair(a, b, dtype, floor, ftz, scale=0.0):
-    args = dict(figures="search", ulp_floor=floor, ftz=ftz, scale=scale)
+def metrics_pair(a, b, dtype, floor, ftz, scale=0.0, figures="search"):
+    args = dict(figures=figures, ulp_floor=floor, ftz=ftz, scale=scale)
     out, ref = [Output(a, dtype)], [Output(b, "float64")]
     return compare(out, ref, dtype, kernel="numpy", **args), compare(out, ref, dtype, kernel="fused", **args)
 
@@ -76,6 +76,10 @@ def test_fused_matches_numpy_bit_for_bit(dtype, floor, ftz):
             b = b.astype(np.float32).astype(np.float64)
         scale = float(rng.choice([0.0, 1.0, 1e6]))
         assert_same(*metrics_pair(a, b, dtype, floor, ftz, scale))
+        # a search guided by the largest error: the same figures, no sums (not measured)
+        m_np, m_fu = metrics_pair(a, b, dtype, floor, ftz, scale, figures="max")
+        assert_same(m_np, m_fu)
+        assert math.isnan(m_fu.l1) and math.isnan(m_fu.mean_ulp)
 
 
 def sparse(rng, n, dtype, share):
@@ -103,7 +107,9 @@ def test_sparse_specials_among_normal_blocks(dtype, floor, ftz):
         a, b = sparse(rng, n, dtype, float(rng.choice([1e-4, 1e-3, 0.02])))
         if trial % 3 == 0:
             a = a.astype(np.float32)
-        assert_same(*metrics_pair(a, b, dtype, floor, ftz, float(rng.choice([0.0, 1e3]))))
+        scale = float(rng.choice([0.0, 1e3]))
+        assert_same(*metrics_pair(a, b, dtype, floor, ftz, scale))
+        assert_same(*metrics_pair(a, b, dtype, floor, ftz, scale, figures="max"))
 
 
 @pytest.mark.parametrize("floor", ["output", "dtype"])

@@ -119,12 +119,13 @@ def _fuzz(task: Task, runner, *, seeds, progress, mutators, scheduler, seed_stor
 @contextlib.contextmanager
 def _search_figures(runner, guidance: str):
     """While the search runs, the runner measures only the figures the search is guided by
-    (``figures="search"``: no relative error, no spread); the NaN search needs the spread."""
+    (``figures="search"``: no relative error, no spread; ``"max"`` for a search guided by the
+    largest error: no sums either); the NaN search needs the spread."""
     if guidance == "spread" or not hasattr(runner, "figures"):
         yield
         return
     before = runner.figures
-    runner.figures = "search"
+    runner.figures = "search" if guidance == "l1" else "max"
     try:
         yield
     finally:
@@ -133,8 +134,9 @@ def _search_figures(runner, guidance: str):
 
 def _alone(runner, cand, ev, batched: bool, res):
     """The figures of ``cand`` as the judge will replay them: a batched evaluation is replaced by
-    the input run alone; a search's partial one (``figures="search"``: no ``rel``, no ``spread``)
-    keeps its own figures and takes those two from the run alone. Where that run does not come
+    the input run alone; a search's partial one (``figures="search"``: no ``rel``, no ``spread``;
+    ``"max"``: no ``l1``, no ``mean_ulp`` either) keeps its own figures and takes those from the
+    run alone. Where that run does not come
     back OK the search's evaluation stands (``rel``/``spread`` NaN: not measured) and a crash is
     booked as the search books one."""
     if cand is None or ev is None or ev.status != OK or ev.metrics is None:
@@ -150,7 +152,9 @@ def _alone(runner, cand, ev, batched: bool, res):
         return ev
     if batched:
         return alone
-    ev.metrics = dataclasses.replace(ev.metrics, rel=alone.metrics.rel, spread=alone.metrics.spread)
+    m = alone.metrics
+    ev.metrics = dataclasses.replace(ev.metrics, rel=m.rel, spread=m.spread,
+                                     **({"l1": m.l1, "mean_ulp": m.mean_ulp} if math.isnan(ev.metrics.mean_ulp) else {}))
     return ev
 
 

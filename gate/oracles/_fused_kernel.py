@@ -84,8 +84,9 @@ def _bits_min(v, n):
 
 
 @numba.njit(cache=True, nogil=True)
-def finite_leaf(a, b, lo, n, by_dtype, p, emin, e, q, x):
-    """(sum err, sum ulp err, max err, max ulp err, max |b|, min |b|) of one block, through the
+def finite_leaf(a, b, lo, n, by_dtype, p, emin, sums, e, q, x):
+    """(sum err, sum ulp err, max err, max ulp err, max |b|, min |b|) of one block (the sums 0.0
+    unless ``sums``), through the
     scratch ``e``, ``q``, ``x`` (errors, ulp errors, magnitudes; 128 each): first one loop with
     no branch and no reduction, which the compiler vectorises; then the sums in NumPy's eight
     lanes (:func:`lane_sum`) and the maxima as integer maxima of the bit patterns.
@@ -108,9 +109,10 @@ def finite_leaf(a, b, lo, n, by_dtype, p, emin, e, q, x):
         for t in range(n):
             k = min(max(np.int64((bu[t] >> np.uint64(52)) & np.uint64(0x7FF)) - 1023, emin), 1023)
             q[t] = e[t] * np.uint64((p - 1 - k + 1023) << 52).view(np.float64)
-        s2 = lane_sum(q, n)
+        s2 = lane_sum(q, n) if sums else 0.0
         mu = _bits_max(q, n)
-    return lane_sum(e, n), s2, _bits_max(e, n), mu, _bits_max(x, n), _bits_min(x, n)
+    s1 = lane_sum(e, n) if sums else 0.0
+    return s1, s2, _bits_max(e, n), mu, _bits_max(x, n), _bits_min(x, n)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -170,7 +172,7 @@ def _first(v, n, target):
 
 
 @numba.njit(cache=True, nogil=True)
-def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q, w):
+def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, sums, scl, lo_ulp, hi_ulp, st, it, r, q, w):
     """Both sums of one block by every rule of the NumPy path's general branch; the block's
     maxima (first index), NaN/Inf count, largest representable |b| and judged counts are merged
     into ``st``/``it`` once (blocks come in order: strict > keeps the first). ``r``, ``q``, ``w``:
@@ -201,12 +203,12 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
         w[t] = absb if rep else 0.0  # the largest representable |b|: a maximum of these, from 0
         d = abs(ai - bi)
         r[t] = d if judged else 0.0
-    s1 = lane_sum(r, n)
+    s1 = lane_sum(r, n) if sums else 0.0
     s2 = 0.0
     if by_dtype:  # a loop of its own (in the one above, a select divided for every element)
         for t in range(n):
             q[t] = r[t] / ulp_of(b[lo + t], scl, lo_ulp, hi_ulp)
-        s2 = lane_sum(q, n)
+        s2 = lane_sum(q, n) if sums else 0.0
     # r, q and w hold no NaN (an error is taken only between finite values, 0.0 elsewhere)
     e_max = _block_max(r, n)
     if e_max > st[0]:
@@ -228,7 +230,7 @@ def general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, i
 
 
 @numba.njit(cache=True, nogil=True)
-def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
+def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, sums, st, it):
     """Both pairwise sums over the whole output (an explicit stack, not recursion), block by
     block. ``st`` = [max err, max ulp err, max representable |b|], ``it`` = [index of the max
     err, index of the max ulp err, NaN/Inf outputs where the reference is representable, judged
@@ -259,12 +261,14 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
             # a block with every value finite and in range, and nothing a flush would change,
             # is scored by the all-finite leaf (the same figures); only the others element by
             # element with every rule (a few NaN/Inf in a large output cost a few blocks)
-            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, p, emin, r, q, x)
+            s1, s2, mx, mu, mb, nb = finite_leaf(a, b, lo, n, by_dtype, p, emin, sums, r, q, x)
             # with a flush to zero, elements both below the smallest normal number are not
             # judged (an error of 0): the same figures as the all-finite leaf's where each such
             # output equals its reference (zeros on both sides, an exact tiny result)
             tiny = flushed_equal(a, b, lo, n, mn) if (ftz and nb < mn) else 0
-            if math.isfinite(s1) and math.isfinite(s2) and mb < ovf and tiny >= 0:
+            # every error and ulp error finite (a NaN's bit pattern is above +inf's: its maximum
+            # compares False), every reference in range, nothing a flush changes
+            if mx < np.inf and mu < np.inf and mb < ovf and tiny >= 0:
                 if mx > st[0]:  # blocks come in order: strict > keeps the first
                     st[0] = mx
                     it[0] = first_index(a, b, lo, mx, False, p, emin, emax)
@@ -274,7 +278,7 @@ def traverse(a, b, ovf, mn, ftz, by_dtype, p, emin, emax, st, it):
                 st[2] = max(st[2], mb)
                 it[3] += n - tiny
             else:
-                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, scl, lo_ulp, hi_ulp, st, it, r, q, w)
+                s1, s2 = general_leaf(a, b, lo, n, ovf, mn, ftz, by_dtype, sums, scl, lo_ulp, hi_ulp, st, it, r, q, w)
             sp -= 1
             v1[vp] = s1
             v2[vp] = s2

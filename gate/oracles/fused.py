@@ -63,8 +63,9 @@ def warm() -> bool:
     b = np.zeros(16)
     for a in (np.zeros(16), np.zeros(16, dtype=np.float32)):
         for x in (a, np.full_like(a, np.nan)):  # the all-finite pass, and the general one
-            scores(x, b, "float32", "output", True)
-            scores(x, b, "float32", "dtype", True)
+            for sums in (True, False):
+                scores(x, b, "float32", "output", True, sums)
+                scores(x, b, "float32", "dtype", True, sums)
     return True
 
 
@@ -84,7 +85,8 @@ class Scores(NamedTuple):
     beyond: int
 
 
-def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) -> Optional[Scores]:
+def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool, sums: bool = True
+           ) -> Optional[Scores]:
     """The figures of the flat output ``a`` (float64 or float32) against the flat float64
     reference ``b`` in ``dtype``'s units, or None where the kernel is not available (or ``dtype``
     is not one of :data:`DTYPES`).
@@ -97,7 +99,8 @@ def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) 
     floor, which needs ``mag``); ``s_err``, ``s_ulp``: the pairwise sums of both; ``nonfinite``:
     NaN/Inf outputs where the reference is representable; ``mag``: the largest representable
     |reference|; ``judged``: elements judged; ``beyond``: judged elements whose reference is
-    beyond the dtype's range (``ulp_floor='output'`` scores those in NumPy)."""
+    beyond the dtype's range (``ulp_floor='output'`` scores those in NumPy). ``sums=False``:
+    ``s_err`` and ``s_ulp`` are not taken (0.0; a search guided by the largest error)."""
     from ..backends.base import FLOAT_FORMATS, min_normal, overflow_bound
 
     k = _load()
@@ -107,7 +110,7 @@ def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool) 
     ovf = overflow_bound(dtype)
     by_dtype = ulp_floor == "dtype"
     mn = float(min_normal(dtype))
-    args = (float(ovf), mn, bool(ftz), by_dtype, int(p), int(emin), int(emax))
+    args = (float(ovf), mn, bool(ftz), by_dtype, int(p), int(emin), int(emax), bool(sums))
     st = np.zeros(4)
     it = np.zeros(8, dtype=np.int64)
     # one traversal: block by block, the all-finite leaf where a block allows it, every rule elsewhere

@@ -124,6 +124,8 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     ``figures="search"``: only what a search is guided by (ULP, abs, l1, mean ULP, NaN/Inf, the
     worst element); ``rel`` and ``spread`` are NaN (not measured), which saves six of the twelve
     passes over a large finite output; :func:`gate.fuzz.fuzz_task` measures a finding's again.
+    ``figures="max"``: the search's figures without ``l1`` and ``mean_ulp`` (NaN: not measured),
+    what a search guided by the largest error reads (two sums an element fewer).
     Long on purpose: the batched twin (:func:`gate.oracles.batch.compare_segments`) follows it
     statement by statement. ``scale``: the scale of the computation (:func:`residue_magnitude`).
     ``check_dtypes``: say when the runs are not in the dtypes they claim (:func:`not_measured`;
@@ -132,9 +134,10 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
     one-pass kernel (:mod:`gate.oracles.fused`) from :data:`gate.oracles.fused.MIN_ELEMENTS`
     elements when Numba is there, ``"numpy"`` this function's own passes (the definition the
     kernel is held to), ``"fused"`` the kernel at any size."""
-    if figures not in ("all", "search"):
-        raise ValueError(f"unknown figures {figures!r} (all or search)")
-    search = figures == "search"
+    if figures not in ("all", "search", "max"):
+        raise ValueError(f"unknown figures {figures!r} (all, search or max)")
+    search = figures in ("search", "max")
+    sums = figures != "max"  # l1 and the mean ULP error: only a search guided by them needs them
     if len(outputs) != len(reference):
         return Metrics(shape_mismatch=f"{len(outputs)} outputs vs {len(reference)} in the reference")
     unmeasured = not_measured(outputs, reference, dtype) if check_dtypes else None
@@ -158,7 +161,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             a = a.astype(np.float64)
         b = b.astype(np.float64, copy=False).reshape(-1)
         if search and kernel != "numpy" and dtype in fused.DTYPES and (kernel == "fused" or a.size >= fused.MIN_ELEMENTS):
-            r = fused.scores(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ulp_floor, ftz)
+            r = fused.scores(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ulp_floor, ftz, sums=sums)
             if r is None and kernel == "fused":
                 raise RuntimeError("the fused scoring kernel is not available (Numba missing, or DL_GATE_FUSED=0)")
             # references beyond the range with one floor: each takes its own ulp (the NumPy path's)
@@ -206,7 +209,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             if ulp_floor == "output":
                 # ulp(|ref|) <= ulp(max |ref|) = floor everywhere: the error in ulps is err/floor
                 # (a power of two, so scaling the max and the sum afterwards is exact)
-                e_sum = float(err.sum())
+                e_sum = float(err.sum()) if sums else math.nan
                 u = e_max / floor
                 if u > worst[0]:
                     worst = _worst(u, k, idx, shape, a, b)
@@ -233,7 +236,7 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
                 if u > worst[0]:
                     worst = _worst(u, k, idx, shape, a, b)
                 max_ulp = max(max_ulp, u)
-                e_sum = float(err.sum())
+                e_sum = float(err.sum()) if sums else math.nan
                 tot_l1 += e_sum
                 tot_ulp_sum += e_sum / div
                 continue
@@ -242,14 +245,14 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
         if u > worst[0]:
             worst = _worst(u, k, idx, shape, a, b)
         max_ulp = max(max_ulp, u)
-        tot_l1 += float(err.sum())
-        tot_ulp_sum += float(ulp_err.sum())
+        tot_l1 += float(err.sum()) if sums else math.nan
+        tot_ulp_sum += float(ulp_err.sum()) if sums else math.nan
     return Metrics(
         ulp=max_ulp,
         abs=tot_abs,
         rel=math.nan if search else tot_rel,
-        l1=tot_l1,
-        mean_ulp=tot_ulp_sum / max(numel, 1),
+        l1=tot_l1 if sums else math.nan,
+        mean_ulp=tot_ulp_sum / max(numel, 1) if sums else math.nan,
         nonfinite=nonfinite,
         int_mismatch=int_mismatch,
         numel=numel,
