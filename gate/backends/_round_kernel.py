@@ -44,13 +44,24 @@ def _round(x, p, emin, big):
 
 
 @numba.njit(cache=True, nogil=True)
-def round_to(a, out, p, emin, big, via_float32):
-    """``out[i]`` = ``a[i]`` rounded (see the module); ``via_float32``: round to float32 first."""
+def round_to(a, out, p, emin, big, via_float32, ext):
+    """``out[i]`` = ``a[i]`` rounded (see the module); ``via_float32``: round to float32 first.
+    ``ext``: the least and greatest rounded value (NaN both if one is NaN, as ``ndarray.min`` and
+    ``max`` propagate it), taken in the same loop."""
+    lo = np.inf
+    hi = -np.inf
+    nan = False
     for i in range(a.shape[0]):
         x = a[i]
         if via_float32:
             x = np.float64(np.float32(x))
-        out[i] = _round(x, p, emin, big)
+        v = _round(x, p, emin, big)
+        out[i] = v
+        nan |= v != v
+        lo = min(lo, v)
+        hi = max(hi, v)
+    ext[0] = np.nan if nan else lo
+    ext[1] = np.nan if nan else hi
 
 
 @numba.njit(cache=True, nogil=True)
@@ -60,10 +71,20 @@ def round_float32(a, out):
 
 
 @numba.njit(cache=True, nogil=True)
-def round_float32_twin(a, out, out32):
+def round_float32_twin(a, out, out32, ext):
     """:func:`round_float32`, and the float32 values themselves into ``out32`` (what the
-    operator's float32 call is given: no second conversion of the candidate)."""
+    operator's float32 call is given: no second conversion of the candidate); ``ext`` as
+    :func:`round_to`'s."""
+    lo = np.inf
+    hi = -np.inf
+    nan = False
     for i in range(a.shape[0]):
         x = np.float32(a[i])
         out32[i] = x
-        out[i] = np.float64(x)
+        v = np.float64(x)
+        out[i] = v
+        nan |= v != v
+        lo = min(lo, v)
+        hi = max(hi, v)
+    ext[0] = np.nan if nan else lo
+    ext[1] = np.nan if nan else hi

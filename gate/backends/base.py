@@ -9,6 +9,7 @@ import math
 import os
 import re
 import traceback
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -510,11 +511,31 @@ def kernel_quantize(k, arr: np.ndarray, dtype: str) -> np.ndarray:
     out = np.empty_like(flat)
     if dtype == "float32":
         k.round_float32(flat, out)
-    else:
-        p, emin, emax = FLOAT_FORMATS[dtype]
-        big = math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax)
-        k.round_to(flat, out, p, emin, big, dtype == "bfloat16")
-    return out.reshape(arr.shape)
+        return out.reshape(arr.shape)
+    p, emin, emax = FLOAT_FORMATS[dtype]
+    big = math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax)
+    ext = np.empty(2)
+    k.round_to(flat, out, p, emin, big, dtype == "bfloat16", ext)
+    return _remember_extremes(out.reshape(arr.shape), ext)
+
+
+#: (weak reference to the last array a rounding loop made, its least value, its greatest)
+_EXTREMES: list = [None, 0.0, 0.0]
+
+
+def _remember_extremes(arr: np.ndarray, ext: np.ndarray) -> np.ndarray:
+    _EXTREMES[:] = [weakref.ref(arr), float(ext[0]), float(ext[1])]
+    return arr
+
+
+def known_extremes(arr: np.ndarray) -> Optional[Tuple[float, float]]:
+    """``(arr.min(), arr.max())`` without reading ``arr`` again when it is the array the last
+    rounding loop made (which took both in the same pass; NaN both where it holds a NaN), else
+    None. Rounded arrays are never written in place afterwards (as every candidate array)."""
+    ref = _EXTREMES[0]
+    if ref is None or ref() is not arr:
+        return None
+    return _EXTREMES[1], _EXTREMES[2]
 
 
 def float32_twin(arr: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -530,8 +551,9 @@ def float32_twin(arr: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     flat = np.ascontiguousarray(arr).reshape(-1)
     out = np.empty_like(flat)
     out32 = np.empty(flat.shape, dtype=np.float32)
-    k.round_float32_twin(flat, out, out32)
-    return out.reshape(arr.shape), out32.reshape(arr.shape)
+    ext = np.empty(2)
+    k.round_float32_twin(flat, out, out32, ext)
+    return _remember_extremes(out.reshape(arr.shape), ext), out32.reshape(arr.shape)
 
 
 def _quantize(arr: np.ndarray, dtype: str) -> np.ndarray:

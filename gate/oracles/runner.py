@@ -56,7 +56,10 @@ def _rounded_within(backend: Backend, a64: np.ndarray, d: str):
     input rounded again only where a value was clipped."""
     q = backend.quantize(a64, d)
     if q.size and d != "float64" and q.dtype.kind == "f":
-        lo, hi = float(q.min()), float(q.max())
+        from ..backends.base import known_extremes
+
+        # the rounding loop took them as it went (a large array); else two reductions
+        lo, hi = known_extremes(q) or (float(q.min()), float(q.max()))
         if math.isfinite(lo) and math.isfinite(hi):
             return q, (lo, hi)
     w = within_dtype(a64, d)
