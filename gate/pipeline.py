@@ -1032,7 +1032,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
     every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
     from .fuzz import fuzz_task
-    from .search.inputs import degenerate_inputs, draw, neighbours, structured_inputs
+    from .search.inputs import accumulation_inputs, degenerate_inputs, draw, neighbours, structured_inputs
     from .judge.contrast import contrast_runner
 
     spec, row, status = planned["spec"], planned["row"], planned["status"]
@@ -1066,6 +1066,7 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     like = cands[-1]
     cands += degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows
     cands += structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
+    cands += accumulation_inputs(spec, like, task.variant.dtype)  # rows whose partial sums overflow the dtype
     cands += seed_store.tests_calls(spec, cands, task.variant.dtype)  # the library's own test inputs
     head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
     return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,

@@ -40,6 +40,8 @@ direction over 20 seeds.
 import subprocess
 import sys
 
+import numpy as np
+
 import pytest
 
 from tests.test_gate_run import by_op, commit_pr, git, make_repo
@@ -165,3 +167,31 @@ def test_each_direction_gets_its_verdict(bed, tmp_path, name, direction):
     code, report = run_gate(bed, tmp_path / "out", base, f"lib.{PAIRS[name][0]}", dtype, 40)
     judge(name, direction, code, report)
     repro_agrees(bed, report, f"lib.{PAIRS[name][0]}", f"{name}-{direction}", base)
+
+
+def test_a_python_sum_is_caught_where_the_search_alone_missed_it(bed, tmp_path):
+    # seed 8 (and 13) of bench/false_alarms.py --bed refactor: no input the search found at 40
+    # evaluations had partial sums beyond 65504 with a total in range, and head's float16 partial
+    # sums passed (exit 3). The accumulation input (rows half +32752, half -32752) shows the
+    # float16 accumulator's overflow where x.sum()'s float32 one returns 0
+    base = open_direction(bed, "python_sum", "ab")
+    code, report = run_gate(bed, tmp_path / "out", base, "lib.row_sum", "float16", 40, seed=8)
+    regs = [v for v in by_op(report, "lib.row_sum") if v.outcome == "regression"]
+    assert code == 1 and any("new NaN/Inf" in v.reason for v in regs), outcomes(report, "lib.row_sum")
+
+
+def test_the_accumulation_input_cancels_inside_the_domain():
+    from gate.ops.spec import OpSpec
+    from gate.search.inputs import Candidate, accumulation_inputs
+
+    spec = OpSpec.from_dict({"name": "s", "framework": "torch", "callable": "m:s", "dims": {"N": [2, 2], "D": [5, 5]},
+                             "inputs": [{"name": "x", "shape": ["N", "D"]},
+                                        {"name": "w", "shape": ["D"], "domain": {"lo": -10.0, "hi": 10.0}},
+                                        {"name": "p", "shape": ["D"], "domain": {"lo": 0.0, "hi": 1.0}}]})
+    like = Candidate(arrays={"x": np.zeros((2, 5)), "w": np.zeros(5), "p": np.full(5, 0.5)}, params={}, dims={"N": 2, "D": 5})
+    (c,) = accumulation_inputs(spec, like, "float16")
+    assert c.origin == "accumulate:cancel"  # not ordinary: a fix seen there is at the range's end
+    assert c.arrays["x"].tolist() == [[32752.0] * 3 + [-32752.0] * 2] * 2
+    assert np.allclose(c.arrays["w"], [9.99] * 3 + [-9.99] * 2)  # inside its domain
+    assert (c.arrays["p"] == 0.5).all()  # a domain of one sign: no such row
+    assert accumulation_inputs(spec, like, "float64") == []

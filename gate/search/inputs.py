@@ -489,6 +489,37 @@ def structured_inputs(spec: OpSpec, like: Candidate) -> List[Candidate]:
     return out
 
 
+def accumulation_inputs(spec: OpSpec, like: Candidate, dtype: str) -> List[Candidate]:
+    """Where the dtype a reduction accumulates in shows (pytorch #2391: float16 sums that do not
+    accumulate in float32 overflow to inf; tinygrad #3005 "use float for acc dtype for half tensor
+    sum"): each row of every float input, from ``like`` (its dims and params), half ``+v`` then
+    half ``-v``, ``v`` half ``dtype``'s largest finite value (inside the input's domain; a domain
+    of one sign gives no such row). Its partial sums pass the range from the third element on, its
+    total is 0 or ``v``: an accumulator wider than ``dtype`` returns it, one in ``dtype`` an
+    infinity. Origin ``accumulate``: not an ordinary input (a fix seen only there is at the
+    range's end, where a changed constant can move an overflow by accident)."""
+    from ..backends.base import FLOAT_FORMATS
+
+    if dtype not in FLOAT_FORMATS or dtype == "float64":
+        return []
+    arrays = {}
+    for t in spec.inputs:
+        a = like.arrays.get(t.name)
+        if a is None or t.kind != "float" or a.ndim == 0 or a.size == 0:
+            continue
+        lo, hi = t.domain.lo, t.domain.hi
+        if (lo is not None and lo >= 0) or (hi is not None and hi <= 0):
+            continue
+        v = float_facts(dtype)["max"] / 2
+        for bound in (lo, hi):
+            if bound is not None:
+                v = min(v, abs(bound) * (1 - 1e-3))
+        d = a.shape[-1]
+        row = np.where(np.arange(d) < (d + 1) // 2, v, -v)
+        arrays[t.name] = np.broadcast_to(row, a.shape).copy()
+    return [like.derive("accumulate:cancel", **arrays)] if arrays else []
+
+
 def edge_values(domain: Domain, dtype: str = "float32") -> np.ndarray:
     """Scalar edge values of ``dtype`` inside ``domain``: tiny magnitudes, subnormals, values
     next to ±1 and the largest float below 1, exp/square overflow edges, near-overflow
