@@ -489,3 +489,58 @@ def test_a_relative_import_path_in_two_folders_is_two_libraries(tmp_path, monkey
     finally:
         _close_libraries(isolate)
     assert outs == pytest.approx([2.0, 3.0])
+
+
+SHADOW_OPS = """
+- name: lib.double
+  callable: shadowpkg.ops:double
+  dims: {N: [1, 8]}
+  inputs: [{name: x, shape: [N]}]
+- name: lib.plain
+  callable: heavylib:double
+  dims: {N: [1, 8]}
+  inputs: [{name: x, shape: [N]}]
+"""
+
+
+def test_a_library_that_is_a_package_the_zygote_imported_runs_from_its_checkout(tmp_path, monkeypatch,
+                                                                               no_zygote_server):
+    """keras-team/keras d863dc8a5b (GroupNormalization's autocast) gated from a checkout of Keras
+    itself: the TensorFlow zygote imports the installed ``keras`` with its framework, so every
+    worker forked from it ran the installed layers, head and base alike; the revert passed on
+    identical outputs. A library whose top-level package the zygote imported from elsewhere gets
+    fresh workers, which import it (and the framework) from the workers' import path. Here the
+    zygote's copy doubles, the checkout's triples."""
+    import numpy as np
+
+    from gate.backends import isolate
+    from gate.search.inputs import draw
+
+    site, lib = tmp_path / "site", tmp_path / "lib"
+    for root, factor in ((site, 2), (lib, 3)):  # the installed copy, and the checkout's
+        (root / "shadowpkg").mkdir(parents=True)
+        (root / "shadowpkg" / "__init__.py").write_text("")
+        (root / "shadowpkg" / "ops.py").write_text(f"def double(x):\n    return x * {factor}\n")
+    (lib / "heavylib.py").write_text("def double(x):\n    return x * 2\n")
+    specs = user_ops(tmp_path, SHADOW_OPS)
+    monkeypatch.setitem(isolate.PRELOAD, "torch", (*isolate.PRELOAD["torch"], "shadowpkg"))
+    monkeypatch.chdir(site)  # the zygote's import path starts with its directory: the installed copy
+    isolate._close_zygotes()
+    try:
+        options = IsolateOptions(sys_path=(str(lib), *sys.path), cwd=str(lib), start_timeout=180)
+        zygote = isolate._zygote(isolate.PRELOAD["torch"], 180)
+        assert zygote.where("shadowpkg", 60) == str(site / "shadowpkg" / "__init__.py")
+        why = isolate.shadowed(zygote, specs["lib.double"], options)
+        assert why and why.startswith(f"shadowpkg is imported from {lib / 'shadowpkg'}"), why
+        assert isolate.shadowed(zygote, specs["lib.plain"], options) is None  # not one the zygote imported
+        spec = specs["lib.double"]
+        runner = build_runner(spec, Variant("float32", "cpu", "input"), isolate=options)
+        try:
+            assert runner._active.own_log  # a fresh interpreter, not a fork of the zygote
+            cand = draw(spec, np.random.default_rng(0))
+            _, ev = runner.evaluate(cand, keep_outputs=True)
+        finally:
+            runner.close()
+        assert float(ev.outputs[0].array.ravel()[0] / cand.arrays["x"].ravel()[0]) == pytest.approx(3.0)
+    finally:
+        isolate._close_zygotes()

@@ -317,6 +317,15 @@ class _Zygote:
         self._request(("preload", list(todo)), timeout)
         self._more.update(todo)
 
+    def where(self, module: str, timeout: float) -> Optional[str]:
+        """The file the zygote imported ``module`` from, None where it has not imported it (asked
+        once a module)."""
+        known = self.__dict__.setdefault("_where", {})
+        if module not in known:
+            self._await_preload()
+            known[module] = self._request(("where", module), timeout)[1]
+        return known[module]
+
     def fork(self, rfd: int, wfd: int, timeout: float) -> "_Forked":
         self._await_preload()
         reply = self._request(("fork",), timeout, fds=(rfd, wfd))
@@ -518,6 +527,34 @@ def _library_module(spec: Any) -> Optional[str]:
     return module or None
 
 
+def shadowed(zygote: _Zygote, spec: Any, options: "IsolateOptions") -> Optional[str]:
+    """Why ``zygote`` cannot serve ``spec``'s workers, or None: the library's top-level package
+    is one the zygote imported with its framework, from another place than the workers' import
+    path finds it (a gated checkout of Keras itself: the TensorFlow zygote imports the installed
+    ``keras``, and every worker forked from it ran the installed layers on head and on base
+    alike, keras-team/keras d863dc8a5b's revert judged on identical outputs). Such workers start
+    as fresh interpreters, which import the framework from the checkout."""
+    module = _library_module(spec)
+    if module is None:
+        return None
+    top = module.split(".")[0]
+    where = zygote.where(top, options.start_timeout)
+    if where is None:
+        return None
+    import importlib.machinery
+
+    cwd = options.cwd if options.cwd is not None else os.getcwd()
+    path = [os.path.join(cwd, p) if not os.path.isabs(p) else p
+            for p in (options.sys_path if options.sys_path is not None else sys.path)]
+    found = importlib.machinery.PathFinder.find_spec(top, path)
+    mine = getattr(found, "origin", None) if found is not None else None
+    if mine in (None, "namespace") and found is not None and found.submodule_search_locations:
+        mine = os.path.join(list(found.submodule_search_locations)[0], "__init__.py")
+    if mine is None or os.path.realpath(mine) == os.path.realpath(where):
+        return None
+    return f"{top} is imported from {os.path.dirname(mine)}, not the framework's copy ({os.path.dirname(where)})"
+
+
 def _library_zygote(parent: _Zygote, spec: Any, preload: Tuple[str, ...], options: "IsolateOptions",
                     more: Tuple[str, ...] = ()) -> Optional[_LibraryZygote]:
     """The zygote that has imported ``spec``'s library (and ``more``) for workers with
@@ -594,6 +631,8 @@ class _Worker:
 
     def __init__(self, spec: Any, variant: Any, options: IsolateOptions, factory: str = RUNNER_FACTORY):
         zygote = _zygote(PRELOAD.get(spec.framework, ()), options.start_timeout) if options.zygote else None
+        if zygote is not None and shadowed(zygote, spec, options):
+            zygote = None  # a fresh interpreter imports the framework from the library's checkout
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         self.own_log = zygote is None
@@ -1424,6 +1463,9 @@ def zygote_main(fd: "int | Connection", library: bool = False) -> int:
             for f in fds:
                 os.close(f)
             conn.send(("forked", pid))
+        elif msg[0] == "where":  # the file of a module this zygote has imported (None: not imported)
+            mod = sys.modules.get(msg[1])
+            conn.send(("where", getattr(mod, "__file__", None) if mod is not None else None))
         elif msg[0] == "wait":
             _, pid, block = msg
             try:
