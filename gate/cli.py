@@ -11,7 +11,7 @@ import os
 import sys
 from typing import List, Optional
 
-from . import __version__
+from . import __version__, tune_gc
 from .errors import EXIT_CODES, GateError, Outcome
 
 COMMANDS = [
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    tune_gc()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervised command re-runs itself in a child

@@ -52,7 +52,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import errors
+from .. import errors, freeze_imports, tune_gc
 from ..errors import GateError
 from .ipc import Receiver, Sender, SharedMemoryError
 from .sandbox import PER_RUN, SERVER_ENV, worker_env
@@ -1304,6 +1304,7 @@ def server_main(path: str, framework: str = "torch") -> int:
     for mod in (*PRELOAD[framework], *PRELOAD_GRAD.get(framework, ()), RUNNER_FACTORY.partition(":")[0]):
         importlib.import_module(mod)
     _warm_up()
+    freeze_imports()
     start_env, start_cwd = dict(os.environ), os.getcwd()
     set_by_import = frozenset(k for k in set(before) | set(start_env) if before.get(k) != start_env.get(k))
     # the variables of a framework the server has not imported are read where its workers import
@@ -1417,7 +1418,7 @@ def zygote_main(fd: "int | Connection", library: bool = False) -> int:
                     pass
             importlib.import_module(RUNNER_FACTORY.partition(":")[0])  # the gate's runners, imported once too
             _warm_up()
-
+            freeze_imports()
             conn.send(("ok", _os_threads()))
         elif msg[0] == "fork-zygote":  # a library zygote (_LibraryZygote): this one's imports, then the library's
             _, sys_path, cwd = msg
@@ -1476,6 +1477,7 @@ def zygote_main(fd: "int | Connection", library: bool = False) -> int:
 
 
 if __name__ == "__main__":
+    tune_gc()
     if sys.argv[1] == "--zygote":
         sys.exit(zygote_main(int(sys.argv[2])))
     if sys.argv[1] == "--zygote-server":
