@@ -646,7 +646,7 @@ def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateR
         prestart({ctx.catalog.get(n).framework for n in names}, isolate)
     budget_cfg = cfg.budget
     total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
-    per_op = float(min(opts.budget_per_op or budget_cfg.get("per_op") or total / len(names), total))
+    per_op = op_share(total, opts.budget_per_op or budget_cfg.get("per_op"), len(names))
     store = BaselineStore(GitBaselineSource(ctx.repo, ctx.base_sha, cfg.raw.get("baselines", "baselines"))).load()
     from .backends.facts import BackendFacts
 
@@ -663,6 +663,16 @@ def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateR
     say(_plan_line(opts, ctx, run_tasks, total, per_op))
     return Planned(names=names, planned=planned, run_tasks=run_tasks, by_id=by_id, total=total, per_op=per_op,
                    store=store, isolate=isolate)
+
+
+def op_share(total: float, per_op: Optional[float], n_ops: int) -> float:
+    """The seconds each changed operator of a PR run gets: the total spread over them, and at
+    least ``per_op`` (never past the total). A PR that changes one operator searches it for the
+    whole total (with ``total: 300, per_op: 10`` it had 10 s and left 290 s unspent, seen in
+    issue 28's acceptance); one that changes many gives each ``per_op`` and the run's allocation
+    spends the total by priority."""
+    share = total / max(1, n_ops)
+    return float(min(max(per_op or 0.0, share), total))
 
 
 def _plan_line(opts: RunOptions, ctx: Context, run_tasks: List[Task], total: float, per_op: float) -> str:

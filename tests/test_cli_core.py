@@ -367,3 +367,16 @@ def test_the_selection_line_says_how_an_operator_was_selected(capsys):
     out = capsys.readouterr().out
     assert "  selected mylib.softplus: named with --ops" in out and "None" not in out, out
     assert "  selected mylib.gelu: mylib/ops.py:12 gelu" in out, out
+
+
+def test_a_pr_run_spreads_its_total_over_the_operators_it_changes():
+    """Issue 28's acceptance: init wrote `total: 300, per_op: 10`, and a PR that changed one
+    operator searched it for 10 s, leaving 290 s of its budget unspent. Each changed operator
+    gets the total spread over them, and at least per_op (never past the total)."""
+    from gate.pipeline import op_share
+
+    assert op_share(120.0, 10.0, 1) == 120.0  # one operator: the whole total
+    assert op_share(120.0, 10.0, 3) == 40.0
+    assert op_share(120.0, 10.0, 20) == 10.0  # many: per_op each, the allocation spends the total by priority
+    assert op_share(120.0, None, 4) == 30.0
+    assert op_share(5.0, 10.0, 1) == 5.0  # never past the total

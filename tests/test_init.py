@@ -365,7 +365,7 @@ def test_rerun_keeps_the_users_edits_adds_new_operators_and_reports_removed_ones
     # the user narrows a row and comments it
     text = text.replace("  - name: focallib.Softplus\n",
                         "  # mine: keep it at float32\n  - name: focallib.Softplus\n    dtypes: [float32]\n")
-    text = text.replace("budget: {total: 300", "budget: {total: 77")
+    text = text.replace("budget: {total: 120", "budget: {total: 77")
     # ... and deletes one row, keeping it out for good
     start = text.index("  # focallib.BinaryFocalLossWithLogits:")
     end = text.index("\n  # ", start + 5) if "\n  # " in text[start + 5:] else text.index("\n\n#", start)
