@@ -101,7 +101,7 @@ def test_selection_maps_a_changed_cpp_function_through_pybind11_to_the_python_wr
 def ln_repo(tmp_path_factory, build_cache) -> Path:
     """``main`` with baselines: the refresh builds the extension (into the shared cache) first."""
     repo = _lib(tmp_path_factory.mktemp("lnext") / "lnext")
-    code = "import sys; from gate.cli import main; sys.exit(main(['baseline', 'refresh', '--evals', '150', '--seed', '0']))"
+    code = "import sys; from gate.cli import main; sys.exit(main(['baseline', 'refresh', '--evals', '40', '--seed', '0']))"
     res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=repo.path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "DL_GATE_BUILD_CACHE": str(build_cache)})
     assert res.returncode == 0, res.stderr[-2000:]
@@ -125,7 +125,7 @@ def _gate(repo: Path, out: Path, monkeypatch):
     """A fresh process per run, as the CLI runs: two builds of one extension in one process
     would share its exported symbols (torch loads with RTLD_GLOBAL), the second running the first's code."""
     res = subprocess.run([sys.executable, "-W", "ignore", "-m", "gate.cli", "run", "--base", "main", "--out", str(out),
-                          "--evals", "150", "--seed", "0"], cwd=repo, capture_output=True, text=True,
+                          "--evals", "40", "--seed", "0"], cwd=repo, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     report = GateReport.from_dict(json.loads((out / "report.json").read_text()))
     assert report.exit_code == res.returncode, res.stderr[-2000:]
