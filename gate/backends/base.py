@@ -226,7 +226,7 @@ def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]]
     if any(b.startswith("torch.autograd.function.") and b.endswith(".Function") for b in bases):
         if construct:
             raise ConfigError(f"{path} is an autograd.Function: construct is for an nn.Module or Keras Layer")
-        return cls.apply  # type: ignore[attr-defined]
+        return positional_apply(cls)
     keras = _keras_or_torch(cls)
     if keras is not None:
         try:
@@ -240,6 +240,33 @@ def _operator_of_class(path: str, cls: type, construct: Optional[Dict[str, Any]]
                               "(module:INSTANCE) or a factory function") from None
     raise ConfigError(f"{path} is a class, not an operator: declare a function, an instance or, for an "
                       "autograd.Function, its .apply")
+
+
+def positional_apply(cls: type) -> Callable:
+    """An ``autograd.Function``'s ``apply`` that takes a row's arguments by name too. ``apply``
+    hands its positional arguments to ``forward`` after ``ctx`` and rejects keywords ("forward()
+    missing required argument: 'target'": deep-spin/entmax's loss Functions, whose ``target``
+    the gate passes by name, were left out by init); keywords are bound to ``forward``'s
+    signature (without ``ctx``), its defaults filled in, and passed in order."""
+    apply = cls.apply  # type: ignore[attr-defined]
+    try:
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]  # type: ignore[attr-defined]
+        sig = inspect.Signature(params)
+    except (TypeError, ValueError):
+        return apply
+
+    def call(*args, **kwargs):
+        if not kwargs:
+            return apply(*args)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return apply(*bound.args)
+
+    call.__signature__ = sig  # type: ignore[attr-defined]
+    call.__name__ = "apply"
+    call.__qualname__ = f"{getattr(cls, '__name__', 'Function')}.apply"
+    call.__wrapped_function__ = cls  # type: ignore[attr-defined]
+    return call
 
 
 def _keras_or_torch(cls: type) -> Optional[bool]:

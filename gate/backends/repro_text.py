@@ -39,6 +39,21 @@ def quantize(arr, dtype):
 _BUILT = {}
 
 
+def _apply_of(fn):
+    """An autograd.Function's apply, as the gate calls it: apply takes positional arguments only,
+    so arguments given by name are bound to forward's signature (after ctx) first."""
+    sig = inspect.Signature(list(inspect.signature(fn.forward).parameters.values())[1:])
+
+    def call(*args, **kwargs):
+        if not kwargs:
+            return fn.apply(*args)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return fn.apply(*bound.args)
+
+    return call
+
+
 def at_dtype(fn, dtype, mode="input"):
     """As the gate runs a class named as the operator: an autograd.Function's apply; a module
     built once with the row's constructor arguments (its initial weights from seed 0) and a copy
@@ -51,7 +66,7 @@ def at_dtype(fn, dtype, mode="input"):
     if not isinstance(fn, type):
         return fn
     if issubclass(fn, torch.autograd.Function):
-        return fn.apply
+        return _apply_of(fn)
     if fn not in _BUILT:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
