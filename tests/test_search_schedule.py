@@ -174,6 +174,21 @@ def test_allocate_prefers_coverage_gaps_and_bad_history():
                                                        if alloc_id not in {t.id for t in alloc.tasks}]
 
 
+def test_an_operator_too_slow_for_its_minimum_is_searched_with_its_share_not_left_out():
+    """An evaluation of a second (an attention at a sequence of 2048): 200 evaluations "needed"
+    200 s of a 120-s total, so no variant was searched and the run ended "the budget covered
+    none". Each operator's best variant gets its even share of the total instead."""
+    tasks = _tasks(["torch.relu", "torch.tanh"]) + [
+        Task(op=t.op, variant=Variant("float16"), budget=Budget(seconds=1.0), seed=0)
+        for t in _tasks(["torch.relu", "torch.tanh"])]
+    alloc = allocate(tasks, 120.0, min_seconds=1.0, cost={t.id: 1.0 for t in tasks})
+    assert sorted(t.op.name for t in alloc.tasks) == ["torch.relu", "torch.tanh"]  # one variant each
+    assert [t.budget.seconds for t in alloc.tasks] == [pytest.approx(60.0)] * 2
+    assert len(alloc.not_covered) == 2
+    cheap = allocate(tasks, 120.0, min_seconds=1.0, cost={t.id: 1e-3 for t in tasks})
+    assert len(cheap.tasks) == 4 and not cheap.not_covered  # 0.2 s each: all of them, as before
+
+
 def test_cost_estimate_orders_cheap_before_expensive():
     relu, conv = _tasks(["torch.relu", "torch.conv2d"])
     assert estimate_cost(conv) > estimate_cost(relu) > 0

@@ -195,7 +195,7 @@ def allocate(
     ``history``: task id (or op name) -> last error over its gate threshold (>= 1 means it
     failed or came close); default 0. ``cost``: seconds per evaluation, measured; default
     :func:`estimate_cost`. A task needs ``max(min_seconds, min_evals x cost)`` to be worth
-    running; priority is ``(1 + gap) x (1 + history)``, per unit of that need, taken round-robin
+    running, at most its operator's even share of the total; priority is ``(1 + gap) x (1 + history)``, per unit of that need, taken round-robin
     over operators (each operator's best variant first)."""
     if total_seconds <= 0:
         raise ValueError("total budget must be positive")
@@ -205,6 +205,14 @@ def allocate(
         return float(table.get(t.id, table.get(t.op.name, default)))
 
     alloc = Allocation(tasks=[], total_seconds=total_seconds)
+    by_op: Dict[str, List[Task]] = {}
+    for t in tasks:
+        by_op.setdefault(t.op.name, []).append(t)
+    # no variant needs more than its operator's even share of the total: an operator whose
+    # evaluations take a second each (an attention at a sequence of 2048, lucidrains'
+    # memory-efficient-attention) is searched with fewer of them, never left out altogether
+    # (its 200 evaluations "needed" 200 s of a 120-s total: the run searched nothing, exit 2)
+    fair = max(min_seconds, total_seconds / max(1, len(by_op)))
     need: Dict[str, float] = {}
     for t in tasks:
         c = look(cost, t, estimate_cost(t))
@@ -212,15 +220,12 @@ def allocate(
         hist = max(0.0, look(history, t, 0.0))
         alloc.cost[t.id] = round(c, 6)
         alloc.gaps[t.id] = gap
-        need[t.id] = max(min_seconds, min_evals * c)
+        need[t.id] = max(min_seconds, min(min_evals * c, fair))
         alloc.priority[t.id] = (1.0 + gap) * (1.0 + min(hist, 10.0))
     # round-robin over operators: every operator's most promising variant before any
     # operator's second one (a budget that covers a few variants covers a few operators)
     value = {t.id: alloc.priority[t.id] / need[t.id] for t in tasks}
     rank: Dict[str, int] = {}
-    by_op: Dict[str, List[Task]] = {}
-    for t in tasks:
-        by_op.setdefault(t.op.name, []).append(t)
     for group in by_op.values():
         for i, t in enumerate(sorted(group, key=lambda t: (-value[t.id], t.id))):
             rank[t.id] = i
