@@ -65,6 +65,11 @@ def stats(x):
     return {"mean": x.mean(dim=-1), "std": x.std(dim=-1)}
 
 
+def masked(x, mask):
+    """lucidrains' attention: masked_fill takes a boolean mask only."""
+    return x.masked_fill(~mask, -1e4).softmax(dim=-1)
+
+
 def quits(x):
     import sys
     if (x < 0).any():
@@ -134,6 +139,22 @@ def test_dict_outputs_are_compared(lib):
     _, ev = VariantRunner(spec, Variant("float16")).evaluate(
         Candidate(dims={"N": 2, "D": 4}, params={}, arrays={"x": np.arange(8.0).reshape(2, 4)}))
     assert ev.status == "ok" and ev.metrics.numel == 4  # mean and std of two rows
+
+
+def test_a_bool_input_reaches_the_operator_as_a_bool_tensor(lib):
+    """A ``kind: bool`` input (a mask the tests pass) is drawn as booleans, not integers: torch's
+    masked_fill refuses a long mask, so every evaluation of lucidrains' Attention(mask=...) was
+    invalid and init left it out ("masked_fill_ only supports boolean masks")."""
+    from gate.search.inputs import draw
+
+    spec = OpSpec.from_dict({"name": "t.masked", "framework": "torch", "callable": f"{lib}:masked",
+                             "inputs": [{"name": "x", "shape": ["N", "D"]},
+                                        {"name": "mask", "shape": ["N", "D"], "kind": "bool", "keyword": True}],
+                             "dims": {"N": [1, 4], "D": [2, 8]}}, origin="user")
+    cand = draw(spec, np.random.default_rng(0))
+    assert cand.arrays["mask"].dtype == np.bool_
+    _, ev = VariantRunner(spec, Variant("float32")).evaluate(cand)
+    assert ev.status == "ok", ev.error
 
 
 def test_nothing_compared_is_an_error_not_a_pass():

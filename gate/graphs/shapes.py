@@ -295,7 +295,7 @@ class ShapeProbe:
                 hi = int(expr.evaluate(t.index_hi, env)) if t.index_hi is not None else 2
                 arr = rng.integers(0, max(hi, 1), size=shape).astype(np.int64)
             elif t.kind == "bool":
-                arr = (rng.random(shape) < 0.5).astype(np.int64)
+                arr = rng.random(shape) < 0.5
             else:
                 arr = draw_values(t.domain, shape, rng)
             native = backend.to_native(arr, "float64", self.device)

@@ -311,7 +311,7 @@ def build_arrays(spec: OpSpec, dims: Mapping[str, int], params: Mapping[str, Any
             hi = int(expr.evaluate(t.index_hi, env)) if t.index_hi is not None else 2
             arrays[t.name] = randoms.integers_shaped(rng, max(hi, 1), shape).astype(np.int64)
         elif t.kind == "bool":
-            arrays[t.name] = (randoms.random(rng, shape) < 0.5).astype(np.int64)
+            arrays[t.name] = randoms.random(rng, shape) < 0.5  # np.bool_: a mask reaches the operator as torch.bool / tf.bool
         elif like is not None and t.name in like and like[t.name].size and like[t.name].dtype.kind == "f":
             src = like[t.name].ravel()
             arrays[t.name] = randoms.resample(rng, src, shape) if shape else np.asarray(src[0])

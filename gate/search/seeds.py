@@ -333,12 +333,13 @@ def _call_arrays(spec: OpSpec, tensors: Dict[str, "TensorArg"], env: Dict[str, A
             raise _Reject(f"input {t.name}: shape {tuple(ta.shape)} does not fit the spec's {want}")
         if ta.values is not None:
             arr = np.asarray(ta.values)
-            arrays[t.name] = arr.astype(np.int64) if t.kind in ("index", "bool") else arr.astype(np.float64)
+            arrays[t.name] = (arr.astype(np.int64) if t.kind == "index" else arr.astype(bool) if t.kind == "bool"
+                              else arr.astype(np.float64))
         elif t.kind == "index":
             hi = int(expr.evaluate(t.index_hi, env)) if t.index_hi is not None else 2
             arrays[t.name] = rng.integers(0, max(hi, 1), size=want).astype(np.int64)
         elif t.kind == "bool":
-            arrays[t.name] = (rng.random(want) < 0.5).astype(np.int64)
+            arrays[t.name] = rng.random(want) < 0.5
         else:
             arrays[t.name] = draw_values(t.domain, want, rng)
     return arrays
