@@ -29,6 +29,7 @@ from .judge.decide import (GateSettings, base_side, decide, judged_row, overall,
                            stability_fixes, under_searched)
 from .judge.replay import OUT_OF_TIME, ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
+from .search.evaluation import CRASH, OK
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
 from .report import FILES, make_output_dir
@@ -792,6 +793,7 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
             base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo, seconds=share)
             report.env.setdefault("stages", {})["replay"] = {"seconds": round(time.perf_counter() - t0, 3),
                                                              **({"share": share} if share is not None else {})}
+            _replay_deciding_inputs(ctx, work, jobs, base_results, tree, py_path, isolate, say)
             left = {k: sum(r.error == OUT_OF_TIME for r in rs) for k, rs in base_results.items()}
             if any(left.values()):
                 n_all = sum(left[k] == len(base_results[k]) for k in left)
@@ -802,6 +804,48 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
     for w in work:
         w["base"] = base_results.get(w["task"].id)
     return work
+
+
+#: inputs of one variant replayed on base past the replay's share when its verdict turns on them
+DECIDING_INPUTS = 3
+
+
+def _replay_deciding_inputs(ctx: Context, work: List[dict], jobs: List[ReplayJob], base_results: Dict[str, list],
+                            tree: Path, py_path, isolate, say) -> None:
+    """A variant that would fail on inputs base was not replayed on (the replay's share ran out)
+    gets those inputs replayed on base past the share: a regression is decided on base's answer
+    to the same input wherever base can give one, never on the stored baseline's figures from
+    other inputs. (lucidrains' memory-efficient attention, ~10 s an evaluation: an all-NaN
+    output that base gives on the same input failed as "new NaN/Inf (baseline had none)".)
+    At most :data:`DECIDING_INPUTS` a variant: those where head crashes or returns NaN/Inf, then
+    its worst; a variant that would pass costs nothing."""
+    job_of = {j.key: j for j in jobs}
+    todo: Dict[str, List[int]] = {}
+    for w in work:
+        key = w["task"].id
+        got, head = base_results.get(key), w.get("head") or []
+        if key not in job_of or not got or not any(r.error == OUT_OF_TIME for r in got):
+            continue
+        vv = decide(w["spec"], w["task"].variant, head, got, w["row"], w["status"], w["finding"], ctx.settings,
+                    inputs=[c.summary() for c in w["cands"]])
+        if vv.outcome not in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
+            continue
+        missing = [i for i, r in enumerate(got) if r.error == OUT_OF_TIME and i < len(head)]
+        bad = [i for i in missing if head[i].status == CRASH or (head[i].status == OK and head[i].metrics.nonfinite)]
+        worst = max((i for i in missing if head[i].status == OK), key=lambda i: head[i].metrics.ulp, default=None)
+        picked = list(dict.fromkeys(bad[:DECIDING_INPUTS - 1] + ([worst] if worst is not None else [])))
+        if picked:
+            todo[key] = picked[:DECIDING_INPUTS]
+    if not todo:
+        return
+    say(f"replaying {sum(map(len, todo.values()))} input(s) on base past the replay's share: the verdicts of "
+        f"{len(todo)} variant(s) turn on them")
+    more = replay_in_tree(tree, py_path, [ReplayJob(key=k, variant=job_of[k].variant, spec=job_of[k].spec,
+                                                    candidates=[job_of[k].candidates[i] for i in idx])
+                                          for k, idx in todo.items()], isolate=isolate, head_root=ctx.repo)
+    for key, idx in todo.items():
+        for i, r in zip(idx, more.get(key) or []):
+            base_results[key][i] = r
 
 
 def _settle_structure(ctx: Context, planned: Planned, isolate, base_isolate, report: V.GateReport, say) -> None:
