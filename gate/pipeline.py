@@ -29,10 +29,10 @@ from .judge.decide import (GateSettings, base_side, decide, judged_row, overall,
                            stability_fixes, under_searched)
 from .judge.replay import OUT_OF_TIME, ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
 from .ops.catalog import Catalog, load_catalog
-from .search.evaluation import CRASH, OK
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
 from .report import FILES, make_output_dir
+from .search.evaluation import CRASH, OK
 from .report.annotations import NOT_GATED_WARNING, how_to_gate
 
 
@@ -823,11 +823,10 @@ def _replay_deciding_inputs(ctx: Context, work: List[dict], jobs: List[ReplayJob
     todo: Dict[str, List[int]] = {}
     for w in work:
         key = w["task"].id
-        got, head = base_results.get(key), w.get("head") or []
-        if key not in job_of or not got or not any(r.error == OUT_OF_TIME for r in got):
+        got, head = base_results.get(key), w.get("head")
+        if key not in job_of or not got or not head or not any(r.error == OUT_OF_TIME for r in got):
             continue
-        vv = decide(w["spec"], w["task"].variant, head, got, w["row"], w["status"], w["finding"], ctx.settings,
-                    inputs=[c.summary() for c in w["cands"]])
+        vv = _decide(ctx, w, got)
         if vv.outcome not in (V.REGRESSION, V.BEHAVIOUR_CHANGE):
             continue
         missing = [i for i, r in enumerate(got) if r.error == OUT_OF_TIME and i < len(head)]
@@ -1020,14 +1019,20 @@ def judge_stopped(opts: RunOptions, ctx: Context, planned: Planned, report: V.Ga
     judge_stage(opts, ctx, planned, done, report, recheck=False)
 
 
+def _decide(ctx: Context, w: dict, base) -> V.VariantVerdict:
+    """A work item's verdict against ``base``'s results (the judge's rules, nothing more): what
+    the judge stage decides, and what the fuzz stage asks of an incomplete base replay."""
+    return decide(w["spec"], w["task"].variant, w["head"], base, w["row"], w["status"], w["finding"],
+                  ctx.settings, inputs=[c.summary() for c in w["cands"]],
+                  controls=[c.origin == "control" for c in w["cands"]],
+                  ordinary=[c.origin == "control" or c.origin.startswith(("degenerate", "structured"))
+                            for c in w["cands"]])
+
+
 def _verdict(opts: RunOptions, ctx: Context, planned: Planned, w: dict, recheck: bool = True) -> V.VariantVerdict:
     """One work item's verdict, with its figures, source, repro command and determinism check."""
     task, finding = w["task"], w["finding"]
-    vv = decide(w["spec"], task.variant, w["head"], w["base"], w["row"], w["status"], finding,
-                ctx.settings, inputs=[c.summary() for c in w["cands"]],
-                controls=[c.origin == "control" for c in w["cands"]],
-                ordinary=[c.origin == "control" or c.origin.startswith(("degenerate", "structured"))
-                          for c in w["cands"]])
+    vv = _decide(ctx, w, w["base"])
     vv.source_file, vv.source_line = w["src"]
     vv.details.update({"abs": _m(finding, "abs"), "rel": _m(finding, "rel"), "l1": _m(finding, "l1")})
     if finding.extra.get("search") == "exhaustive":  # every 16-bit value was run: exact maxima, head and base

@@ -290,6 +290,57 @@ def test_the_base_replay_keeps_its_share_and_a_variant_it_leaves_is_held_against
     assert _replay_share(SimpleNamespace(evals=None), head_only) == REPLAY_SHARE
 
 
+SQ_OPS = '''
+import torch
+
+
+def magnitude(x):
+    return torch.sqrt(x * x)
+'''
+
+SQ_CONFIG = '''
+version: 1
+framework: torch
+python_path: ["."]
+builtin: false
+gate: {dtypes: [float16]}
+budget: {replay: 0}
+ops:
+  - name: mylib.magnitude
+    callable: mylib.ops:magnitude
+    kind: elementwise
+    sources: [mylib/ops.py]
+    dims: {N: [1, 32]}
+    inputs: [{name: x, shape: [N], domain: {name: real, scale: 1000}}]
+'''
+
+
+def _zero_nonfinite(node):
+    if isinstance(node, dict):
+        return {k: 0 if k == "nonfinite" else _zero_nonfinite(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_zero_nonfinite(v) for v in node]
+    return node
+
+
+def test_head_nan_that_base_gives_on_the_same_input_is_not_failed_for_a_row_that_saw_none(tmp_path):
+    """The false alarm f226453 mends: base's replay had no time left (``budget.replay: 0``, as a
+    ~10-s-an-evaluation attention ran out of it) and head's NaN/Inf was held against the stored
+    row, whose search never reached an overflow ("new NaN/Inf ... (baseline had none)"). The
+    inputs such a verdict turns on are replayed on base past the share: a benign PR whose
+    float16 square overflows exactly as base's does passes."""
+    repo = make_repo(tmp_path, ops_src=SQ_OPS, config=SQ_CONFIG)
+    for f in (repo / "baselines").glob("*.json"):  # the refresh's search did not reach the overflow
+        f.write_text(json.dumps(_zero_nonfinite(json.loads(f.read_text()))))
+    git(repo, "commit", "-q", "-am", "a row that saw no overflow")
+    commit_pr(repo, "pr", "HEAD", "return torch.sqrt(x * x)", "return (x * x).sqrt()", path="mylib/ops.py")
+    code, report = gate(repo, tmp_path)
+    (v,) = [v for v in report.verdicts if v.key == "float16/cpu/input"]
+    assert v.head_nonfinite, v.reason  # head overflows on the inputs it ran ...
+    assert code == 0 and v.outcome == "pass", (v.outcome, v.reason)  # ... and so does base, on the same ones
+    assert "not new" in v.reason, v.reason
+
+
 ENV_OPS = '''import os
 
 import torch

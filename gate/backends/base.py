@@ -265,7 +265,6 @@ def positional_apply(cls: type) -> Callable:
     call.__signature__ = sig  # type: ignore[attr-defined]
     call.__name__ = "apply"
     call.__qualname__ = f"{getattr(cls, '__name__', 'Function')}.apply"
-    call.__wrapped_function__ = cls  # type: ignore[attr-defined]
     return call
 
 
