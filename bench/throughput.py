@@ -125,9 +125,9 @@ class ClockedBackend:
         self._clock(dtype, t0)
         return out
 
-    def vjp(self, fn, args, kwargs, upstream, *, dtype, device):
+    def vjp(self, fn, args, kwargs, upstream, *, dtype, device, **kw):
         t0 = time.perf_counter()
-        out = self._inner.vjp(fn, args, kwargs, upstream, dtype=dtype, device=device)
+        out = self._inner.vjp(fn, args, kwargs, upstream, dtype=dtype, device=device, **kw)
         self._clock(dtype, t0)
         return out
 

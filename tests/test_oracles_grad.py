@@ -83,3 +83,31 @@ def test_gradcheck_skips_kinks(builtin):
     f = fuzz_task(task(builtin["torch.relu"], "gradcheck", dtype="float64", evals=60, seed=3))
     assert f.metrics.ulp == 0.0
     assert f.invalid > 0  # inputs at relu's kink (edge value 0) were skipped, not reported
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_low_precision_backward_is_scored_as_it_came_and_widened_only_when_kept(builtin, dtype):
+    """The gradient runner asks the backend for the low run's outputs and gradients as they are
+    (float32 for the 32- and 16-bit formats: no float64 copy of each); the figures are those of
+    the widened arrays, and the outputs kept for a finding are float64."""
+    import numpy as np
+
+    from gate.oracles.precision import compare
+    from gate.oracles.registry import build_runner
+    from gate.plan import Variant
+    from gate.search.inputs import draw
+
+    spec = builtin.get("torch.layer_norm")
+    runner = build_runner(spec, Variant(dtype, "cpu", oracle="grad"))
+    seen = []
+    real = runner.backend.vjp
+    runner.backend.vjp = lambda *a, **kw: seen.append((kw["dtype"], kw.get("narrow"))) or real(*a, **kw)
+    cand = draw(spec, np.random.default_rng(1))
+    q, ev = runner.evaluate(cand, keep_outputs=True)
+    assert ev.status == "ok" and seen == [("float64", False), (dtype, True)]
+    assert all(o.array.dtype == np.float64 for o in ev.outputs)
+    _, low = runner._vjp(q, dtype, runner.fn, dtype)
+    assert all(g.array.dtype == np.float32 for g in low)
+    wide = [type(g)(g.array.astype(np.float64), g.dtype) for g in low]
+    assert compare(low, ev.reference, dtype, spec.ulp_floor, check_dtypes=False) == \
+        compare(wide, ev.reference, dtype, spec.ulp_floor, check_dtypes=False)

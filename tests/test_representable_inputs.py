@@ -158,3 +158,30 @@ def test_a_search_on_a_wide_domain_never_feeds_an_input_spanning_more_than_the_r
     assert f.evals == 60 and seen
     spans = [float(x.max() - x.min()) for x in seen + [f.best.arrays["x"]]]
     assert max(spans) <= 65504.0 and max(np.abs(x).max() for x in seen) > 1e4, spans  # large values still drawn
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_an_input_a_mutation_left_as_it_was_is_not_rounded_again(dtype, monkeypatch):
+    """A child shares its parent's arrays but the one its mutation changed: quantising the child
+    rounds that one only, and the shared ones come back as the very arrays (with the values a
+    second rounding would give). Another domain, or another dtype, rounds again."""
+    spec = load_catalog([], builtin=("torch",)).get("torch.matmul")
+    backend = get_backend("torch")
+    a, b = (t.name for t in spec.inputs[:2])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 256)) * 1e3
+    x[0, 0] = 1e39  # beyond float32's range too: clipped, then rounded
+    parent = quantize_inputs(spec, backend, Candidate(dims={}, params={}, arrays={a: x, b: rng.standard_normal((256, 256))}),
+                             dtype)
+    rounded = []
+    real = backend.quantize
+    monkeypatch.setattr(backend, "quantize", lambda arr, d: rounded.append(arr.size) or real(arr, d))
+    child = parent.derive("noise", **{b: rng.standard_normal((256, 256))})
+    q = quantize_inputs(spec, backend, child, dtype)
+    assert q.arrays[a] is parent.arrays[a] and rounded == [256 * 256]  # only the mutated input
+    again = quantize_inputs(spec, backend, Candidate(dims={}, params={}, arrays={a: parent.arrays[a].copy()}), dtype)
+    np.testing.assert_array_equal(again.arrays[a], q.arrays[a])  # what rounding it again gives
+    rounded.clear()
+    quantize_inputs(spec, backend, Candidate(dims={}, params={}, arrays={a: parent.arrays[a]}),
+                    "bfloat16" if dtype == "float32" else "float32")
+    assert rounded  # another dtype: rounded

@@ -141,12 +141,13 @@ class Backend(ABC):
 
     def vjp(self, fn: Callable, args: Sequence, kwargs: dict,
             upstream: Callable[[List["Output"]], List[Optional[np.ndarray]]], *, dtype: str,
-            device: str) -> Tuple[List["Output"], List[Optional["Output"]]]:  # pragma: no cover - per backend
+            device: str, narrow: bool = False) -> Tuple[List["Output"], List[Optional["Output"]]]:  # pragma: no cover
         """Forward and backward: ``fn``'s outputs, and the gradients of
         ``sum(upstream(outputs) * outputs)`` with respect to every floating tensor among
         ``args`` then ``kwargs`` (in that order; ``None`` where an input is unused).
         ``upstream`` sees the outputs and returns one float64 array per output (``None`` for
-        outputs that are not differentiated); the arrays are fed at each output's dtype."""
+        outputs that are not differentiated); the arrays are fed at each output's dtype.
+        ``narrow``: outputs and gradients as :meth:`to_outputs` gives them with ``narrow``."""
         raise NotImplementedError(f"{self.name} has no automatic differentiation")
 
     def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:  # pragma: no cover

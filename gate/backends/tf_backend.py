@@ -125,7 +125,7 @@ class TFBackend(Backend):
         raise NotImplementedError(f"tensorflow has no compiled mode {how!r}")
 
     def vjp(self, fn: Callable, args: Sequence, kwargs: dict, upstream, *, dtype: str,
-            device: str) -> Tuple[List[Output], List[Optional[Output]]]:
+            device: str, narrow: bool = False) -> Tuple[List[Output], List[Optional[Output]]]:  # narrow: float64 all the same
         leaves = [x for x in list(args) + list(kwargs.values()) if _is_float(x)]
         fn = at_dtype(fn, dtype, device)
         with tf.device(_device(device)):

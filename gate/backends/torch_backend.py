@@ -323,7 +323,7 @@ class TorchBackend(Backend):
         raise NotImplementedError(f"torch has no compiled mode {how!r}")
 
     def vjp(self, fn: Callable, args: Sequence, kwargs: dict, upstream, *, dtype: str,
-            device: str) -> Tuple[List[Output], List[Optional[Output]]]:
+            device: str, narrow: bool = False) -> Tuple[List[Output], List[Optional[Output]]]:
         leaves: List[torch.Tensor] = []
 
         def leaf(x: Any) -> Any:
@@ -346,7 +346,7 @@ class TorchBackend(Backend):
             with torch.enable_grad():
                 result = fn(*args, **kwargs)  # as written: an error of its own raises again here
         tensors = [r for r in flatten(result) if isinstance(r, torch.Tensor)]
-        outs = self.to_outputs(tensors)
+        outs = self.to_outputs(tensors, narrow=narrow)
         ups = upstream(outs)
         roots, grads_out = [], []
         for t, u in zip(tensors, ups):
@@ -369,7 +369,7 @@ class TorchBackend(Backend):
             grads = [None] * len(leaves)
         if device == "cuda":
             torch.cuda.synchronize()
-        return outs, [None if g is None else self.to_outputs(g)[0] for g in grads]
+        return outs, [None if g is None else self.to_outputs(g, narrow=narrow)[0] for g in grads]
 
     def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:
         return torch.full(tuple(shape), value, dtype=DTYPES[dtype], device=device)

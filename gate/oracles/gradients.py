@@ -62,8 +62,10 @@ class _GradBase(OracleRunner):
 
     def _vjp(self, q: Candidate, dtype: str, fn, upstream_dtype: str) -> Tuple[List[Output], List[Output]]:
         args, kwargs = self.build_call(q, dtype, low=False)
+        # a low-precision run's outputs and gradients as they are (float32 for the 32- and 16-bit
+        # formats; the scoring widens each element as it reads it): no float64 copy of each
         outs, grads = self.backend.vjp(fn, args, kwargs, self._upstream(q, upstream_dtype), dtype=dtype,
-                                       device=self.variant.device)
+                                       device=self.variant.device, narrow=dtype != "float64")
         names = float_input_names(self.spec)
         if names and all(g is None for g in grads):
             raise NotDifferentiable("not differentiable: no float output of the operator has a gradient with respect "
@@ -146,7 +148,8 @@ class GradRunner(_GradBase):
                  "worst_input": names[metrics.worst_output] if names else None}
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0, extra=extra)
         if keep_outputs:
-            ev.outputs, ev.reference = low, ref
+            ev.outputs = [Output(g.array.astype(np.float64), g.dtype) if g.array.dtype != np.float64 else g for g in low]
+            ev.reference = ref
         return q, ev
 
 

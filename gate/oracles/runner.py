@@ -4,9 +4,11 @@ operator there, run the reference in float64 on the same values, and score the d
 This is where spec, backend and oracle meet; the search engine above sees only numbers."""
 from __future__ import annotations
 
+import collections
 import math
 import time
 import traceback
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -18,6 +20,7 @@ from ..ops.spec import OpSpec, check_imports, resolve_params
 from .precision import compare
 from ..plan import Variant
 from ..search.evaluation import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, exit_signature  # noqa: F401
+from ..search import coverage
 from ..search.inputs import Candidate, inside_after_rounding
 
 
@@ -35,15 +38,28 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
         if exhaustive:
             out.arrays[t.name] = backend.quantize(a64, d)
             continue
+        key = (d, t.domain.lo, t.domain.hi)
+        if _was_quantized(a64, key):  # an input the mutation left as it was: rounded already
+            continue
         q, extremes = _rounded_within(backend, a64, d)
         q, extremes = within_spread(backend, q, d, t.domain, extremes)
         kept = inside_after_rounding(q, t.domain, d)
         if extremes is not None and kept is q:  # the values run: coverage needs not read their extremes again
-            from ..search import coverage
-
             coverage.remember(q, d, *extremes)
+        _QUANTIZED.append((weakref.ref(kept), key))
         out.arrays[t.name] = kept
     return out
+
+
+#: (weak reference to an array quantize_inputs returned, (dtype, domain bounds)) of the last few:
+#: each step of rounding, halving and stepping inside the domain leaves such an array as it is,
+#: so a candidate that shares it with its parent (a mutation changes one input; ``param`` none)
+#: is not rounded again. Candidate arrays are never written in place (gate.search.inputs).
+_QUANTIZED: "collections.deque" = collections.deque(maxlen=16)
+
+
+def _was_quantized(a: np.ndarray, key: tuple) -> bool:
+    return any(ref() is a and k == key for ref, k in _QUANTIZED)
 
 
 def _rounded_within(backend: Backend, a64: np.ndarray, d: str):
