@@ -34,7 +34,8 @@ def register(sub) -> None:
     p.add_argument("--no-workflows", action="store_true", help="do not write .github/workflows/dl-gate*.yml")
     p.add_argument("--ops", action="append", metavar="NAME", help="only these operators (repeatable)")
     p.add_argument("--probe-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds one probe evaluation may take (default 10)")
+                   help="seconds of CPU time one probe evaluation may take (default 10; 6x that of wall-clock time: "
+                        "a call that waits is stopped there)")
     p.add_argument("--tests-timeout", type=float, default=600.0, metavar="S",
                    help="seconds the test command may run (default 600; the calls made until then are kept; a pytest "
                         "run shares them among its test files, so that every file runs)")

@@ -29,8 +29,35 @@ from typing import Any, Dict, List, Optional
 
 
 class _Deadline(BaseException):
-    """Raised by SIGALRM in a probe that runs too long (a BaseException: the library's own
-    ``except Exception`` does not swallow it)."""
+    """Raised by SIGPROF (the probe's CPU time is spent) or SIGALRM (its wall-clock backstop) in
+    a probe that runs too long (a BaseException: the library's own ``except Exception`` does not
+    swallow it); ``args[0]``: the signal."""
+
+
+#: the wall-clock backstop of one evaluation, in multiples of its CPU-time limit: a call that
+#: waits without computing (a deadlock, a sleep) is a hang too
+WALL_FACTOR = 6.0
+
+
+def _arm(timeout: float) -> None:
+    """Limit the next evaluation to ``timeout`` seconds of this process's CPU time, and
+    ``WALL_FACTOR`` times that of wall-clock time. CPU time, not wall time: on a loaded machine
+    (a CI runner with two cores, the library's own test processes beside it) a heavy call gets a
+    share of a core and takes several times its CPU time, and was left out as a hang; its CPU
+    time is what it is either way (the backend computes on one thread: gate.backends)."""
+    signal.setitimer(signal.ITIMER_PROF, timeout)
+    signal.setitimer(signal.ITIMER_REAL, timeout * WALL_FACTOR)
+
+
+def _disarm() -> None:
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _no_answer(exc: "_Deadline", timeout: float) -> str:
+    if exc.args and exc.args[0] == signal.SIGALRM:
+        return f"no answer within {timeout * WALL_FACTOR:g}s (it used less than {timeout:g}s of CPU time: waiting)"
+    return f"no answer within {timeout:g}s of CPU time"
 
 
 def _emit(obj: dict) -> None:
@@ -220,11 +247,11 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
             cand = draw(search_spec, rng, size_scale=0.5 if s else 0.25, fixed_dims=fixed_dims)
         except Exception as exc:
             return "error", f"{type(exc).__name__}: {exc}"
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        _arm(timeout)
         try:
             _, ev = runner.evaluate(cand, keep_outputs=keep)
-        except _Deadline:
-            return "timeout", f"no answer within {timeout:g}s"
+        except _Deadline as exc:
+            return "timeout", _no_answer(exc, timeout)
         except SystemExit as exc:
             return "crash", f"the operator called sys.exit({exc.code})"
         except Exception as exc:
@@ -235,7 +262,7 @@ def _evaluate(spec, variant, seeds, timeout: float, keep: bool = False, need_all
                 return last
             continue
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _disarm()
         if ev.status == "ok":
             m = ev.metrics
             if m is not None and (m.numel == 0 or m.shape_mismatch):
@@ -380,9 +407,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     _limit_memory(req.get("memory"))
 
     def on_alarm(signum, frame):
-        raise _Deadline()
+        raise _Deadline(signum)
 
     signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGPROF, on_alarm)
     if req.get("cwd"):
         os.chdir(req["cwd"])
     sys.path[:0] = [p for p in req.get("sys_path", []) if p not in sys.path]

@@ -1,0 +1,74 @@
+"""init's probe gives each evaluation a limit in CPU time, with a wall-clock backstop: a heavy
+call on a loaded runner (memory-efficient attention at its tests' sizes, ~10 s a call, took 20+ s
+beside the library's own test processes and was left out as "no answer within 10s") is given the
+CPU it needs however long it waits for it; a spin is still stopped at the limit, and a call that
+waits forever at the backstop."""
+from __future__ import annotations
+
+import signal
+import textwrap
+
+import pytest
+
+from gate.init import worker
+from gate.plan import Variant
+
+from tests.oracle_support import user_ops
+
+OPS = '''
+import time
+
+import torch
+
+
+def waits(x):
+    time.sleep(0.4)  # off the CPU, as a call is on a loaded machine while others run
+    return x * 2
+
+
+def spins(x):
+    while True:
+        pass
+
+
+def sleeps(x):
+    time.sleep(1000)
+    return x
+'''
+
+
+@pytest.fixture
+def specs(tmp_path, monkeypatch):
+    (tmp_path / "slowlib.py").write_text(OPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = "".join(textwrap.dedent(f'''
+        - name: slowlib.{n}
+          callable: slowlib.{n}
+          inputs: [{{name: x, shape: [N]}}]
+          dims: {{N: [4, 16]}}
+          grad: false
+        ''') for n in ("waits", "spins", "sleeps"))
+    ops = user_ops(tmp_path, rows)
+
+    def on_alarm(signum, frame):
+        raise worker._Deadline(signum)
+
+    saved = {s: signal.signal(s, on_alarm) for s in (signal.SIGALRM, signal.SIGPROF)}
+    yield ops
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def test_a_call_that_waits_longer_than_the_limit_but_computes_less_runs(specs):
+    # 0.8 s of wall time an evaluation (the reference's call and the variant's), a few ms of CPU
+    assert worker._evaluate(specs["slowlib.waits"], Variant("float32"), 1, 0.5) == ("ok", None)
+
+
+def test_a_spin_is_stopped_at_the_cpu_limit(specs):
+    status, why = worker._evaluate(specs["slowlib.spins"], Variant("float32"), 1, 0.5)
+    assert (status, why) == ("timeout", "no answer within 0.5s of CPU time")
+
+
+def test_a_call_that_never_answers_nor_computes_is_stopped_at_the_backstop(specs):
+    status, why = worker._evaluate(specs["slowlib.sleeps"], Variant("float32"), 1, 0.5)
+    assert status == "timeout" and why.startswith(f"no answer within {0.5 * worker.WALL_FACTOR:g}s "), why
