@@ -972,6 +972,12 @@ def judge_stage(opts: RunOptions, ctx: Context, planned: Planned, work: List[dic
             report.warnings.append(f"{vv.id}: {vv.details['warning']}")
         if w.get("corpus_error"):
             report.warnings.append(f"{vv.id}: {w['corpus_error']}; searched without its stored inputs")
+        if w.get("replayed"):
+            r = w["replayed"]
+            vv.details["replayed"] = r
+            report.warnings.append(f"{vv.id}: judged on {r['kept']} of its {r['of']} inputs (~{r['cost']:g}s an "
+                                   f"evaluation, on head and on base: the others would not fit its share of the "
+                                   f"budget; left out: {', '.join(f'{n} {g}' for g, n in r['left_out'].items())})")
         report.env.setdefault("frameworks", {})[w["spec"].framework] = w["finding"].env.get("version")
     searched = {t.id for t in planned.run_tasks}
     for tid in report.not_covered:
@@ -1115,21 +1121,57 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     if runner is not None:
         finding.coverage["contrast"] = finding_stats
     rng = np.random.default_rng(task.rng_seed() + [1])
-    cands = list(corpus)
-    cands += finding.inputs
+    groups: Dict[str, list] = {"corpus": list(corpus), "found": list(finding.inputs), "neighbours": []}
     anchor = finding.best_finite or finding.best
     if anchor is not None and finding.extra.get("search") != "exhaustive":  # exact maxima need no draws
         # the worst input's roundings: base's error there is a distribution, not one draw
-        cands += neighbours(spec, anchor, task.variant.dtype, np.random.default_rng(task.rng_seed() + [2]))
-    cands += [draw(spec, rng, origin="control") for _ in range(3)]
-    like = cands[-1]
-    cands += degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows
-    cands += structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
-    cands += accumulation_inputs(spec, like, task.variant.dtype)  # rows whose partial sums overflow the dtype
-    cands += seed_store.tests_calls(spec, cands, task.variant.dtype)  # the library's own test inputs
+        groups["neighbours"] = neighbours(spec, anchor, task.variant.dtype, np.random.default_rng(task.rng_seed() + [2]))
+    controls = [draw(spec, rng, origin="control") for _ in range(3)]
+    groups["control"], groups["controls"] = controls[:1], controls[1:]
+    like = controls[-1]
+    groups["degenerate"] = degenerate_inputs(spec, like)  # all zeros, one constant: where a dropped guard shows
+    groups["structured"] = structured_inputs(spec, like)  # peaked rows, ties, a wide dynamic range: what real data has
+    groups["accumulation"] = accumulation_inputs(spec, like, task.variant.dtype)  # partial sums that overflow the dtype
+    groups["tests"] = seed_store.tests_calls(spec, [c for g in groups.values() for c in g],
+                                             task.variant.dtype)  # the library's own test inputs
+    # an evaluation's cost: the search's mean, past its first call's one-off warm-up
+    cost = max(0.0, finding.seconds - finding.warmup) / max(finding.evals - 1, 1) if finding.evals > 1 \
+        else finding.seconds
+    cands, replayed = judged_inputs(groups, cost, task.budget.seconds)
     head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
-    return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status,
+    return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status, "replayed": replayed,
             "cands": cands, "head": head_results, "src": sources[spec.name], "corpus_error": corpus_error}
+
+
+#: the groups of inputs a variant's verdict is made on, in the order they are replayed (head, then
+#: base), and, where they cannot all be, the order they are kept in: the search's worst first
+JUDGED_ORDER = ("corpus", "found", "neighbours", "control", "controls", "degenerate", "structured",
+                "accumulation", "tests")
+JUDGED_PRIORITY = ("found", "control", "corpus", "degenerate", "neighbours", "controls", "structured",
+                   "accumulation", "tests")
+
+
+def judged_inputs(groups: Dict[str, list], cost: float, seconds: Optional[float]) -> Tuple[list, Optional[dict]]:
+    """The inputs a variant is judged on, in :data:`JUDGED_ORDER`, and (None, or what was left
+    out) where a time-budgeted run cannot replay them all: each is evaluated on head and again on
+    base, ~``cost`` seconds each (the search's own mean), and a variant's replays may take about
+    its search's share ``seconds``. Past that, the groups are kept in :data:`JUDGED_PRIORITY` (the
+    search's worst, one random control, the stored inputs, the degenerate ones, ...) down to at
+    least the search's and one control. An operator of ~10 s a call (lucidrains' memory-efficient
+    attention on a loaded runner: 20 s) otherwise replayed its ~15 fixed inputs past the run's
+    deadline, and the run that had reached a regression was stopped as an error. An ``--evals``
+    run (``seconds`` None) replays every input."""
+    every = [c for g in JUDGED_ORDER for c in groups.get(g, ())]
+    if seconds is None or cost <= 0 or len(every) * cost <= seconds:
+        return every, None
+    room = max(int(seconds // cost), len(groups.get("found", ())) + min(1, len(groups.get("control", ()))))
+    keep: Dict[str, int] = {}
+    for g in JUDGED_PRIORITY:
+        n = min(len(groups.get(g, ())), room)
+        keep[g], room = n, room - n
+    kept = [c for g in JUDGED_ORDER for c in list(groups.get(g, ()))[:keep.get(g, 0)]]
+    left = {g: len(groups.get(g, ())) - keep.get(g, 0) for g in JUDGED_ORDER if len(groups.get(g, ())) > keep.get(g, 0)}
+    return kept, {"kept": len(kept), "of": len(every), "cost": round(cost, 3), "left_out": left}
 
 
 def localise_stage(report: V.GateReport, work: List[dict], ctx: dict) -> None:
