@@ -772,6 +772,7 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         isolate = planned.isolate
         base_isolate = base_isolate_options(tree, py_path, isolate, ctx.repo) if tree is not None and isolate else None
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
+        costs: Dict[str, float] = {}  # an operator's seconds an evaluation, as its searches measured them
         _settle_structure(ctx, planned, isolate, base_isolate, report, say)
         pools = _Pools(planned, None if opts.evals else ctx.settings.min_evals)
         work = planned.done
@@ -779,7 +780,7 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
             task = pools.budget(task)
             t0 = time.perf_counter()
             work.append(_fuzz_one(task, by_id[task.id], planned.store, ctx.repo, seed_store, isolate, base_isolate,
-                                  ctx.base_specs.get(by_id[task.id]["spec"].name), say, sources))
+                                  ctx.base_specs.get(by_id[task.id]["spec"].name), say, sources, costs))
             pools.spend(task, work[-1]["finding"].seconds, time.perf_counter() - t0)
         report.env["fuzz"] = pools.to_dict()
         # base runs the operator its own config names (a PR may rename the function)
@@ -1093,7 +1094,8 @@ def _kernels(repo: Path, head_sha: str, catalog: Catalog, cfg: Config, report: V
 
 
 def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate, base_isolate,
-              base_spec: Optional[OpSpec], say, sources: Dict[str, Tuple[Optional[str], Optional[int]]]) -> dict:
+              base_spec: Optional[OpSpec], say, sources: Dict[str, Tuple[Optional[str], Optional[int]]],
+              costs: Optional[Dict[str, float]] = None) -> dict:
     """Fuzz one variant (against base where it can run: gate.judge.contrast) and replay on head
     every input the verdict will be made on: the corpus, the search's, controls, degenerate."""
     from .fuzz import fuzz_task
@@ -1134,10 +1136,13 @@ def _fuzz_one(task: Task, planned: dict, store, repo: Path, seed_store, isolate,
     groups["accumulation"] = accumulation_inputs(spec, like, task.variant.dtype)  # partial sums that overflow the dtype
     groups["tests"] = seed_store.tests_calls(spec, [c for g in groups.values() for c in g],
                                              task.variant.dtype)  # the library's own test inputs
-    # an evaluation's cost: the search's mean, past its first call's one-off warm-up
-    cost = max(0.0, finding.seconds - finding.warmup) / max(finding.evals - 1, 1) if finding.evals > 1 \
-        else finding.seconds
-    cands, replayed = judged_inputs(groups, cost, task.budget.seconds)
+    # an evaluation's cost: the search's mean past its first call's one-off warm-up, or its one
+    # call; a search that got no evaluation (its share spent) takes its operator's, where known
+    costs = {} if costs is None else costs
+    if finding.evals >= 1:
+        costs[spec.name] = (max(0.0, finding.seconds - finding.warmup) / (finding.evals - 1) if finding.evals > 1
+                            else finding.seconds)
+    cands, replayed = judged_inputs(groups, costs.get(spec.name), task.budget.seconds)
     head_results = replay_head(spec, task.variant, cands, finding.crashes, isolate=isolate)
     return {"spec": spec, "task": task, "finding": finding, "row": row, "status": status, "replayed": replayed,
             "cands": cands, "head": head_results, "src": sources[spec.name], "corpus_error": corpus_error}
@@ -1149,22 +1154,30 @@ JUDGED_ORDER = ("corpus", "found", "neighbours", "control", "controls", "degener
                 "accumulation", "tests")
 JUDGED_PRIORITY = ("found", "control", "corpus", "degenerate", "neighbours", "controls", "structured",
                    "accumulation", "tests")
+#: seconds a variant's replays may always take, whatever its search's share (a variant whose share
+#: was spent before its search still replays a fast operator's every input)
+REPLAY_FLOOR = 10.0
 
 
-def judged_inputs(groups: Dict[str, list], cost: float, seconds: Optional[float]) -> Tuple[list, Optional[dict]]:
+def judged_inputs(groups: Dict[str, list], cost: Optional[float], seconds: Optional[float]
+                  ) -> Tuple[list, Optional[dict]]:
     """The inputs a variant is judged on, in :data:`JUDGED_ORDER`, and (None, or what was left
     out) where a time-budgeted run cannot replay them all: each is evaluated on head and again on
-    base, ~``cost`` seconds each (the search's own mean), and a variant's replays may take about
-    its search's share ``seconds``. Past that, the groups are kept in :data:`JUDGED_PRIORITY` (the
-    search's worst, one random control, the stored inputs, the degenerate ones, ...) down to at
-    least the search's and one control. An operator of ~10 s a call (lucidrains' memory-efficient
-    attention on a loaded runner: 20 s) otherwise replayed its ~15 fixed inputs past the run's
-    deadline, and the run that had reached a regression was stopped as an error. An ``--evals``
-    run (``seconds`` None) replays every input."""
+    base, ~``cost`` seconds each (the operator's measured mean), and a variant's replays may take
+    about its search's share ``seconds`` (at least :data:`REPLAY_FLOOR`). Past that, the groups are
+    kept in :data:`JUDGED_PRIORITY` (the search's worst, one random control, the stored inputs, the
+    degenerate ones, ...) down to at least the search's and one control. An operator of ~10 s a
+    call (lucidrains' memory-efficient attention on a loaded runner: 20 s) otherwise replayed its
+    ~15 fixed inputs past the run's deadline, and the run that had reached a regression was
+    stopped as an error. An ``--evals`` run (``seconds`` None), or an operator whose cost is not
+    known (``cost`` None: no evaluation of it measured), replays every input."""
     every = [c for g in JUDGED_ORDER for c in groups.get(g, ())]
-    if seconds is None or cost <= 0 or len(every) * cost <= seconds:
+    if seconds is None or cost is None or cost <= 0:
         return every, None
-    room = max(int(seconds // cost), len(groups.get("found", ())) + min(1, len(groups.get("control", ()))))
+    allowed = max(seconds, REPLAY_FLOOR)
+    if len(every) * cost <= allowed:
+        return every, None
+    room = max(int(allowed // cost), len(groups.get("found", ())) + min(1, len(groups.get("control", ()))))
     keep: Dict[str, int] = {}
     for g in JUDGED_PRIORITY:
         n = min(len(groups.get(g, ())), room)

@@ -4,7 +4,7 @@ structured, accumulation, the tests' own) are each evaluated on head and on base
 ~10-20 s a call replayed them past the run's deadline, and the run was stopped as an error."""
 from __future__ import annotations
 
-from gate.pipeline import JUDGED_ORDER, judged_inputs
+from gate.pipeline import JUDGED_ORDER, REPLAY_FLOOR, judged_inputs
 
 
 def _groups():
@@ -13,16 +13,19 @@ def _groups():
     return {g: [f"{g}{i}" for i in range(n)] for g, n in sizes.items()}
 
 
-def test_every_input_is_judged_when_they_fit_or_the_run_counts_evaluations():
+def test_every_input_is_judged_when_they_fit_the_run_counts_evaluations_or_the_cost_is_unknown():
     groups = _groups()
     every = [c for g in JUDGED_ORDER for c in groups[g]]
     assert judged_inputs(groups, 0.01, 30.0) == (every, None)  # 19 x 0.01 s: well within 30 s
     assert judged_inputs(groups, 20.0, None) == (every, None)  # --evals: bounded by its inputs
+    assert judged_inputs(groups, None, 0.0) == (every, None)  # no evaluation of the operator measured
+    # a variant whose share was spent before its search still replays a fast operator's every input
+    assert judged_inputs(groups, REPLAY_FLOOR / 20, 0.0) == (every, None)
 
 
 def test_a_slow_operator_keeps_the_searchs_worst_and_a_control_first():
     groups = _groups()
-    kept, note = judged_inputs(groups, 10.0, 60.0)  # room for 6
+    kept, note = judged_inputs(groups, 10.0, 60.0)  # room for 6 (the floor: for 1)
     assert kept == ["corpus0", "corpus1", "found0", "found1", "control0", "degenerate0"]  # replay order kept
     assert note == {"kept": 6, "of": 19, "cost": 10.0,
                     "left_out": {"neighbours": 4, "controls": 2, "degenerate": 1, "structured": 3,
