@@ -19,6 +19,9 @@ from .ops.spec import OpSpec
 
 CONFIG_NAMES = (".dl-gate.yml", ".dl-gate.yaml")
 
+#: the fuzz stage's seconds where neither ``--budget`` nor ``budget.total`` says
+DEFAULT_BUDGET_TOTAL = 120.0
+
 
 @dataclass
 class Config:

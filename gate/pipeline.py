@@ -21,7 +21,7 @@ import numpy as np
 
 from . import HARNESS_VERSION, __version__
 from .backends import get_backend
-from .config import Config, load_config, parse_config
+from .config import DEFAULT_BUDGET_TOTAL, Config, load_config, parse_config
 from .errors import GateError, Outcome, SetupError, Terminated
 from .judge import verdict as V
 from .judge.baselines import BaselineError, BaselineStore, GitBaselineSource
@@ -646,7 +646,7 @@ def plan_stage(opts: RunOptions, ctx: Context, names: List[str], report: V.GateR
     if isolate is not None:
         prestart({ctx.catalog.get(n).framework for n in names}, isolate)
     budget_cfg = cfg.budget
-    total = float(opts.budget_total or budget_cfg.get("total") or 120.0)
+    total = float(opts.budget_total or budget_cfg.get("total") or DEFAULT_BUDGET_TOTAL)
     per_op = op_share(total, opts.budget_per_op or budget_cfg.get("per_op"), len(names))
     store = BaselineStore(GitBaselineSource(ctx.repo, ctx.base_sha, cfg.raw.get("baselines", "baselines"))).load()
     from .backends.facts import BackendFacts

@@ -118,7 +118,9 @@ def deadline_for(budget_total: Optional[float], evals: Optional[int], localise: 
     if evals:
         return EVALS_DEADLINE + extra, f"{EVALS_DEADLINE:g}s for an --evals run" + (
             f" + {extra:g}s for the example's baselines" if extra else "")
-    total = float(budget_total if budget_total is not None else 120.0)
+    from .config import DEFAULT_BUDGET_TOTAL
+
+    total = float(budget_total if budget_total is not None else DEFAULT_BUDGET_TOTAL)
     loc = float(localise if localise is not None else 60.0)
     text = f"budget {total:g}s + localisation {loc:g}s + grace {GRACE:g}s"
     if extra:

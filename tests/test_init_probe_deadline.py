@@ -34,6 +34,13 @@ def spins(x):
 def sleeps(x):
     time.sleep(1000)
     return x
+
+
+def busy(x):
+    t = time.process_time()
+    while time.process_time() - t < 0.05:  # 50 ms of CPU a call, whatever the load
+        pass
+    return x * 2
 '''
 
 
@@ -72,3 +79,25 @@ def test_a_spin_is_stopped_at_the_cpu_limit(specs):
 def test_a_call_that_never_answers_nor_computes_is_stopped_at_the_backstop(specs):
     status, why = worker._evaluate(specs["slowlib.sleeps"], Variant("float32"), 1, 0.5)
     assert status == "timeout" and why.startswith(f"no answer within {0.5 * worker.WALL_FACTOR:g}s "), why
+
+
+def test_the_probe_says_what_one_evaluation_costs_and_init_what_the_rows_variants_need(specs, monkeypatch):
+    """The probe records one evaluation's CPU seconds (the reference's call and the variant's);
+    a row whose variants need more than a run's default budget for the evaluations a pass needs
+    gets a note saying so (a 10 s operator with 6 variants: every pull request under-searched)."""
+    import json
+
+    from gate.init import _too_slow_for_the_default_budget
+
+    said = []
+    monkeypatch.setattr(worker, "_emit", said.append)  # the worker's answers (its stdout)
+    worker.probe({"timeout": 5, "ops": [{"name": "slowlib.busy", "recorded": 0, "candidates": [
+        {"name": "slowlib.busy", "callable": "slowlib.busy", "inputs": [{"name": "x", "shape": ["N"]}],
+         "dims": {"N": [4, 16]}, "grad": False}]}]})
+    answer = json.loads(json.dumps(said[-1]))
+    assert answer["chosen"] == 0 and answer["seconds"] >= 0.1, answer  # two calls of 50 ms of CPU
+    assert _too_slow_for_the_default_budget(answer) is None  # 0.1 s x 20 x its variants: within 120 s
+    slow = dict(answer, seconds=10.0, variants={"float32/cpu/input": ["ok", None], "float16/cpu/input": ["ok", None],
+                                                "bfloat16/cpu/input": ["timeout", "no answer within 10s of CPU time"]})
+    note = _too_slow_for_the_default_budget(slow)
+    assert note.startswith("~10s of CPU an evaluation: its 2 variant(s) need ~7 min for the 20 evaluations"), note

@@ -343,6 +343,9 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     if grad and all(v[0] != "ok" for v in grad):
         spec["grad"] = False
         notes.append(f"gradient check off ({grad[0][1]})")
+    slow = _too_slow_for_the_default_budget(answer)
+    if slow:
+        notes.append(slow)
     if answer["chosen"] < n_rec:
         source = origin + ("; real values (the tests use a narrower range)" if n_rec == 2 and answer["chosen"] == 0 else "")
     else:
@@ -352,6 +355,24 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     if hinted:
         notes.insert(0, f"{', '.join(hinted)}: values from the type hints")
     return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
+
+
+def _too_slow_for_the_default_budget(answer: dict) -> Optional[str]:
+    """What to say of a row whose evaluations (the probe's CPU seconds for one) are too slow for
+    its variants to reach the evaluations a pass needs within a run's default budget, or None.
+    A run then reports them under-searched, an error, on every pull request (lucidrains'
+    memory-efficient attention at its tests' sizes: ~10 s an evaluation, 6 variants, 20 each)."""
+    from ..config import DEFAULT_BUDGET_TOTAL as DEFAULT_TOTAL
+    from ..judge.decide import MIN_EVALS
+
+    seconds = answer.get("seconds")
+    n = sum(1 for st in (answer.get("variants") or {}).values() if st and st[0] == "ok")
+    if not seconds or not n or n * MIN_EVALS * seconds <= DEFAULT_TOTAL:
+        return None
+    need = n * MIN_EVALS * seconds
+    return (f"~{seconds:.2g}s of CPU an evaluation: its {n} variant(s) need ~{need / 60:.0f} min for the {MIN_EVALS} "
+            f"evaluations a pass needs each, past a run's default budget.total ({DEFAULT_TOTAL:g}s): raise budget.total, "
+            "narrow dtypes, or shrink dims, or runs report it under-searched")
 
 
 #: how far past the tests' sizes init lets the search aim a dim: 4096 holds a float16 position or
