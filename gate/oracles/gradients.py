@@ -33,7 +33,7 @@ from ..backends.base import NotDifferentiable, Output
 from .precision import Metrics, compare, not_measured, ulp
 from ..search.inputs import Candidate
 from .base import OracleRunner, content_seed, float_input_names
-from .runner import INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, largest
+from .runner import INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, largest, widened
 
 UPSTREAM = "__upstream{}__"
 DIRECTION = "__direction_{}__"
@@ -148,8 +148,7 @@ class GradRunner(_GradBase):
                  "worst_input": names[metrics.worst_output] if names else None}
         ev = Evaluation(OK, metrics=metrics, seconds=time.perf_counter() - t0, extra=extra)
         if keep_outputs:
-            ev.outputs = [Output(g.array.astype(np.float64), g.dtype) if g.array.dtype != np.float64 else g for g in low]
-            ev.reference = ref
+            ev.outputs, ev.reference = widened(low), ref
         return q, ev
 
 

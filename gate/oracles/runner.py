@@ -20,7 +20,6 @@ from ..ops.spec import OpSpec, check_imports, resolve_params
 from .precision import compare
 from ..plan import Variant
 from ..search.evaluation import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, exit_signature  # noqa: F401
-from ..search import coverage
 from ..search.inputs import Candidate, inside_after_rounding
 
 
@@ -45,6 +44,8 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
         q, extremes = within_spread(backend, q, d, t.domain, extremes)
         kept = inside_after_rounding(q, t.domain, d)
         if extremes is not None and kept is q:  # the values run: coverage needs not read their extremes again
+            from ..search import coverage
+
             coverage.remember(q, d, *extremes)
         _QUANTIZED.append((weakref.ref(kept), key))
         out.arrays[t.name] = kept
@@ -309,10 +310,15 @@ class VariantRunner:
         if keep_outputs == "nonfinite":
             keep_outputs = any(o.is_float and not np.isfinite(o.array).all() for o in out)
         if keep_outputs:
-            ev.outputs = [Output(o.array.astype(np.float64), o.dtype) if o.is_float and o.array.dtype != np.float64 else o
-                          for o in out]
-            ev.reference = ref
+            ev.outputs, ev.reference = widened(out), ref
         return q, ev
+
+
+def widened(outputs: List[Output]) -> List[Output]:
+    """``outputs`` with each float array as float64: what a run scored as it came (narrow,
+    :meth:`Backend.to_outputs`), kept for a finding."""
+    return [Output(o.array.astype(np.float64), o.dtype) if o.is_float and o.array.dtype != np.float64 else o
+            for o in outputs]
 
 
 def format_exception(exc: BaseException) -> str:  # pragma: no cover - debugging aid
