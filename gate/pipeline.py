@@ -1166,9 +1166,9 @@ def judged_inputs(groups: Dict[str, list], cost: Optional[float], seconds: Optio
     base, ~``cost`` seconds each (the operator's measured mean), and a variant's replays may take
     about its search's share ``seconds`` (at least :data:`REPLAY_FLOOR`). Past that, the groups are
     kept in :data:`JUDGED_PRIORITY` (the search's worst, one random control, the stored inputs, the
-    degenerate ones, ...) down to at least the search's and one control. An operator of ~10 s a
-    call (lucidrains' memory-efficient attention on a loaded runner: 20 s) otherwise replayed its
-    ~15 fixed inputs past the run's deadline, and the run that had reached a regression was
+    degenerate ones, ...) down to at least the search's and one control. An operator of several
+    seconds an evaluation (lucidrains' memory-efficient attention beside a test suite: 7.4-9.5 s)
+    otherwise replayed its ~15 fixed inputs past the run's deadline, and the run that had reached a regression was
     stopped as an error. An ``--evals`` run (``seconds`` None), or an operator whose cost is not
     known (``cost`` None: no evaluation of it measured), replays every input."""
     every = [c for g in JUDGED_ORDER for c in groups.get(g, ())]

@@ -1,7 +1,7 @@
 """The inputs a variant is judged on, when a time-budgeted run cannot replay them all
 (gate.pipeline.judged_inputs): a slow operator's fixed inputs (stored, controls, degenerate,
 structured, accumulation, the tests' own) are each evaluated on head and on base; an operator of
-~10-20 s a call replayed them past the run's deadline, and the run was stopped as an error."""
+7-10 s an evaluation (memory-efficient attention beside a test suite) replayed them past the run's deadline, and the run was stopped as an error."""
 from __future__ import annotations
 
 from gate.pipeline import JUDGED_ORDER, REPLAY_FLOOR, judged_inputs
@@ -25,7 +25,7 @@ def test_every_input_is_judged_when_they_fit_the_run_counts_evaluations_or_the_c
 
 def test_a_slow_operator_keeps_the_searchs_worst_and_a_control_first():
     groups = _groups()
-    kept, note = judged_inputs(groups, 10.0, 60.0)  # room for 6 (the floor: for 1)
+    kept, note = judged_inputs(groups, 10.0, 60.0)  # 19 inputs x 10 s past a 60 s share: room for 6
     assert kept == ["corpus0", "corpus1", "found0", "found1", "control0", "degenerate0"]  # replay order kept
     assert note == {"kept": 6, "of": 19, "cost": 10.0,
                     "left_out": {"neighbours": 4, "controls": 2, "degenerate": 1, "structured": 3,

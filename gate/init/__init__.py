@@ -361,7 +361,8 @@ def _too_slow_for_the_default_budget(answer: dict) -> Optional[str]:
     """What to say of a row whose evaluations (the probe's CPU seconds for one) are too slow for
     its variants to reach the evaluations a pass needs within a run's default budget, or None.
     A run then reports them under-searched, an error, on every pull request (lucidrains'
-    memory-efficient attention at its tests' sizes: ~10 s an evaluation, 6 variants, 20 each)."""
+    memory-efficient attention at its tests' sizes: 2.9-5.2 s of CPU an evaluation, 3-6 variants
+    a row, 20 evaluations each)."""
     from ..config import DEFAULT_BUDGET_TOTAL as DEFAULT_TOTAL
     from ..judge.decide import MIN_EVALS
 
