@@ -290,6 +290,37 @@ def test_the_base_replay_keeps_its_share_and_a_variant_it_leaves_is_held_against
     assert _replay_share(SimpleNamespace(evals=None), head_only) == REPLAY_SHARE
 
 
+@pytest.mark.parametrize("pr, want", [("nan", 1), ("precision", 1), ("refactor", 0)])
+def test_a_slow_operator_is_judged_on_the_inputs_that_fit_and_the_verdict_holds(base_repo, tmp_path, monkeypatch,
+                                                                                 pr, want):
+    """gate.pipeline.judged_inputs at its tightest, as for an operator of 5 s an evaluation whose
+    share and floor leave room for two inputs: each variant is judged on the search's worst and
+    one control only. The dropped max-shift (a softmax NaN) and log1p as log(1 + x) still fail,
+    the refactor still passes (the evaluations are counted, so the cut is the same whatever the
+    machine's load)."""
+    from gate import pipeline
+
+    real, notes = pipeline.judged_inputs, []
+
+    def tight(groups, cost, seconds):
+        kept, note = real(groups, 5.0, 3.0)
+        notes.append((len(groups["found"]), note))
+        return kept, note
+
+    monkeypatch.setattr(pipeline, "judged_inputs", tight)
+    repo = clone(base_repo, tmp_path)
+    open_pr(repo, pr)
+    # the pipeline in this process (the CLI runs it in a supervised child, out of the patch's
+    # reach); the operators run in its isolated workers as always
+    report = pipeline.run_gate(pipeline.RunOptions(repo=repo, base="main", out=tmp_path / "out", evals=40, seed=0))
+    code = report.exit_code
+    assert notes and all(note["kept"] == found + 1 < note["of"] for found, note in notes), notes
+    assert code == want, [(v.id, v.outcome, v.reason) for v in report.verdicts]
+    judged = [v for v in report.verdicts if v.details.get("replayed")]
+    assert judged and all(v.details["replayed"]["kept"] < v.details["replayed"]["of"] for v in judged)
+    assert any("judged on" in w for w in report.warnings)
+
+
 SQ_OPS = '''
 import torch
 
