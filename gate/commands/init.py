@@ -36,6 +36,9 @@ def register(sub) -> None:
     p.add_argument("--probe-timeout", type=float, default=10.0, metavar="S",
                    help="seconds of CPU time one probe evaluation may take (default 10; 6x that of wall-clock time: "
                         "a call that waits is stopped there)")
+    p.add_argument("--keep-sizes", action="store_true",
+                   help="write the tests' sizes as they are, also for an operator whose evaluation there costs more "
+                        "than a run's default budget allows (by default init halves its largest sizes until it does)")
     p.add_argument("--tests-timeout", type=float, default=600.0, metavar="S",
                    help="seconds the test command may run (default 600; the calls made until then are kept; a pytest "
                         "run shares them among its test files, so that every file runs)")
@@ -79,7 +82,8 @@ def run(args) -> int:
         rep = run_init(Path.cwd(), package=args.package, tests=None if args.no_tests else args.tests,
                        no_tests=args.no_tests, config=args.config, workflows=not args.no_workflows,
                        probe_timeout=args.probe_timeout, tests_timeout=args.tests_timeout,
-                       only=split_list(args.ops) or None, env=env, action=action, log=log)
+                       only=split_list(args.ops) or None, env=env, action=action, log=log,
+                       keep_sizes=args.keep_sizes)
     except GateError as exc:  # what was found before it stopped is not lost: every reason, on the terminal
         part = getattr(exc, "report", None)
         if part is not None and part.left_out:

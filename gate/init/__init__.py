@@ -291,7 +291,7 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
         first = tries[0] if tries else None
         why = (first or last or [0, "", "no candidate"])[2] or "no candidate ran"
         return None, f"no inferred spec runs ({len(tries)} tried; first: {why})"
-    spec = dict(candidates[answer["chosen"]])
+    spec = dict(answer.get("candidate") or candidates[answer["chosen"]])  # narrowed by the probe, or as tried
     defaults = {p["name"]: p["default"] for p in op.params if p["has_default"]}
     hinted, widened = [], []
     for pname, values in (answer.get("options") or {}).items():
@@ -343,6 +343,12 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     if grad and all(v[0] != "ok" for v in grad):
         spec["grad"] = False
         notes.append(f"gradient check off ({grad[0][1]})")
+    narrowed = answer.get("narrowed")
+    if narrowed:
+        was, now = narrowed["seconds"]
+        moved = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in narrowed["sizes"].items())
+        notes.append(f"sizes narrowed from the tests' ({moved}): ~{was:.2g}s of CPU an evaluation at the tests' "
+                     f"sizes, ~{now:.2g}s here, for a run's default budget (dl-gate init --keep-sizes keeps them)")
     slow = _too_slow_for_the_default_budget(answer)
     if slow:
         notes.append(slow)
@@ -355,6 +361,17 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     if hinted:
         notes.insert(0, f"{', '.join(hinted)}: values from the type hints")
     return spec, f"{source}" + ("; " + "; ".join(notes) if notes else "")
+
+
+def narrow_target() -> float:
+    """CPU seconds of one evaluation above which init narrows a row built from the tests'
+    calls (gate.init.worker._narrowed): a run's default total shared by three changed operators
+    of six variants, each reaching the evaluations a pass needs and replaying as many fixed
+    inputs on head and base (120 s / (3 x 6 x 20 x 2) = 0.17 s)."""
+    from ..config import DEFAULT_BUDGET_TOTAL
+    from ..judge.decide import MIN_EVALS
+
+    return DEFAULT_BUDGET_TOTAL / (3 * 6 * MIN_EVALS * 2)
 
 
 def _too_slow_for_the_default_budget(answer: dict) -> Optional[str]:
@@ -384,7 +401,7 @@ DIM_REACH = 4096
 def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] = None, config: str = CONFIG,
              workflows: bool = True, probe_timeout: float = 10.0, tests_timeout: float = 600.0,
              only: Optional[Sequence[str]] = None, no_tests: bool = False, env: Optional[Dict[str, str]] = None,
-             action=None, log: Callable[[str], None] = lambda s: None) -> InitReport:
+             action=None, log: Callable[[str], None] = lambda s: None, keep_sizes: bool = False) -> InitReport:
     """Discover, infer, probe and write; returns what was done (nothing is written when no
     operator runs). The steps: classify the package's definitions, harvest its tests' calls,
     infer candidate specs, probe them, write the config, the workflows and the seeds. A
@@ -397,14 +414,14 @@ def run_init(repo: Path, *, package: Optional[str] = None, tests: Optional[str] 
     try:
         return _init(repo, pkg, framework, report, t_start, tests=tests, config=config, workflows=workflows,
                      probe_timeout=probe_timeout, tests_timeout=tests_timeout, only=only, no_tests=no_tests,
-                     env=env, action=action, log=log)
+                     env=env, action=action, log=log, keep_sizes=keep_sizes)
     except SetupError as exc:
         exc.report = report  # type: ignore[attr-defined]  # what init found before it stopped
         raise
 
 
 def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *, tests, config, workflows,
-          probe_timeout, tests_timeout, only, no_tests, env, action, log) -> InitReport:
+          probe_timeout, tests_timeout, only, no_tests, env, action, log, keep_sizes=False) -> InitReport:
     from ..config import parse_config
 
     syms, bad = scan(pkg, repo, named=only or ())
@@ -435,7 +452,7 @@ def _init(repo: Path, pkg, framework: str, report: InitReport, t_start: float, *
         log(report.harvest)
     report.tested = sorted(n for n, recs in records.items() if any(r.kind == "call" for r in recs))
     plans = _candidate_specs(ops, records, report, explicit=bool(only))
-    final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report, env)
+    final = _probe(repo, plans, framework, sys_path, probe_timeout, log, report, env, keep_sizes=keep_sizes)
 
     probed_rows = {spec["name"]: spec for spec, _ in final}
 
@@ -638,7 +655,8 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
 
 
 def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: float, log,
-           report: InitReport, env: Optional[Dict[str, str]] = None) -> List[Tuple[dict, str]]:
+           report: InitReport, env: Optional[Dict[str, str]] = None, keep_sizes: bool = False
+           ) -> List[Tuple[dict, str]]:
     """Run each operator's candidate specs once at every dtype and variant in a child process;
     the first that runs is its row."""
     # 4. probe and validate in the child process -------------------------------------------
@@ -650,7 +668,8 @@ def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: flo
             log(f"probed {done[0]}/{len(plans)} operators")
 
     probe_req = [{"name": n, "candidates": c, "options": {**hinted_options(op, c[0]), **widened_options(op, c[0])},
-                  "recorded": n_rec, "reach": DIM_REACH} for n, (op, c, _, n_rec) in plans.items()]
+                  "recorded": n_rec, "reach": DIM_REACH, "narrow": 0.0 if keep_sizes else narrow_target()}
+                 for n, (op, c, _, n_rec) in plans.items()]
     log(f"probing {len(plans)} operators (each inferred spec runs once at every dtype and variant)")
     answers = run_worker("probe", probe_req, lambda it: it["name"], {"timeout": probe_timeout}, cwd=repo,
                          sys_path=sys_path, item_timeout=probe_timeout * 40 + 30, progress=progress, env_extra=env,

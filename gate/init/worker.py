@@ -325,8 +325,10 @@ def probe(req: dict) -> None:
 
             # a shape the tests used needs one draw that runs (the search skips invalid ones); a
             # guessed shape must run on every draw
+            t0 = time.process_time()
             status, why = _evaluate(spec, Variant(dtype="float32"), 3, timeout, keep=True,
                                     need_all=i >= op.get("recorded", 0))
+            first = time.process_time() - t0  # with a first call's costs: at least one evaluation's
             result["tries"].append([i, status, why])
             if status == "ok":
                 chosen = cand
@@ -334,6 +336,12 @@ def probe(req: dict) -> None:
                 break
             if status == "timeout" or (why or "").startswith("the operator called sys.exit"):
                 break  # a hang or an exit is the operator's, not the shape's: no more candidates
+        if chosen is not None and op.get("narrow") and i < op.get("recorded", 0) and first > float(op["narrow"]):
+            narrowed = _narrowed(chosen, defaults, timeout, float(op["narrow"]))
+            if narrowed is not None:
+                chosen, result["narrowed"] = narrowed
+                result["candidate"] = chosen
+                spec = OpSpec.from_dict(chosen, defaults, origin="user")
         if chosen is not None and op.get("options"):
             # values the type hints allow (Literal[...], a bool's other value), each kept only if
             # the operator runs with it
@@ -381,6 +389,131 @@ def probe(req: dict) -> None:
             if took:  # CPU seconds of one evaluation (the quickest variant's: its first call's costs paid before)
                 result["seconds"] = round(min(took), 4)
         _emit(result)
+
+
+#: a size init does not narrow a row's sizes below (nor narrows from): rows, heads, small
+#: channels and kernel sizes stay as the tests have them
+NARROW_FLOOR = 16
+#: at most this many trial evaluations to narrow one row (each at most the row's own cost)
+NARROW_TRIES = 12
+
+
+def _cpu_seconds(spec, timeout: float) -> Optional[float]:
+    """CPU seconds of one float32 evaluation of ``spec`` (the first draw that runs), or None
+    when none runs."""
+    from ..plan import Variant
+
+    t0 = time.process_time()
+    if _evaluate(spec, Variant(dtype="float32"), 1, timeout, keep=True)[0] != "ok":
+        return None
+    return time.process_time() - t0
+
+
+def _is_int(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
+
+
+def _size_groups(cand: dict) -> Dict[tuple, int]:
+    """The sizes of a candidate spec that can be narrowed: ``("dim", name)`` for a dim's range
+    (``[lo, hi]``: its top), ``("size", n)`` for the literal entries equal to ``n`` in the inputs'
+    shapes (the tests' call at ``[2, 2048, 512]``: the entries of 2048 are narrowed together, so
+    that ``q``, ``k``, ``v`` and a mask of one sequence stay of one length). Each maps to its size."""
+    groups: Dict[tuple, int] = {}
+    for d, r in (cand.get("dims") or {}).items():
+        if isinstance(r, list) and len(r) == 2 and all(_is_int(x) for x in r) and r[1] > NARROW_FLOOR:
+            groups[("dim", d)] = r[1]
+    for t in cand.get("inputs") or ():
+        for n in (t.get("shape") or ()) if isinstance(t, dict) else ():
+            if _is_int(n) and n > NARROW_FLOOR:
+                groups[("size", n)] = n
+    return groups
+
+
+def _most_places(cand: dict, n: int) -> int:
+    """The most entries equal to ``n`` in one input's literal shape."""
+    return max((sum(1 for x in t.get("shape") or () if _is_int(x) and x == n)
+                for t in cand.get("inputs") or () if isinstance(t, dict)), default=0)
+
+
+def _with_group(cand: dict, origin: dict, key: tuple, new: int) -> dict:
+    """``cand`` with the sizes of group ``key`` made ``new``; ``origin``: the candidate as the
+    tests had it (a literal entry belongs to a group by its size there, not by its size now)."""
+    out = dict(cand)
+    if key[0] == "dim":
+        lo, _ = cand["dims"][key[1]]
+        out["dims"] = {**cand["dims"], key[1]: [max(1, min(lo, new)), new]}
+        return out
+    inputs = []
+    for t, t0 in zip(cand["inputs"], origin["inputs"]):
+        if isinstance(t, dict) and t.get("shape"):
+            shape, k = [], 0
+            for n, n0 in zip(t["shape"], t0["shape"]):
+                if _is_int(n0) and n0 == key[1]:
+                    shape.append(new if len(key) == 2 or key[2] == k else n)
+                    k += 1
+                else:
+                    shape.append(n)
+            t = dict(t, shape=shape)
+        inputs.append(t)
+    out["inputs"] = inputs
+    return out
+
+
+def _narrowed(cand: dict, defaults: dict, timeout: float, target: float):
+    """``(candidate, what was narrowed)`` for a row built from the tests' calls whose float32
+    evaluation costs more than ``target`` CPU seconds: its largest sizes halved, one group at a
+    time (largest first), each halving kept where the operator still runs, until an
+    evaluation costs ``target`` or less, no size is above :data:`NARROW_FLOOR`, or
+    :data:`NARROW_TRIES` trials are spent; None when the row is cheap enough as it is (or no
+    halving runs). A size tied to something else (a layer built with ``dim=512`` takes inputs of
+    512 features) does not run halved and stays as it is.
+
+    Why: an operator the tests call at their own sizes can cost seconds an evaluation on a CPU
+    runner (lucidrains' memory-efficient attention at a sequence of 2048: 2.9-5.2 s of CPU),
+    while a run's default budget gives each variant seconds for the evaluations a pass needs;
+    such a row was reported under-searched, an error, on every pull request. Precision defects
+    of this kind (a max-shift, a mask, an accumulation order) show at smaller sizes of the same
+    shape, which the search's inputs reach in a run's budget."""
+    from ..ops.spec import OpSpec
+
+    spec = OpSpec.from_dict(cand, defaults, origin="user")
+    start = _cpu_seconds(spec, timeout)
+    if start is None or start <= target:
+        return None
+    now = start
+    origin = cand
+    sizes = _size_groups(cand)
+    fixed = set()
+    moved: Dict[str, list] = {}
+    tries = 0
+    while now > target and tries < NARROW_TRIES:
+        open_ = [(n, k) for k, n in sizes.items() if k not in fixed and n // 2 >= NARROW_FLOOR]
+        if not open_:
+            break
+        n, key = max(open_, key=lambda x: x[0])
+        trial = _with_group(cand, origin, key, n // 2)
+        tries += 1
+        try:
+            t = _cpu_seconds(OpSpec.from_dict(trial, defaults, origin="user"), timeout)
+        except _Deadline:
+            raise
+        except Exception:
+            t = None
+        if t is None:
+            fixed.add(key)
+            if len(key) == 2 and key[0] == "size":
+                # one size in two places of a tensor ([2, 128, 128]: a sequence of 128 and 128
+                # features): its first places and its second places may be two things
+                places = _most_places(origin, key[1])
+                if places > 1:
+                    sizes.update({("size", key[1], j): n for j in range(places)})
+            continue
+        cand, now, sizes[key] = trial, t, n // 2
+        name = key[1] if key[0] == "dim" else str(key[1]) + ("" if len(key) == 2 else f" (place {key[2] + 1})")
+        moved.setdefault(name, [n, n // 2])[1] = n // 2
+    if not moved:
+        return None
+    return cand, {"sizes": moved, "seconds": [round(start, 4), round(now, 4)]}
 
 
 def check(req: dict) -> None:
