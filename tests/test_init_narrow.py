@@ -95,3 +95,14 @@ def test_the_default_target_fits_a_runs_default_budget():
 
     # three changed operators of six variants, each its searched evaluations and as many replays
     assert narrow_target() * 3 * 6 * MIN_EVALS * 2 == pytest.approx(DEFAULT_BUDGET_TOTAL)
+
+
+def test_a_dim_range_is_narrowed_and_not_aimed_past_the_tests_sizes(said):
+    row = dict(ROW, dims={"L": [200, 256]}, inputs=[{"name": "x", "shape": [2, "L", 128]},
+                                                    {"name": "mask", "shape": [2, "L"], "kind": "bool"}])
+    worker.probe({"timeout": 10, "ops": [{"name": row["name"], "recorded": 1, "narrow": 0.08, "reach": 4096,
+                                          "candidates": [row]}]})
+    answer = json.loads(json.dumps(said[-1]))
+    assert answer["narrowed"]["sizes"] == {"L": [256, 64]}, answer["narrowed"]
+    assert answer["candidate"]["dims"] == {"L": [64, 64]}
+    assert "L" not in answer.get("reach", {})  # a size mutation to 4096 would cost 256x the tests' own

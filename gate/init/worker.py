@@ -363,8 +363,11 @@ def probe(req: dict) -> None:
             # keras-hub's rotary embedding, tested on 4 positions): each dim that runs at the
             # reach gets it, aimed at by the search's size mutation, its draws staying the tests'
             reach: Dict[str, int] = {}
+            narrowed_dims = (result.get("narrowed") or {}).get("sizes") or {}
             for d, rng_ in (chosen.get("dims") or {}).items():
                 top = int(op["reach"])
+                if d in narrowed_dims:  # too slow at the tests' sizes: not aimed past them
+                    continue
                 if not (isinstance(rng_, list) and len(rng_) == 2 and all(isinstance(x, int) for x in rng_)
                         and rng_[1] < top):
                     continue
