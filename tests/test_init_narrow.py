@@ -106,3 +106,15 @@ def test_a_dim_range_is_narrowed_and_not_aimed_past_the_tests_sizes(said):
     assert answer["narrowed"]["sizes"] == {"L": [256, 64]}, answer["narrowed"]
     assert answer["candidate"]["dims"] == {"L": [64, 64]}
     assert "L" not in answer.get("reach", {})  # a size mutation to 4096 would cost 256x the tests' own
+
+
+def test_an_operator_slow_whatever_its_sizes_keeps_the_tests_sizes(said, tmp_path):
+    (tmp_path / "constcost.py").write_text(
+        "import time\n\n\ndef slow(x):\n    t = time.process_time()\n"
+        "    while time.process_time() - t < 0.1:  # 0.1 s of CPU a call, whatever the size\n        pass\n"
+        "    return x * 2\n")
+    row = {"name": "constcost.slow", "callable": "constcost.slow", "grad": False,
+           "inputs": [{"name": "x", "shape": [4, 256]}]}
+    worker.probe({"timeout": 10, "ops": [{"name": row["name"], "recorded": 1, "narrow": 0.08, "candidates": [row]}]})
+    answer = json.loads(json.dumps(said[-1]))
+    assert answer["chosen"] == 0 and "narrowed" not in answer, answer.get("narrowed")
