@@ -74,7 +74,7 @@ def test_a_row_too_slow_at_the_tests_sizes_is_narrowed_and_keeps_the_size_it_is_
     op = Operator(name=ROW["name"], module="slowattn", qualname="attend", kind="function", file="slowattn.py", line=1)
     spec, note = _finish(op, answer, [ROW], "from 1 test call(s)", 1)
     assert [t["shape"] for t in spec["inputs"]] == [[2, 64, 128], [2, 64]]
-    assert "sizes narrowed from the tests' (256 256 -> 64)" in note and "--keep-sizes" in note, note
+    assert "sizes narrowed from the tests' (256 -> 64)" in note and "--keep-sizes" in note, note
 
 
 def test_a_row_within_the_target_a_guessed_shape_and_keep_sizes_are_left_as_they_are(said):

@@ -346,7 +346,9 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     narrowed = answer.get("narrowed")
     if narrowed:
         was, now = narrowed["seconds"]
-        moved = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in narrowed["sizes"].items())
+        # "2048 -> 256" (every entry of 2048), "128 (place 1) -> 64", "L: 256 -> 64" (a dim)
+        moved = ", ".join(f"{k} -> {b}" if k.split(" ")[0] == str(a) else f"{k}: {a} -> {b}"
+                          for k, (a, b) in narrowed["sizes"].items())
         notes.append(f"sizes narrowed from the tests' ({moved}): ~{was:.2g}s of CPU an evaluation at the tests' "
                      f"sizes, ~{now:.2g}s here, for a run's default budget (dl-gate init --keep-sizes keeps them)")
     slow = _too_slow_for_the_default_budget(answer)
