@@ -93,8 +93,10 @@ def test_the_default_target_fits_a_runs_default_budget():
     from gate.config import DEFAULT_BUDGET_TOTAL
     from gate.judge.decide import MIN_EVALS
 
-    # three changed operators of six variants, each its searched evaluations and as many replays
-    assert narrow_target() * 3 * 6 * MIN_EVALS * 2 == pytest.approx(DEFAULT_BUDGET_TOTAL)
+    # three changed operators of seven variants, each its searched evaluations and as many fixed
+    # inputs, on a runner at half speed
+    assert narrow_target() * 3 * 7 * MIN_EVALS * 2 * 2 == pytest.approx(DEFAULT_BUDGET_TOTAL)
+    assert narrow_target() == pytest.approx(0.0714, abs=1e-4)
 
 
 def test_a_dim_range_is_narrowed_and_not_aimed_past_the_tests_sizes(said):
