@@ -43,10 +43,7 @@ def said(tmp_path, monkeypatch):
     out = []
     monkeypatch.setattr(worker, "_emit", out.append)  # the worker's answers (its stdout)
 
-    def on_alarm(signum, frame):
-        raise worker._Deadline(signum)
-
-    saved = {s: signal.signal(s, on_alarm) for s in (signal.SIGALRM, signal.SIGPROF)}
+    saved = worker.deadline_signals()
     yield out
     for s, h in saved.items():
         signal.signal(s, h)

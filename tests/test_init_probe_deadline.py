@@ -57,10 +57,7 @@ def specs(tmp_path, monkeypatch):
         ''') for n in ("waits", "spins", "sleeps"))
     ops = user_ops(tmp_path, rows)
 
-    def on_alarm(signum, frame):
-        raise worker._Deadline(signum)
-
-    saved = {s: signal.signal(s, on_alarm) for s in (signal.SIGALRM, signal.SIGPROF)}
+    saved = worker.deadline_signals()
     yield ops
     for s, h in saved.items():
         signal.signal(s, h)

@@ -541,6 +541,16 @@ def check(req: dict) -> None:
         _emit({"op": name, "status": status, "why": why})
 
 
+def deadline_signals() -> Dict[int, Any]:
+    """Make the CPU-time limit (SIGPROF) and its wall-clock backstop (SIGALRM) of
+    :func:`_arm` raise :class:`_Deadline`; returns the handlers they had."""
+
+    def on_alarm(signum, frame):
+        raise _Deadline(signum)
+
+    return {s: signal.signal(s, on_alarm) for s in (signal.SIGALRM, signal.SIGPROF)}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from ..backends.isolate import _die_with_parent, _limit_memory
 
@@ -550,11 +560,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     _die_with_parent()
     _limit_memory(req.get("memory"))
 
-    def on_alarm(signum, frame):
-        raise _Deadline(signum)
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.signal(signal.SIGPROF, on_alarm)
+    deadline_signals()
     if req.get("cwd"):
         os.chdir(req["cwd"])
     sys.path[:0] = [p for p in req.get("sys_path", []) if p not in sys.path]
