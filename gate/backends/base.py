@@ -304,7 +304,8 @@ class MethodOperator:
                 self.owner: Any = ClassOperator(cls, keras=keras, kwargs=construct)
                 self.instance = self.owner.default
             else:
-                self.owner, self.instance = None, cls(**(construct or {}))
+                with _seeded_globals():
+                    self.owner, self.instance = None, cls(**(construct or {}))
         except Exception as exc:
             how = (f"({', '.join(f'{k}={v!r}' for k, v in construct.items())}) fails" if construct else
                    " cannot be built without arguments: give them as the row's construct: {name: value}")
@@ -341,19 +342,21 @@ class ClassOperator:
     instance's weights; a torch module is a copy of the one instance moved ``.to(dtype, device)``.
     Every dtype, the float64 reference included, runs the same weights, and a torch module's
     initial weights come from a fixed seed, so that head and base (separate processes) run the
-    same weights too. An instance the user declares is used as it is."""
+    same weights too; so does what a constructor draws from Python's ``random`` or NumPy's global
+    generator (:func:`_seeded_globals`). An instance the user declares is used as it is."""
 
     def __init__(self, cls: type, keras: bool, kwargs: Optional[Dict[str, Any]] = None):
         self.cls, self.keras = cls, keras
         self.kwargs = dict(kwargs or {})
-        if keras:
-            self.default = cls(**self.kwargs)
-        else:
-            import torch
-
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
+        with _seeded_globals():
+            if keras:
                 self.default = cls(**self.kwargs)
+            else:
+                import torch
+
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
+                    self.default = cls(**self.kwargs)
         self._built: dict = {}
         try:  # what inspect.signature reports: the instance's call (forward / call), not (*args, **kwargs)
             self.__signature__ = inspect.signature(getattr(self.default, keras_call_method(cls) if keras else "forward"))
@@ -394,6 +397,30 @@ class ClassOperator:
         except (AttributeError, TypeError, ValueError) as exc:
             raise TypeError(f"{self.cls.__name__}() takes no dtype= and its dtype policy cannot be set: {exc}") from None
         return layer
+
+
+class _seeded_globals:
+    """Python's ``random`` and NumPy's global generator seeded (0) for the block, and given back
+    their states after it. A constructor that draws from them builds the same instance in every
+    process: lucidrains' hyper-connections pick a residual stream with ``random.randrange`` when
+    no layer index is given, so head's worker and base's built different layers, and a PR that
+    only added ``.float()`` upcasts read as "the function changed" by 3e6 ulp (and, in the
+    mixed-precision variants, as non-deterministic)."""
+
+    def __enter__(self):
+        import random
+
+        self._py, self._np = random.getstate(), np.random.get_state()
+        random.seed(0)
+        np.random.seed(0)
+        return self
+
+    def __exit__(self, *exc):
+        import random
+
+        random.setstate(self._py)
+        np.random.set_state(self._np)
+        return False
 
 
 def keras_call_method(cls: type) -> str:
