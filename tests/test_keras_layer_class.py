@@ -84,3 +84,23 @@ def test_adding_the_upcast_passes(tmp_path):
     code, report = gate(repo, tmp_path, evals=60)
     assert code == 0, [(x.key, x.outcome, x.reason) for x in report.verdicts]
     assert {v.outcome for v in report.verdicts} <= {"pass", "improvement"}, [(x.key, x.outcome) for x in report.verdicts]
+
+
+def test_a_keras_layers_initial_weights_do_not_depend_on_the_processs_global_generators():
+    """Keras draws an unseeded initializer's seed from Python's ``random`` when the layer is
+    constructed; a forked worker's ``random`` is reseeded at the fork, so head's worker and
+    base's built a layer with other weights (a behaviour change where nothing changed). The gate
+    constructs with the global generators seeded (gate.backends.base._seeded_globals)."""
+    import random
+
+    import numpy as np
+
+    from gate.backends.base import resolve_callable
+
+    x = np.linspace(-1.0, 1.0, 6, dtype="float32").reshape(2, 3)
+    outs = []
+    for state in (1, 2):
+        random.seed(state)
+        np.random.seed(state)
+        outs.append(np.asarray(resolve_callable("keras.layers:Dense", (("units", 4),))(x)))
+    assert np.array_equal(outs[0], outs[1])
