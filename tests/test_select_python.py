@@ -257,3 +257,66 @@ def test_an_inherited_method_reaches_the_overrides_it_calls_through_self(tmp_pat
     sel = pr((r, cfg, load_catalog(cfg.ops, builtin=cfg.builtin)), "sub-inner",
              lambda r: edit(r, "src/mylib/manifolds.py", "(u * u * 2)", "(2 * u * u)"))
     assert sel.op_names() == ["mylib.spd_norm"], sel.to_dict()
+
+
+MIXING = '''\
+import torch
+
+
+def l1norm(t, dim):
+    return t / t.abs().sum(dim, keepdim=True)
+
+
+def sinkhorn(log_alpha, iters=4):
+    alpha = log_alpha.exp()
+    for _ in range(iters):
+        alpha = l1norm(alpha, -1)
+    return alpha
+
+
+def setup_defaults():
+    torch.set_default_dtype(torch.float32)
+
+
+class Mixer(torch.nn.Module):
+    def forward(self, x):
+        return sinkhorn(x) @ x
+
+
+Mixer.sinkhorn = staticmethod(sinkhorn)
+register = [Mixer]
+setup_defaults()
+
+if __name__ == "__main__":
+    Mixer()(torch.randn(3, 3))
+'''
+MIXING_CONFIG = """
+python_path: [src]
+ops:
+  - {name: mix.l1norm, callable: "mix.ops:l1norm", inputs: [{name: t, shape: [4]}], params: {dim: -1}}
+  - {name: mix.sinkhorn, callable: "mix.ops:sinkhorn", inputs: [{name: log_alpha, shape: [3, 3]}]}
+  - {name: mix.mixer, callable: "mix.ops:Mixer", inputs: [{name: x, shape: [3, 3]}]}
+"""
+
+
+@pytest.mark.parametrize("change, expected", [
+    # a method of a class that a top-level statement only names (an alias set on it): that class
+    # alone, not every operator of the file (lucidrains/hyper-connections 072bc2f)
+    (("sinkhorn(x) @ x", "sinkhorn(x).float() @ x"), {"mix.mixer"}),
+    # a function the module calls when imported: every operator of the file
+    (("torch.set_default_dtype(torch.float32)", "torch.set_default_dtype(torch.float64)"),
+     {"mix.l1norm", "mix.sinkhorn", "mix.mixer"}),
+    # a helper: what calls it
+    (("t.abs().sum(dim, keepdim=True)", "t.abs().sum(dim, keepdim=True).clamp_min(1e-12)"),
+     {"mix.l1norm", "mix.sinkhorn", "mix.mixer"}),
+    # the script entry is not run by an import: nothing
+    (("Mixer()(torch.randn(3, 3))", "Mixer()(torch.randn(4, 4))"), set()),
+])
+def test_a_top_level_statement_that_names_a_class_does_not_carry_its_changes_to_the_whole_file(tmp_path, change,
+                                                                                               expected):
+    r = GitRepo.init(tmp_path / "lib")
+    r.write({"src/mix/__init__.py": "", "src/mix/ops.py": MIXING, ".dl-gate.yml": MIXING_CONFIG}, dedent=False)
+    r.commit("base")
+    cfg = parse_config(r.read(".dl-gate.yml"), r.path / ".dl-gate.yml", r.path)
+    sel = pr((r, cfg, load_catalog(cfg.ops, builtin=cfg.builtin)), "pr", lambda r: edit(r, "src/mix/ops.py", *change))
+    assert set(sel.op_names()) == expected, sel.to_dict()

@@ -415,12 +415,23 @@ class PyIndex:
             # the bases as a whole: a method reaches the base methods it calls, not all of them)
             cnode = m.defs[d.cls].node
             pieces = list(pieces) + [*cnode.decorator_list, *(k.value for k in cnode.keywords)]
+        if key == MODULE:
+            pieces = [p for p in pieces if not _is_main_block(p)]  # not run at an import
         chains = references(pieces, skip_nested_defs=d is not None and d.kind == "class")
+        called = _called_chains(pieces) if key == MODULE else None
         for ch in sorted(chains):
             first = ch[0]
             if first in m.assigns and first not in m.defs and first != key:
                 out.append(f"{m.name}:{first}")  # the binding itself (import / assignment line)
             ent = self.resolve_chain(m, ch, cls_ctx)
+            if ent is not None and called is not None and ent.kind == "def" and not _is_called(ch, called):
+                # a top-level statement that names a function or class without calling it
+                # (``Cls.alias = staticmethod(fn)``, ``register(Cls)``) does the same whatever
+                # their bodies: every definition of the module depends on its top-level
+                # statements, so such an edge made a changed method reach every operator of
+                # the file (lucidrains/hyper-connections: ten operators of one file selected
+                # for a change in one class, and the run's budget spent on eight unchanged helpers)
+                continue
             if ent is not None:
                 n = ent.node(self)
                 if n:
@@ -433,6 +444,31 @@ class PyIndex:
         if key != MODULE:
             out.append(f"{m.name}:{MODULE}")
         return out
+
+
+def _called_chains(pieces) -> Set[Chain]:
+    """The dotted names called anywhere in ``pieces`` (``f()``, ``Cls.setup()``)."""
+    out: Set[Chain] = set()
+    for piece in pieces:
+        for n in ast.walk(piece):
+            if isinstance(n, ast.Call):
+                ch = attr_chain(n.func)
+                if ch:
+                    out.add(ch)
+    return out
+
+
+def _is_called(ch: Chain, called: Set[Chain]) -> bool:
+    """Is ``ch`` called, or a member of it (``Cls`` in ``Cls.setup()``)?"""
+    return any(c[:len(ch)] == ch for c in called)
+
+
+def _is_main_block(piece) -> bool:
+    """``if __name__ == "__main__":`` (a script's entry, not run when the module is imported)."""
+    t = getattr(piece, "test", None)
+    return (isinstance(piece, ast.If) and isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
+            and t.left.id == "__name__" and len(t.comparators) == 1 and isinstance(t.comparators[0], ast.Constant)
+            and t.comparators[0].value == "__main__")
 
 
 def _entity_of(node: str, index: PyIndex) -> Optional[Entity]:
