@@ -403,6 +403,19 @@ class PyIndex:
                 n = b.node(self)
                 if n:
                     out.append(n)
+            # what the module sets on the class at its top level (``Cls.forward = fast_forward``):
+            # the class runs it, though the module's own statements no longer carry what they
+            # only name (below)
+            for st in m.statements(MODULE):
+                targets = st.targets if isinstance(st, ast.Assign) else [st.target] if isinstance(
+                    st, (ast.AugAssign, ast.AnnAssign)) else []
+                if any(isinstance(t, ast.Attribute) and (attr_chain(t) or ())[:1] == (cls,) for t in targets) \
+                        and getattr(st, "value", None) is not None:
+                    for ch in sorted(references([st.value])):
+                        ent = self.resolve_chain(m, ch, None)
+                        n = ent.node(self) if ent is not None else None
+                        if n:
+                            out.append(n)
             return out
         d = m.defs.get(key)
         cls_ctx = None
