@@ -284,6 +284,9 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     left = dict(rep.left_out)
     assert "constructor needs weight and no test constructs it" in left["focallib.WeightedFocal"]
     assert "construct it with a tensor (weight)" in left["focallib.ClassWeighted"]
+    # a tensor cannot be written as a construct value: the hint is the builder function
+    assert "write a function that builds it" in left["focallib.ClassWeighted"]
+    assert "give it a row with construct" in left["focallib.WeightedFocal"]  # a value can
     # classes built as the tests build them: kornia's required alpha, the instance called most
     # (its calls' shapes, not the other instance's: a Linear(4, 4) is never given 8 features)
     assert ops["focallib.BinaryFocalLossWithLogits"].construct == (("alpha", 0.25),)

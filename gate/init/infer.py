@@ -142,6 +142,9 @@ def constructed(op: Operator, records: Sequence[CallRecord]) -> Tuple[Optional[D
         if mine:
             return kw, mine, ""
         why = why or "the tests construct it but never call what they built"
+    if why.startswith("the tests construct it with a"):  # a tensor or an object: no YAML value says it
+        how = ("a value a row's construct cannot hold: write a function that builds it from its input and "
+               "point a row's callable at it: docs/config.md, 'A module whose constructor needs arguments'")
     return None, [], f"its constructor needs {need}: {why} ({how})"
 
 
