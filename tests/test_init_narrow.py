@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from gate.init import _finish, narrow_target, worker
+from gate.init import _finish, worker
 from gate.init.infer import Operator
 
 OPS = '''
@@ -84,16 +84,6 @@ def test_a_row_within_the_target_a_guessed_shape_and_keep_sizes_are_left_as_they
     answer = _probe(said, narrow=0.05, row=row)
     assert answer["narrowed"]["sizes"] == {"128 (place 1)": [128, 64]}, answer["narrowed"]
     assert [t["shape"] for t in answer["candidate"]["inputs"]] == [[2, 64, 128], [2, 64]]
-
-
-def test_the_default_target_fits_a_runs_default_budget():
-    from gate.config import DEFAULT_BUDGET_TOTAL
-    from gate.judge.decide import MIN_EVALS
-
-    # three changed operators of seven variants, each its searched evaluations and as many fixed
-    # inputs, on a runner at half speed
-    assert narrow_target() * 3 * 7 * MIN_EVALS * 2 * 2 == pytest.approx(DEFAULT_BUDGET_TOTAL)
-    assert narrow_target() == pytest.approx(0.0714, abs=1e-4)
 
 
 def test_a_dim_range_is_narrowed_and_not_aimed_past_the_tests_sizes(said):
