@@ -316,7 +316,7 @@ ops:
      {"mix.l1norm", "mix.sinkhorn", "mix.mixer"}),
     # a function the module sets on a class (a method patched in): that class runs it
     (("return x / x.norm()", "return x / x.norm().clamp_min(1e-12)"), {"mix.mixer"}),
-    # the script entry is not run by an import: nothing
+    # the script entry is not run by an import (kept apart from <module> by gate.changes.pysrc): nothing
     (("Mixer()(torch.randn(3, 3))", "Mixer()(torch.randn(4, 4))"), set()),
 ])
 def test_a_top_level_statement_that_names_a_class_does_not_carry_its_changes_to_the_whole_file(tmp_path, change,

@@ -428,8 +428,6 @@ class PyIndex:
             # the bases as a whole: a method reaches the base methods it calls, not all of them)
             cnode = m.defs[d.cls].node
             pieces = list(pieces) + [*cnode.decorator_list, *(k.value for k in cnode.keywords)]
-        if key == MODULE:
-            pieces = [p for p in pieces if not _is_main_block(p)]  # not run at an import
         chains = references(pieces, skip_nested_defs=d is not None and d.kind == "class")
         called = _called_chains(pieces) if key == MODULE else None
         for ch in sorted(chains):
@@ -474,14 +472,6 @@ def _called_chains(pieces) -> Set[Chain]:
 def _is_called(ch: Chain, called: Set[Chain]) -> bool:
     """Is ``ch`` called, or a member of it (``Cls`` in ``Cls.setup()``)?"""
     return any(c[:len(ch)] == ch for c in called)
-
-
-def _is_main_block(piece) -> bool:
-    """``if __name__ == "__main__":`` (a script's entry, not run when the module is imported)."""
-    t = getattr(piece, "test", None)
-    return (isinstance(piece, ast.If) and isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
-            and t.left.id == "__name__" and len(t.comparators) == 1 and isinstance(t.comparators[0], ast.Constant)
-            and t.comparators[0].value == "__main__")
 
 
 def _entity_of(node: str, index: PyIndex) -> Optional[Entity]:
