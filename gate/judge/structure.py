@@ -98,7 +98,7 @@ def probe_inputs(spec: OpSpec, seed: int = 0) -> Tuple[Optional[Candidate], List
             changed = flat.copy()
             changed[j] = flat[k]
             probes.append((Probe(name, int(j), tuple(a.shape)),
-                           base.derive(origin="structure probe", **{name: changed.reshape(a.shape)})))
+                           base.derive("structure probe", **{name: changed.reshape(a.shape)})))
     return base, probes
 
 

@@ -33,9 +33,11 @@ class Candidate:
             origin=origin or self.origin,
         )
 
-    def derive(self, origin: Optional[str] = None, **arrays: np.ndarray) -> "Candidate":
+    def derive(self, origin: Optional[str] = None, /, **arrays: np.ndarray) -> "Candidate":
         """A child with ``arrays`` replaced and the other arrays *shared* with this candidate
-        (no copy: arrays are values, never written in place once in a candidate)."""
+        (no copy: arrays are values, never written in place once in a candidate). ``origin`` is
+        positional only: an input may be called ``self`` or ``origin`` (torchfields' functions
+        take the field as ``self``; as a keyword it crashed the run)."""
         return Candidate(dims=dict(self.dims), params=dict(self.params), arrays={**self.arrays, **arrays},
                          origin=origin or self.origin)
 
