@@ -378,6 +378,15 @@ def probe(req: dict) -> None:
                     continue
                 if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, fixed_dims={d: top})[0] == "ok":
                     reach[d] = top
+            if i < op.get("recorded", 0) and not result.get("narrowed"):
+                # one size the tests never varied pins the row as much as no range does: each that
+                # runs at the reach becomes a dim of its own, aimed at the same way
+                widened = _literal_reach(chosen, defaults, timeout, int(op["reach"]))
+                if widened is not None:
+                    chosen, more = widened
+                    reach.update(more)
+                    result["candidate"] = chosen
+                    spec = OpSpec.from_dict(chosen, defaults, origin="user")
             result["reach"] = reach
         if chosen is not None:
             variants = {}
@@ -518,6 +527,99 @@ def _narrowed(cand: dict, defaults: dict, timeout: float, target: float):
     if not moved:
         return None
     return cand, {"sizes": moved, "seconds": [round(start, 4), round(now, 4)]}
+
+
+#: at most this many trial evaluations to give a row's literal sizes a reach
+LITERAL_TRIES = 6
+
+
+def _literal_sizes(cand: dict) -> Dict[int, int]:
+    """The literal sizes in a candidate's input shapes: each size with the most places it takes
+    in one input's shape."""
+    out: Dict[int, int] = {}
+    for t in cand.get("inputs") or ():
+        if not isinstance(t, dict):
+            continue
+        shape = t.get("shape") or ()
+        for n in shape:
+            if _is_int(n) and n >= 1:
+                out[n] = max(out.get(n, 0), sum(1 for x in shape if _is_int(x) and x == n))
+    return out
+
+
+def _free_name(cand: dict, base: str) -> str:
+    taken = set(cand.get("dims") or {}) | set(cand.get("params") or {}) | {
+        t.get("name") for t in cand.get("inputs") or () if isinstance(t, dict)}
+    name, k = base, 2
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    return name
+
+
+def _as_dim(cand: dict, n: int, name: str, place: Optional[int]) -> dict:
+    """``cand`` with the literal entries equal to ``n`` (only the ``place``-th of each shape,
+    where given) replaced by a new dim ``name`` of range ``[n, n]``."""
+    inputs = []
+    for t in cand.get("inputs") or ():
+        if isinstance(t, dict) and t.get("shape"):
+            shape, k = [], 0
+            for x in t["shape"]:
+                if _is_int(x) and x == n:
+                    shape.append(name if place is None or place == k else x)
+                    k += 1
+                else:
+                    shape.append(x)
+            t = dict(t, shape=shape)
+        inputs.append(t)
+    return dict(cand, dims={**(cand.get("dims") or {}), name: [n, n]}, inputs=inputs)
+
+
+def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int):
+    """``(candidate, {dim: top})`` where sizes the tests never varied (a literal entry of the
+    inputs' shapes: every call at ``[2, 4, 1]``) run at ``top``: each such size becomes a dim
+    ``S<n>`` of range ``[n, n]`` (draws stay the tests'), which the search's size mutation aims
+    past, up to ``top``, as it does a dim's reach. The entries of one size move together (``q``
+    and ``k`` of one length); where they do not run so, each place in a shape is tried alone
+    (``[4, 4]``: a count of four and four features). A size tied to something else (a layer
+    built for 64 features, a 3-vector) does not run at ``top`` and stays literal. None when
+    none runs.
+
+    Why: a test calls an operator at one shape, and precision defects grow with sizes it never
+    used: hyper-connections' ``sinkhorn_knopps``, tested only on ``[..., 4, 1]`` (a normalisation
+    over one element gives 1 exactly), measured nothing of the float16 arithmetic its revert
+    brought back."""
+    from ..ops.spec import OpSpec
+    from ..plan import Variant
+
+    def runs(trial: dict, name: str) -> bool:
+        aimed = dict(trial, dims={**trial["dims"], name: list(trial["dims"][name]) + [top]})
+        try:
+            tspec = OpSpec.from_dict(aimed, defaults, origin="user")
+        except Exception:
+            return False
+        return _evaluate(tspec, Variant(dtype="float32"), 2, timeout, fixed_dims={name: top})[0] == "ok"
+
+    reach: Dict[str, int] = {}
+    tries = 0
+    for n, places in sorted(_literal_sizes(cand).items()):
+        if n >= top or tries >= LITERAL_TRIES:
+            continue
+        name = _free_name(cand, f"S{n}")
+        trial = _as_dim(cand, n, name, None)
+        tries += 1
+        if runs(trial, name):
+            cand, reach[name] = trial, top
+            continue
+        # the last place first: a place made a dim leaves the places before it where they were
+        for j in reversed(range(places if places > 1 else 0)):
+            if tries >= LITERAL_TRIES:
+                break
+            pname = _free_name(cand, f"S{n}_{j + 1}")
+            trial = _as_dim(cand, n, pname, j)
+            tries += 1
+            if runs(trial, pname):
+                cand, reach[pname] = trial, top
+    return (cand, reach) if reach else None
 
 
 def check(req: dict) -> None:
