@@ -150,6 +150,12 @@ class Backend(ABC):
         ``narrow``: outputs and gradients as :meth:`to_outputs` gives them with ``narrow``."""
         raise NotImplementedError(f"{self.name} has no automatic differentiation")
 
+    def as_subclass(self, native: Any, path: str) -> Any:
+        """``native`` made an instance of the tensor subclass ``path`` names (``module:Class``):
+        an input row's ``subclass``. Only torch has tensor subclasses a library defines."""
+        raise ConfigError(f"input subclass {path}: a tensor subclass is a torch input, and this operator is "
+                          f"{self.name}'s")
+
     def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:  # pragma: no cover
         """A new tensor filled with ``value`` (buffers for ``out=`` arguments)."""
         raise NotImplementedError(f"{self.name} cannot allocate tensors")

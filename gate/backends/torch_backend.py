@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from .base import Backend, NotDifferentiable, Output, at_dtype, flatten, float32_twin, numpy_quantize
 
 DTYPES = {
@@ -233,6 +235,9 @@ class TorchBackend(Backend):
         self._twin = (None, None)
         return twin
 
+    def as_subclass(self, native: Any, path: str) -> Any:
+        return native.as_subclass(_tensor_subclass(path))
+
     def to_native(self, arr: np.ndarray, dtype: str, device: str, memory_format: Optional[str] = None) -> Any:
         twin = self._take_twin(arr) if dtype == "float32" else None
         arr = np.ascontiguousarray(arr)
@@ -373,3 +378,20 @@ class TorchBackend(Backend):
 
     def full(self, shape: Sequence[int], value: float, dtype: str, device: str) -> Any:
         return torch.full(tuple(shape), value, dtype=DTYPES[dtype], device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_subclass(path: str):
+    """The class ``module:Class`` names, checked to be a torch tensor subclass (one-line error)."""
+    import importlib
+
+    mod_name, _, qual = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigError(f"input subclass {path!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, torch.Tensor)):
+        raise ConfigError(f"input subclass {path!r} is not a torch.Tensor subclass")
+    return obj

@@ -280,6 +280,9 @@ def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of
             dom = _domain([c[k].values for c in calls])
             if dom is not None:
                 row["domain"] = dom
+        classes = {c[k].cls for c in calls}
+        if len(classes) == 1 and None not in classes:  # the library's own tensor subclass, in every call
+            row["subclass"] = classes.pop()
         # positional only while every parameter before it is a positional tensor input
         before = order[: order.index(k)] if k in order else []
         if k not in positional or any(b not in names[:i] for b in before):

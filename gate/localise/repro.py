@@ -157,6 +157,14 @@ def mpmath_reference(path):
     return out
 
 
+def subclass(path):
+    mod, attr = path.split(":", 1)
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def build(dtype, low):
     args = []
     kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
@@ -168,6 +176,8 @@ def build(dtype, low):
             arr = np.ascontiguousarray(np.transpose(arr, PERMUTE[name]))
         own = INPUT_DTYPES.get(name) if dtype != "float64" else None  # an input that keeps its dtype
         t = to_native(arr, own or dtype, MEMORY_FORMAT if low else None)
+        if name in SUBCLASSES:  # the library's own tensor subclass (torch)
+            t = t.as_subclass(subclass(SUBCLASSES[name]))
         if keyword:
             kwargs[name] = t
         else:
@@ -362,6 +372,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
         "INPUTS": [(t.name, t.keyword) for t in spec.inputs if t.name in cand.arrays],
         "FLOAT_INPUTS": float_input_names(spec),
         "INPUT_DTYPES": {t.name: t.dtype for t in spec.inputs if t.dtype and t.kind == "float"},
+        "SUBCLASSES": {t.name: t.subclass for t in spec.inputs if t.subclass},
         "PARAMS": {k: ({"__import__": str(v)} if isinstance(v, ImportRef) else v) for k, v in cand.params.items()},
         "DTYPE": variant.dtype,
         "INPUT_DTYPE": "float32" if variant.mode == "operator" else variant.dtype,

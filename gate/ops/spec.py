@@ -81,6 +81,9 @@ class TensorSpec:
     index_hi: Any = None  # for kind=index: exclusive upper bound expression
     #: a float input that keeps this dtype whatever the variant's (mixed precision)
     dtype: Optional[str] = None
+    #: ``"module:Class"``: the input is made an instance of this torch tensor subclass (the
+    #: library's own: torchfields' DisplacementField, whose methods are its operators)
+    subclass: Optional[str] = None
 
     def dtype_at(self, variant_dtype: str) -> str:
         return self.dtype or variant_dtype
@@ -97,6 +100,7 @@ class TensorSpec:
             keyword=bool(raw.get("keyword", False)),
             index_hi=raw.get("index_hi"),
             dtype=raw.get("dtype"),
+            subclass=raw.get("subclass"),
         )
 
     def to_dict(self) -> dict:
@@ -108,6 +112,7 @@ class TensorSpec:
             "keyword": self.keyword,
             "index_hi": self.index_hi,
             **({"dtype": self.dtype} if self.dtype else {}),
+            **({"subclass": self.subclass} if self.subclass else {}),
         }
 
 

@@ -70,6 +70,8 @@ class OracleRunner(VariantRunner):
         for t in self.spec.inputs:
             d = t.dtype if (t.dtype and t.kind == "float" and dtype != "float64") else dtype
             native = self.backend.to_native(cand.arrays[t.name], d, self.variant.device, memory_format=memory_format)
+            if t.subclass:
+                native = self.backend.as_subclass(native, t.subclass)
             if t.keyword:
                 kwargs[t.name] = native
             else:

@@ -239,6 +239,8 @@ class VariantRunner:
                 arr = np.ascontiguousarray(np.transpose(arr, lay.permute[t.name]))
             in_dtype = t.dtype if (t.dtype and t.kind == "float" and dtype != "float64") else dtype
             native = self.backend.to_native(arr, in_dtype, self.variant.device, memory_format=memory_format)
+            if t.subclass:
+                native = self.backend.as_subclass(native, t.subclass)
             if t.keyword:
                 kwargs[t.name] = native
             else:

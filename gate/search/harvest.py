@@ -118,7 +118,7 @@ def _decode(enc: Any, arrays) -> Any:
         return float(enc["v"])
     if t == "tensor":
         values = arrays[enc["key"]] if enc.get("key") and enc["key"] in arrays.files else None
-        return TensorArg(tuple(enc["shape"]), enc["dtype"], None if values is None else np.array(values))
+        return TensorArg(tuple(enc["shape"]), enc["dtype"], None if values is None else np.array(values), enc.get("cls"))
     if "items" in enc:
         items = [_decode(x, arrays) for x in enc["items"]]
         if any(isinstance(x, (TensorArg, Opaque)) for x in items):

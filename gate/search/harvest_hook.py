@@ -58,6 +58,22 @@ def _torch_tensor(v):
                                         for k in type(v).__mro__[1:])
 
 
+def _tensor_class(v):
+    """``"module:Class"`` of a library's own torch tensor subclass (torchfields' DisplacementField,
+    whose methods are the library's operators: a plain tensor has none of them), where that path
+    imports it; None for torch's own tensors and parameters."""
+    import sys
+
+    cls = type(v)
+    mod, qual = cls.__module__ or "", cls.__qualname__
+    if mod == "torch" or mod.startswith("torch.") or "<" in qual or not _torch_tensor(v):
+        return None
+    obj = sys.modules.get(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return f"{mod}:{qual}" if obj is cls else None
+
+
 def _is_tensor(v):
     mod = type(v).__module__ or ""
     if mod == "numpy":
@@ -103,7 +119,8 @@ def _encode(v, arrays, max_elems, depth=0):
         if arr is not None:
             key = f"a{len(arrays)}"
             arrays[key] = arr
-        return {"t": "tensor", "shape": list(shape), "dtype": dtype, "key": key}
+        cls = _tensor_class(v)
+        return {"t": "tensor", "shape": list(shape), "dtype": dtype, "key": key, **({"cls": cls} if cls else {})}
     if isinstance(v, (tuple, list)) and depth < 3:
         return {"t": type(v).__name__, "items": [_encode(x, arrays, max_elems, depth + 1) for x in v]}
     if type(v).__name__ == "Size":  # torch.Size

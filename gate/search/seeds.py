@@ -55,6 +55,8 @@ class TensorArg:
     shape: Tuple[int, ...]
     dtype: str
     values: Optional[np.ndarray] = None
+    #: ``"module:Class"`` of a library's tensor subclass the tests passed (None: a plain tensor)
+    cls: Optional[str] = None
 
 
 class Opaque:
