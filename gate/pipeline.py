@@ -739,7 +739,10 @@ def _allocate(opts: RunOptions, ctx: Context, planned: List[dict], total: float,
     # history: how close the base's stored error came to the gate's floor (closer = sooner)
     history = {p["task"].id: p["row"].ulp / ctx.settings.floor(p["spec"], p["task"].variant)
                for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
-    alloc = allocate([p["task"] for p in planned], total, history=history)
+    # seconds per evaluation as base's baseline measured them (the static estimate where none)
+    cost = {p["task"].id: p["row"].seconds / p["row"].evals for p in planned
+            if p["row"] is not None and p["row"].evals > 0 and p["row"].seconds > 0}
+    alloc = allocate([p["task"] for p in planned], total, history=history, cost=cost)
     report.env["allocation"] = alloc.to_dict()
     cap = {p["task"].id: p["task"].budget.seconds for p in planned}  # per_op split over the op's variants
     run_tasks = [Task(op=t.op, variant=t.variant, budget=Budget(seconds=min(t.budget.seconds, cap[t.id])),

@@ -203,3 +203,45 @@ def test_allocate_covers_every_operator_before_a_second_variant_of_any():
     # relu's variants came close last time, but three seconds go to three operators first
     assert sorted(t.op.name for t in alloc.tasks) == ["torch.relu", "torch.sigmoid", "torch.tanh"]
     assert alloc.tasks[0].id == "torch.relu[float16/cpu/input]"
+
+
+def test_a_dims_reach_does_not_make_the_static_cost_estimate_larger():
+    """Three dims reaching 4096 made an operator of small inputs look like 0.7 s an evaluation
+    (torchfields' get_vote_shape): a run covered one variant of each operator and left 73 of its
+    120 s unspent. The few candidates aimed at a reach are capped in size; the drawn ranges set
+    the estimate."""
+    from gate.ops.catalog import builtin_defaults
+    from gate.ops.spec import OpSpec
+
+    def task(dims):
+        row = {"name": "m.f", "callable": "torch:tanh", "dims": dims, "inputs": [{"name": "x", "shape": ["N", "C", "D"]}]}
+        return Task(op=OpSpec.from_dict(row, builtin_defaults("torch"), origin="user"), variant=Variant("float32"),
+                    budget=Budget(seconds=1.0), seed=0)
+
+    drawn = {"N": [1, 2], "C": [1, 16], "D": [1, 4]}
+    reached = {k: v + [4096] for k, v in drawn.items()}
+    assert estimate_cost(task(reached)) == estimate_cost(task(drawn))
+    wider = {"N": [1, 2], "C": [1, 4096], "D": [1, 4]}  # a drawn range of that size does count
+    assert estimate_cost(task(wider)) > estimate_cost(task(drawn))
+
+
+def test_the_run_allocates_by_the_cost_its_baselines_measured():
+    """A PR run's allocation takes each variant's seconds per evaluation from base's stored row
+    (its search's seconds over its evaluations), the static estimate only where there is none."""
+    from types import SimpleNamespace
+
+    from gate.judge.baselines import BaselineRow
+    from gate.pipeline import _allocate
+
+    tasks = _tasks(["torch.relu", "torch.tanh"]) + [
+        Task(op=t.op, variant=Variant("float16"), budget=Budget(seconds=60.0), seed=0)
+        for t in _tasks(["torch.relu", "torch.tanh"])]
+    planned = [{"task": t, "spec": t.op, "row": BaselineRow(op=t.op.name, variant=t.variant.key, env={},
+                                                             evals=evals, seconds=secs)}
+               for t, (evals, secs) in zip(tasks, [(40, 10.0), (40, 10.0), (1000, 1.0), (1000, 1.0)])]
+    ctx = SimpleNamespace(settings=SimpleNamespace(floor=lambda spec, variant: 1.0))
+    report = SimpleNamespace(env={})
+    run, skipped = _allocate(SimpleNamespace(evals=None), ctx, planned, 120.0, report)
+    costs = {r["task"]: r["cost"] for r in report.env["allocation"]["tasks"]}
+    assert costs[tasks[0].id] == pytest.approx(0.25) and costs[tasks[2].id] == pytest.approx(1e-3)
+    assert len(run) == 4 and not skipped  # the slow pair with their share, the fast pair beside them

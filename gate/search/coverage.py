@@ -361,11 +361,13 @@ def _extremes(e: Any, options: Mapping[str, list]) -> Optional[Tuple[float, floa
     return (min(vals), max(vals)) if vals else None
 
 
-def dim_envelope(spec: OpSpec) -> Dict[str, Tuple[float, float]]:
-    """[lowest lower bound, highest upper bound] of every dim over the spec's value spaces."""
+def dim_envelope(spec: OpSpec, reach: bool = True) -> Dict[str, Tuple[float, float]]:
+    """[lowest lower bound, highest upper bound] of every dim over the spec's value spaces (with
+    ``reach``: up to a dim's reach, where the search's size mutation aims; without it, the drawn
+    ranges)."""
     options = _param_options(spec)
     env: Dict[str, Tuple[float, float]] = {}
-    reach = dict(spec.reach)
+    reach = dict(spec.reach) if reach else {}
     for name, (lo_e, hi_e) in spec.dims:
         lo = _extremes(lo_e, options)
         hi = _extremes(hi_e, options)
