@@ -606,6 +606,24 @@ def test_soft_labels_drawn_in_zero_one_stay_there_logits_drawn_so_open():
     assert "domain" not in wide["inputs"][0] and wide["inputs"][1]["domain"] == "prob", wide["inputs"]
 
 
+def test_a_probability_drawn_in_zero_one_stays_there():
+    # tensorflow/recommenders 406f8e1: SamplingProbablityCorrection(logits, candidate_sampling_probability)
+    # clips the probability into [1e-6, 1] before its log; opened to real values, the search asked
+    # about probabilities of 7 and the fix read as a behaviour change. The logits open as before
+    import numpy as np
+
+    for name in ("candidate_sampling_probability", "probs", "keep_prob", "class_probabilities"):
+        op = _op([("logits", None), (name, None)])
+        recs = [CallRecord(op="lib.f", args=[TensorArg((2, 4), "float32", np.random.rand(2, 4) * 0.9 + 0.05),
+                                            TensorArg((4,), "float32", np.random.rand(4) * 0.9 + 0.05)], kwargs={})]
+        wide = widen(from_records(op, recs, "torch", []).spec)
+        assert "domain" not in wide["inputs"][0] and wide["inputs"][1]["domain"] == "prob", (name, wide["inputs"])
+    op = _op([("logits", None), ("problem", None)])  # a word that only starts like one opens
+    recs = [CallRecord(op="lib.f", args=[TensorArg((4,), "float32", np.random.rand(4)),
+                                        TensorArg((4,), "float32", np.random.rand(4))], kwargs={})]
+    assert all("domain" not in t for t in widen(from_records(op, recs, "torch", []).spec)["inputs"])
+
+
 def test_a_class_with_defaults_is_built_as_the_tests_built_it():
     # keras' GroupNormalization (acceptance run on keras-team/keras d863dc8a5b): its constructor
     # has defaults only (groups=32); the tests build it as GroupNormalization(groups=4,

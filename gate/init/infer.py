@@ -405,9 +405,16 @@ def widen(spec: dict) -> Optional[dict]:
 LABEL_NAMES = frozenset({"target", "targets", "label", "labels", "y_true", "gt", "ground_truth", "mask", "masks"})
 
 
+#: argument names of probabilities: a [0, 1] the tests drew is what the argument means (a fix
+#: that clips a sampling probability into (0, 1], tensorflow/recommenders 406f8e1, would read as
+#: a behaviour change on probabilities of -3 or 7)
+PROB_SUFFIXES = ("prob", "probs", "probability", "probabilities", "proba")
+
+
 def _label_like(name: str) -> bool:
     n = name.lower()
-    return n in LABEL_NAMES or n.endswith(("_target", "_targets", "_label", "_labels", "_mask"))
+    return n in LABEL_NAMES or n.endswith(("_target", "_targets", "_label", "_labels", "_mask")) \
+        or n.split("_")[-1] in PROB_SUFFIXES
 
 
 #: bool parameters never flipped: they change what is computed on, not how (in-place writes,
