@@ -97,6 +97,20 @@ def test_a_dim_range_is_narrowed_and_not_aimed_past_the_tests_sizes(said):
     assert "L" not in answer.get("reach", {})  # a size mutation to 4096 would cost 256x the tests' own
 
 
+def test_a_wide_dim_range_is_costed_at_its_top_where_the_search_draws(said):
+    # hyper-connections' sinkhorn_knopps: C drawn in [1, 1024] from the tests' calls; the probe's
+    # own small draws cost little and the row was never narrowed, while refresh drew C up to 1024
+    # at 1 s of CPU an evaluation. At L = 256 an evaluation here is ~0.52 s, at a quarter of the
+    # range ~0.05 s: costed at the top, the range is narrowed to 64
+    row = dict(ROW, dims={"L": [16, 256]}, inputs=[{"name": "x", "shape": [2, "L", 128]},
+                                                   {"name": "mask", "shape": [2, "L"], "kind": "bool"}])
+    answer = _probe(said, narrow=0.08, row=row)
+    assert answer["narrowed"]["sizes"] == {"L": [256, 64]}, answer.get("narrowed")
+    assert answer["candidate"]["dims"] == {"L": [16, 64]}
+    was, now = answer["narrowed"]["seconds"]
+    assert was > 0.3 and now <= 0.08, answer["narrowed"]
+
+
 def test_an_operator_slow_whatever_its_sizes_keeps_the_tests_sizes(said, tmp_path):
     (tmp_path / "constcost.py").write_text(
         "import time\n\n\ndef slow(x):\n    t = time.process_time()\n"

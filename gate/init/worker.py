@@ -336,7 +336,8 @@ def probe(req: dict) -> None:
                 break
             if status == "timeout" or (why or "").startswith("the operator called sys.exit"):
                 break  # a hang or an exit is the operator's, not the shape's: no more candidates
-        if chosen is not None and op.get("narrow") and i < op.get("recorded", 0) and first > float(op["narrow"]):
+        if chosen is not None and op.get("narrow") and i < op.get("recorded", 0) and (
+                first > float(op["narrow"]) or _tops(spec)):  # ranged dims: measured at their tops
             narrowed = _narrowed(chosen, defaults, timeout, float(op["narrow"]))
             if narrowed is not None:
                 chosen, result["narrowed"] = narrowed
@@ -410,13 +411,20 @@ NARROW_FLOOR = 16
 NARROW_TRIES = 12
 
 
+def _tops(spec) -> Dict[str, int]:
+    """Each ranged dim of ``spec`` at the top of its drawn range (where a bound is a plain integer)."""
+    return {name: int(hi) for name, (lo, hi) in spec.dims if _is_int(lo) and _is_int(hi) and hi > lo}
+
+
 def _cpu_seconds(spec, timeout: float) -> Optional[float]:
-    """CPU seconds of one float32 evaluation of ``spec`` (the first draw that runs), or None
-    when none runs."""
+    """CPU seconds of one float32 evaluation of ``spec`` (the first draw that runs) with its ranged
+    dims at the top of their ranges, where the search's draws go (the probe's own draws stay
+    small: hyper-connections' ``sinkhorn_knopps``, its C drawn in [1, 1024], cost 1 s an
+    evaluation in refresh and was never narrowed), or None when none runs."""
     from ..plan import Variant
 
     t0 = time.process_time()
-    if _evaluate(spec, Variant(dtype="float32"), 1, timeout, keep=True)[0] != "ok":
+    if _evaluate(spec, Variant(dtype="float32"), 1, timeout, keep=True, fixed_dims=_tops(spec) or None)[0] != "ok":
         return None
     return time.process_time() - t0
 
