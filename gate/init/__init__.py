@@ -285,6 +285,8 @@ def _finish(op: Operator, answer: dict, candidates: List[dict], origin: str, n_r
     """The spec to write from the probe's answer, with what was dropped, or (None, why)."""
     if "failed" in answer:
         return None, answer["failed"]
+    if answer.get("trivial"):
+        return None, answer["trivial"]
     if answer.get("chosen") is None:
         tries = answer.get("tries") or []
         last = next((t for t in reversed(tries) if t[1] != "ok"), None)

@@ -336,6 +336,12 @@ def probe(req: dict) -> None:
                 break
             if status == "timeout" or (why or "").startswith("the operator called sys.exit"):
                 break  # a hang or an exit is the operator's, not the shape's: no more candidates
+        if chosen is not None:
+            trivial = _computes_nothing(spec, timeout)
+            if trivial:  # an identity or a predicate on Python facts: nothing to measure, gated through its callers
+                result["trivial"] = trivial
+                _emit(result)
+                continue
         if chosen is not None and op.get("narrow") and i < op.get("recorded", 0) and (
                 first > float(op["narrow"]) or _tops(spec)):  # ranged dims: measured at their tops
             narrowed = _narrowed(chosen, defaults, timeout, float(op["narrow"]))
@@ -402,6 +408,51 @@ def probe(req: dict) -> None:
             if took:  # CPU seconds of one evaluation (the quickest variant's: its first call's costs paid before)
                 result["seconds"] = round(min(took), 4)
         _emit(result)
+
+
+def _computes_nothing(spec, timeout: float) -> Optional[str]:
+    """Why a row measures nothing, or None: on every one of a few draws the operator returns one
+    of its own arguments unchanged (``identity``, ``default(v, d)``, ``nn.Identity``: the same
+    object, its values untouched, so an in-place operator is not one) or a Python ``bool`` /
+    ``None`` (``exists(v)``: a fact about its argument, not a value computed from it). Such helpers
+    were half the rows init wrote for hyper-connections (32 rows, refresh 498-898 s); a change to
+    one still reaches the operators that call it."""
+    import numpy as np
+
+    from ..oracles.registry import build_runner
+    from ..plan import Variant
+    from ..search.inputs import draw
+
+    kinds = set()
+    try:
+        runner = build_runner(spec, Variant(dtype="float32"))
+        for s in range(3):
+            cand = runner.quantize(draw(spec, np.random.default_rng(2000 + s), size_scale=0.25 if s else 0.1))
+            args, kwargs = runner.build_call(cand, "float32", low=True)
+            named = [(t.name, a) for t, a in zip([t for t in spec.inputs if not t.keyword], args)]
+            named += [(k, v) for k, v in kwargs.items() if k in cand.arrays]
+            _arm(timeout)
+            try:
+                out = runner.backend.call(runner.fn, args, kwargs, mode="input", dtype="float32", device="cpu")
+            finally:
+                _disarm()
+            if out is None or isinstance(out, bool):
+                kinds.add("a Python bool or None")
+                continue
+            same = next((n for n, a in named if out is a), None)
+            if same is None:
+                return None
+            got = runner.backend.to_outputs(out)
+            want = np.asarray(cand.arrays[same], dtype=np.float64)
+            if len(got) != 1 or not np.array_equal(np.asarray(got[0].array, dtype=np.float64), want, equal_nan=True):
+                return None  # written in place: a computation
+            kinds.add(f"its argument {same} unchanged")
+    except _Deadline:
+        raise
+    except Exception:
+        return None  # what it does with other inputs is the probe's question, not this one's
+    return ("computes nothing to measure: it returns " + " or ".join(sorted(kinds))
+            + " (a change to it reaches the operators that call it)") if kinds else None
 
 
 #: a size init does not narrow a row's sizes below (nor narrows from): rows, heads, small
