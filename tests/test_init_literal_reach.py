@@ -8,12 +8,12 @@ mutation aims past; a size the operator is built for (a quaternion's 4 component
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 from gate.fuzz import fuzz_task
 from gate.init import _finish, worker
+from tests.helpers.init_worker import worker_answers
 from gate.init.infer import Operator
 from gate.ops.catalog import builtin_defaults
 from gate.ops.spec import OpSpec
@@ -54,14 +54,8 @@ QUAT = {"name": "reachlib.quat_norm", "callable": "reachlib:quat_norm", "inputs"
 
 @pytest.fixture
 def said(tmp_path, monkeypatch):
-    (tmp_path / "reachlib.py").write_text(OPS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    out = []
-    monkeypatch.setattr(worker, "_emit", out.append)  # the worker's answers (its stdout)
-    saved = worker.deadline_signals()
-    yield out
-    for s, h in saved.items():
-        signal.signal(s, h)
+    with worker_answers(tmp_path, monkeypatch, "reachlib", OPS) as out:
+        yield out
 
 
 def _probe(said, row: dict, recorded: int = 1) -> dict:

@@ -8,11 +8,11 @@ whatever the machine's load, so the sizes it ends at do not depend on the machin
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 from gate.init import _finish, worker
+from tests.helpers.init_worker import worker_answers
 from gate.init.infer import Operator
 
 OPS = '''
@@ -38,15 +38,8 @@ ROW = {"name": "slowattn.attend", "callable": "slowattn.attend", "grad": False,
 
 @pytest.fixture
 def said(tmp_path, monkeypatch):
-    (tmp_path / "slowattn.py").write_text(OPS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    out = []
-    monkeypatch.setattr(worker, "_emit", out.append)  # the worker's answers (its stdout)
-
-    saved = worker.deadline_signals()
-    yield out
-    for s, h in saved.items():
-        signal.signal(s, h)
+    with worker_answers(tmp_path, monkeypatch, "slowattn", OPS) as out:
+        yield out
 
 
 def _probe(said, narrow: float, recorded: int = 1, row: dict = ROW) -> dict:

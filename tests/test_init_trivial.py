@@ -6,11 +6,11 @@ stays, as do operators whose result equals their input on some draws (relu, nan_
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 from gate.init import _finish, worker
+from tests.helpers.init_worker import worker_answers
 from gate.init.infer import Operator
 
 OPS = '''
@@ -48,14 +48,8 @@ class Passthrough(torch.nn.Identity):
 
 @pytest.fixture
 def said(tmp_path, monkeypatch):
-    (tmp_path / "helperlib.py").write_text(OPS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    out = []
-    monkeypatch.setattr(worker, "_emit", out.append)  # the worker's answers (its stdout)
-    saved = worker.deadline_signals()
-    yield out
-    for s, h in saved.items():
-        signal.signal(s, h)
+    with worker_answers(tmp_path, monkeypatch, "helperlib", OPS) as out:
+        yield out
 
 
 def _probe(said, name: str, inputs) -> dict:
