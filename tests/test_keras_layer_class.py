@@ -104,3 +104,38 @@ def test_a_keras_layers_initial_weights_do_not_depend_on_the_processs_global_gen
         np.random.seed(state)
         outs.append(np.asarray(resolve_callable("keras.layers:Dense", (("units", 4),))(x)))
     assert np.array_equal(outs[0], outs[1])
+
+
+LEGACY = '''import tf_keras
+
+
+class HardNegatives(tf_keras.layers.Layer):  # TFRS's HardNegativeMining on tf.keras 2: no **kwargs, no dtype=
+    def __init__(self, scale):
+        super().__init__()
+        self._scale = scale
+
+    def call(self, logits):
+        return logits * self._scale
+'''
+
+
+def test_a_tf_keras_2_layer_without_dtype_is_given_its_policy(tmp_path, monkeypatch):
+    """tf.keras 2 (the tf_keras package, TF_USE_LEGACY_KERAS=1: tensorflow/recommenders, deel-lip)
+    has a read-only ``dtype_policy``; a layer whose constructor takes no ``dtype=`` (TFRS's
+    HardNegativeMining, Retrieval, BruteForce) was left out, "its dtype policy cannot be set".
+    It is set through the layer's own ``_set_dtype_policy``."""
+    import importlib.util
+
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf_keras (tf.keras 2) is not installed")
+    import numpy as np
+
+    from gate.backends.base import resolve_callable
+
+    (tmp_path / "legacylayers.py").write_text(LEGACY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    op = resolve_callable("legacylayers:HardNegatives", (("scale", 2.0),))
+    for dtype in ("float16", "mixed_float16"):
+        layer = op.at(dtype)
+        out = np.asarray(layer(np.linspace(-1.0, 1.0, 8, dtype="float32").reshape(2, 4)))
+        assert out.dtype == np.float16, (dtype, out.dtype)

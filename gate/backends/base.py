@@ -399,9 +399,18 @@ class ClassOperator:
                 raise
         layer = self.cls(**self.kwargs)
         try:
-            layer.dtype_policy = dtype
+            layer.dtype_policy = dtype  # Keras 3: a property with a setter
         except (AttributeError, TypeError, ValueError) as exc:
-            raise TypeError(f"{self.cls.__name__}() takes no dtype= and its dtype policy cannot be set: {exc}") from None
+            # tf.keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1): the property is read-only and the layer
+            # sets its policy with _set_dtype_policy (TFRS's layers, on tf.keras, took no dtype=)
+            setter = getattr(layer, "_set_dtype_policy", None)
+            try:
+                if setter is None:
+                    raise exc
+                setter(dtype)
+            except (AttributeError, TypeError, ValueError) as exc2:
+                raise TypeError(f"{self.cls.__name__}() takes no dtype= and its dtype policy cannot be set: "
+                                f"{exc2}") from None
         return layer
 
 
