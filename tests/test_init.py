@@ -943,6 +943,24 @@ def test_a_src_layout_package_is_found_from_its_project_name(tmp_path):
     assert not (repo / ".github").exists()
 
 
+def test_a_namespace_package_is_found_where_no_regular_package_is(tmp_path):
+    # deel-lip: its package is deel/lip, `deel` a PEP 420 namespace (no __init__.py); init stopped
+    # with "no Python package" on both directions of its acceptance run
+    repo = tmp_path / "nsrepo"
+    (repo / "deel" / "lip").mkdir(parents=True)
+    (repo / "deel" / "lip" / "__init__.py").write_text("import torch\n\n\ndef log1p_exp(x):\n"
+                                                       "    return torch.log1p(torch.exp(x))\n")
+    (repo / "deel" / "notes").mkdir()  # a folder of no package beside it
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, no_tests=True, workflows=False, probe_timeout=20)
+    cfg = parse_config((repo / ".dl-gate.yml").read_text(), repo / ".dl-gate.yml", repo)
+    assert rep.package == "deel.lip" and [o.callable for o in cfg.ops] == ["deel.lip:log1p_exp"], cfg.ops
+    assert [o.sources for o in cfg.ops] == [("deel/lip/__init__.py",)]
+    (repo / ".dl-gate.yml").unlink()
+    rep = run_init(repo, package="deel.lip", no_tests=True, workflows=False, probe_timeout=20)
+    assert rep.package == "deel.lip"
+
+
 def test_floats_init_writes_are_floats_to_the_gate_s_own_yaml_reader(tmp_path):
     """Seen on a real library: init wrote ``epsilon: 1e-07`` (ruamel, YAML 1.2), which PyYAML
     (YAML 1.1, what refresh and run read) takes for a string, and every variant of the next

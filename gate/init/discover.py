@@ -77,18 +77,28 @@ def find_package(repo: Path, package: Optional[str] = None) -> Package:
     declared, deps = _project_meta(repo)
     roots = [(repo / "src", "src"), (repo, ".")]
     candidates: List[Tuple[str, Path, str]] = []
+    # namespace packages (PEP 420: a folder without __init__.py holding packages, deel-lip's
+    # deel/lip): taken where no regular package is there
+    namespaced: List[Tuple[str, Path, str]] = []
     for root, rel in roots:
         if not root.is_dir():
             continue
         for child in sorted(root.iterdir()):
-            if child.is_dir() and (child / "__init__.py").is_file() and child.name not in SKIP_DIRS \
-                    and not child.name.startswith((".", "_")):
+            if not child.is_dir() or child.name in SKIP_DIRS or child.name.startswith((".", "_")) \
+                    or not child.name.isidentifier():
+                continue
+            if (child / "__init__.py").is_file():
                 candidates.append((child.name, root, rel))
+                continue
+            for sub in sorted(child.iterdir()):
+                if sub.is_dir() and (sub / "__init__.py").is_file() and sub.name not in SKIP_DIRS \
+                        and sub.name.isidentifier() and not sub.name.startswith((".", "_")):
+                    namespaced.append((f"{child.name}.{sub.name}", root, rel))
     if package and package.endswith(".py"):  # one module file: model.py, src/lib/layers.py
         return _module_file(repo, package, deps)
     if package:
         top = package.split(".")[0]
-        for name, root, rel in candidates:
+        for name, root, rel in candidates + [(n.split(".")[0], r, rl) for n, r, rl in namespaced]:
             if name == top:
                 where = root / Path(*package.split("."))
                 if not where.is_dir() and not where.with_suffix(".py").is_file():
@@ -97,12 +107,14 @@ def find_package(repo: Path, package: Optional[str] = None) -> Package:
         raise SetupError(f"--package {package}: no package folder {top}/ (with __init__.py) at the repository root "
                          "or under src/")
     if not candidates:
+        candidates = namespaced
+    if not candidates:
         raise SetupError(f"no Python package (a folder with __init__.py) at {repo} or {repo / 'src'}: "
                          "run dl-gate init at the repository root, or pass --package NAME")
     if declared:
         norm = declared.replace("-", "_").lower()
         for name, root, rel in candidates:
-            if name.lower() in (norm, norm.replace("pytorch_", "").replace("torch_", "")):
+            if name.lower().replace(".", "_") in (norm, norm.replace("pytorch_", "").replace("torch_", "")):
                 return Package(name, root, rel, deps)
     if len(candidates) == 1:
         name, root, rel = candidates[0]
