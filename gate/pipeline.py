@@ -729,6 +729,10 @@ def _variants(opts: RunOptions, ctx: Context, name: str, per_op: float, store, r
     return out
 
 
+#: a baseline row's evaluations below which its seconds per evaluation are mostly its first call's
+MEASURED_MIN_EVALS = 10
+
+
 def _allocate(opts: RunOptions, ctx: Context, planned: List[dict], total: float,
               report: V.GateReport) -> Tuple[List[Task], List[str]]:
     """(tasks to run with their budgets, ids of those the total budget does not reach)."""
@@ -739,9 +743,12 @@ def _allocate(opts: RunOptions, ctx: Context, planned: List[dict], total: float,
     # history: how close the base's stored error came to the gate's floor (closer = sooner)
     history = {p["task"].id: p["row"].ulp / ctx.settings.floor(p["spec"], p["task"].variant)
                for p in planned if p["row"] is not None and math.isfinite(p["row"].ulp)}
-    # seconds per evaluation as base's baseline measured them (the static estimate where none)
+    # seconds per evaluation as base's baseline measured them, where it made enough evaluations
+    # that its first call's costs do not dominate (the static estimate otherwise: a refresh that
+    # gave a variant 1.4 s made 2 evaluations of hyper-connections' sinkhorn_knopps, "1.3 s" each,
+    # and the run then covered 2 of its 14 variants)
     cost = {p["task"].id: p["row"].seconds / p["row"].evals for p in planned
-            if p["row"] is not None and p["row"].evals > 0 and p["row"].seconds > 0}
+            if p["row"] is not None and p["row"].evals >= MEASURED_MIN_EVALS and p["row"].seconds > 0}
     alloc = allocate([p["task"] for p in planned], total, history=history, cost=cost)
     report.env["allocation"] = alloc.to_dict()
     cap = {p["task"].id: p["task"].budget.seconds for p in planned}  # per_op split over the op's variants

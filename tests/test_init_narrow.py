@@ -86,8 +86,10 @@ def test_a_dim_range_is_narrowed_and_not_aimed_past_the_tests_sizes(said):
                                           "candidates": [row]}]})
     answer = json.loads(json.dumps(said[-1]))
     assert answer["narrowed"]["sizes"] == {"L": [256, 64]}, answer["narrowed"]
-    assert answer["candidate"]["dims"] == {"L": [64, 64]}
+    assert answer["candidate"]["dims"]["L"] == [64, 64]
     assert "L" not in answer.get("reach", {})  # a size mutation to 4096 would cost 256x the tests' own
+    # the sizes not narrowed reach where the operator runs there: the batch of 2, not the 128 features
+    assert answer["candidate"]["inputs"][0]["shape"] == ["S2", "L", 128], answer["candidate"]["inputs"]
 
 
 def test_a_wide_dim_range_is_costed_at_its_top_where_the_search_draws(said):
@@ -114,3 +116,13 @@ def test_an_operator_slow_whatever_its_sizes_keeps_the_tests_sizes(said, tmp_pat
     worker.probe({"timeout": 10, "ops": [{"name": row["name"], "recorded": 1, "narrow": 0.08, "candidates": [row]}]})
     answer = json.loads(json.dumps(said[-1]))
     assert answer["chosen"] == 0 and "narrowed" not in answer, answer.get("narrowed")
+
+
+def test_a_size_narrowed_for_cost_is_not_aimed_past_the_tests(said):
+    worker.probe({"timeout": 10, "ops": [{"name": ROW["name"], "recorded": 1, "narrow": 0.08, "reach": 4096,
+                                          "candidates": [ROW]}]})
+    answer = json.loads(json.dumps(said[-1]))
+    assert answer["narrowed"]["sizes"] == {"256": [256, 64]}, answer["narrowed"]
+    # the sequence (narrowed) and the features (built for 128) stay literal; the batch reaches
+    assert [t["shape"] for t in answer["candidate"]["inputs"]] == [["S2", 64, 128], ["S2", 64]]
+    assert answer["reach"] == {"S2": 4096}

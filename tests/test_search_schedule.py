@@ -245,3 +245,8 @@ def test_the_run_allocates_by_the_cost_its_baselines_measured():
     costs = {r["task"]: r["cost"] for r in report.env["allocation"]["tasks"]}
     assert costs[tasks[0].id] == pytest.approx(0.25) and costs[tasks[2].id] == pytest.approx(1e-3)
     assert len(run) == 4 and not skipped  # the slow pair with their share, the fast pair beside them
+    # a row of 2 evaluations measured its first call's costs more than its evaluations': not used
+    planned[0]["row"].evals, planned[0]["row"].seconds = 2, 2.6
+    _allocate(SimpleNamespace(evals=None), ctx, planned, 120.0, report)
+    costs = {r["task"]: r["cost"] for r in report.env["allocation"]["tasks"]}
+    assert costs[tasks[0].id] == pytest.approx(estimate_cost(tasks[0]), abs=1e-6)

@@ -385,10 +385,12 @@ def probe(req: dict) -> None:
                     continue
                 if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, fixed_dims={d: top})[0] == "ok":
                     reach[d] = top
-            if i < op.get("recorded", 0) and not result.get("narrowed"):
+            if i < op.get("recorded", 0):
                 # one size the tests never varied pins the row as much as no range does: each that
-                # runs at the reach becomes a dim of its own, aimed at the same way
-                widened = _literal_reach(chosen, defaults, timeout, int(op["reach"]))
+                # runs at the reach becomes a dim of its own, aimed at the same way (a size
+                # narrowed for cost is not aimed past the tests')
+                narrowed_to = {int(v[1]) for k, v in narrowed_dims.items() if k.split(" ")[0].isdigit()}
+                widened = _literal_reach(chosen, defaults, timeout, int(op["reach"]), skip=narrowed_to)
                 if widened is not None:
                     chosen, more = widened
                     reach.update(more)
@@ -633,15 +635,15 @@ def _as_dim(cand: dict, n: int, name: str, place: Optional[int]) -> dict:
     return dict(cand, dims={**(cand.get("dims") or {}), name: [n, n]}, inputs=inputs)
 
 
-def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int):
+def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int, skip=frozenset()):
     """``(candidate, {dim: top})`` where sizes the tests never varied (a literal entry of the
     inputs' shapes: every call at ``[2, 4, 1]``) run at ``top``: each such size becomes a dim
     ``S<n>`` of range ``[n, n]`` (draws stay the tests'), which the search's size mutation aims
     past, up to ``top``, as it does a dim's reach. The entries of one size move together (``q``
     and ``k`` of one length); where they do not run so, each place in a shape is tried alone
     (``[4, 4]``: a count of four and four features). A size tied to something else (a layer
-    built for 64 features, a 3-vector) does not run at ``top`` and stays literal. None when
-    none runs.
+    built for 64 features, a 3-vector) does not run at ``top`` and stays literal, and so do the
+    sizes in ``skip`` (narrowed for cost). None when none runs.
 
     Why: a test calls an operator at one shape, and precision defects grow with sizes it never
     used: hyper-connections' ``sinkhorn_knopps``, tested only on ``[..., 4, 1]`` (a normalisation
@@ -661,7 +663,7 @@ def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int):
     reach: Dict[str, int] = {}
     tries = 0
     for n, places in sorted(_literal_sizes(cand).items()):
-        if n >= top or tries >= LITERAL_TRIES:
+        if n >= top or n in skip or tries >= LITERAL_TRIES:
             continue
         name = _free_name(cand, f"S{n}")
         trial = _as_dim(cand, n, name, None)
