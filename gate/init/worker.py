@@ -662,24 +662,26 @@ def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int, skip=fr
 
     reach: Dict[str, int] = {}
     tries = 0
-    for n, places in sorted(_literal_sizes(cand).items()):
-        if n >= top or n in skip or tries >= LITERAL_TRIES:
-            continue
-        name = _free_name(cand, f"S{n}")
-        trial = _as_dim(cand, n, name, None)
+
+    def attempt(n: int, place: Optional[int]) -> bool:
+        """Make size ``n`` (its ``place``-th entries only, where given) a dim, if it runs at ``top``."""
+        nonlocal cand, tries
         tries += 1
-        if runs(trial, name):
-            cand, reach[name] = trial, top
+        name = _free_name(cand, f"S{n}" if place is None else f"S{n}_{place + 1}")
+        trial = _as_dim(cand, n, name, place)
+        if not runs(trial, name):
+            return False
+        cand, reach[name] = trial, top
+        return True
+
+    for n, places in sorted(_literal_sizes(cand).items()):
+        if n >= top or n in skip or tries >= LITERAL_TRIES or attempt(n, None):
             continue
         # the last place first: a place made a dim leaves the places before it where they were
         for j in reversed(range(places if places > 1 else 0)):
             if tries >= LITERAL_TRIES:
                 break
-            pname = _free_name(cand, f"S{n}_{j + 1}")
-            trial = _as_dim(cand, n, pname, j)
-            tries += 1
-            if runs(trial, pname):
-                cand, reach[pname] = trial, top
+            attempt(n, j)
     return (cand, reach) if reach else None
 
 
