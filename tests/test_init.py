@@ -258,7 +258,11 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     ops = {o.name: o for o in cfg.ops}
     assert set(ops) == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
                         "focallib.Softplus", "focallib.rgb_to_gray", "focallib.scaled_tanh",
-                        "focallib.normalize", "focallib.Projection", "focallib.Smoothed"}, sorted(ops)
+                        "focallib.normalize", "focallib.Projection", "focallib.Smoothed",
+                        # a class the tests also build with other settings (a flag, a mode's name):
+                        # a second row built that way (deel-lip's KR(multi_gpu=True) and KR())
+                        "focallib.Smoothed(mode='hard')", "focallib.Projection(bias=False)",
+                        "focallib.BinaryFocalLossWithLogits(reduction='mean')"}, sorted(ops)
     # a constructor with defaults only, built by the tests with their own setting: built as they build it
     assert dict(ops["focallib.Smoothed"].construct) == {"eps": 0.25, "mode": "soft"}, ops["focallib.Smoothed"].construct
     assert "built as Smoothed(eps=0.25, mode='soft') as the tests build it" in text
@@ -302,6 +306,13 @@ def test_init_discovers_infers_and_writes_a_valid_config(inited):
     proj = ops["focallib.Projection"]
     assert proj.construct == (("dim", 4),) and proj.inputs[0].shape == ("N", 4) and proj.dims == (("N", (1, 3)),)
     assert "built as Projection(dim=4)" in text
+    # the second construction of each: built as the tests built it, fed its own instances' calls
+    # (the default-built Smoothed: every call)
+    assert ops["focallib.Smoothed(mode='hard')"].construct == ()
+    other = ops["focallib.Projection(bias=False)"]
+    assert other.construct == (("dim", 8), ("bias", False)) and other.inputs[0].shape[-1] == 8, other
+    assert ops["focallib.BinaryFocalLossWithLogits(reduction='mean')"].construct == (("alpha", 0.75), ("reduction", "mean"))
+    assert "the tests build Projection with other settings too (bias=False here)" in text
     assert "path" in left["focallib.save_tensor"]
     assert "name: str" in left["focallib.describe"]
     assert not any("_private_helper" in n for n in left)
@@ -746,7 +757,9 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
 
         report = json.loads((repo / "dl-gate-out" / "report.json").read_text())
         failed = {v["op"] for v in report["verdicts"] if v["outcome"] == "regression"}
-        assert failed == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits"}, failed
+        # the class's second row (built as the tests also build it, reduction='mean') fails too
+        assert failed == {"focallib.binary_focal_loss_with_logits", "focallib.BinaryFocalLossWithLogits",
+                          "focallib.BinaryFocalLossWithLogits(reduction='mean')"}, failed
         assert out["outcome"] == "regression" and out["comment-action"] == "created"
         # the comment: one root cause at the changed line, the next step with this run's artifact
         (comment,) = fake.comments[7]

@@ -33,7 +33,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SetupError
 from .discover import Symbol, default_tests, find_package, run_worker, scan, uses_framework
-from .infer import Operator, constructed, from_records, hinted_options, probe_specs, widen, widened_options
+from .infer import (Operator, constructed, from_records, hinted_options, other_construction, probe_specs, widen,
+                    widened_options)
 
 CONFIG = ".dl-gate.yml"
 LOW = ("float16", "bfloat16", "float32")
@@ -595,7 +596,7 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         cands: List[dict] = []
         origin = ""
         n_rec = 0
-        recs = records.get(op.name, [])
+        recs = all_recs = records.get(op.name, [])
         if op.kind == "method" and not explicit and not any(r.kind == "call" for r in recs):
             # a class's methods are many (geoopt: a dozen manifolds of ~15 each) and what their
             # tensors must be (a point on the manifold) shows only in how the tests call them
@@ -658,8 +659,40 @@ def _candidate_specs(ops: List[Operator], records: Dict[str, list], report: Init
         if op.kind == "layer" and not op.loss:
             cands = [_with_modes(c, MIXED_MODES) for c in cands]
         plans[op.name] = (op, cands, origin, n_rec)
+        if op.kind in ("module", "layer", "method") and any(r.kind == "init" for r in all_recs):
+            primary = construct if construct is not None else (built if as_built else {})
+            other = _other_plan(op, all_recs, primary, sources)
+            if other is not None and other[0] not in plans:
+                plans[other[0]] = other[1]
 
     return plans
+
+
+def _other_plan(op: Operator, recs: list, primary: dict, sources: List[str]):
+    """``(name, plan)`` of a second row for a class the tests also build with other settings
+    (:func:`gate.init.infer.other_construction`): named by the first argument that differs
+    (``deel.KR(multi_gpu=False)``), built that way, fed the calls made on those instances; None
+    where there is no such construction or its calls give no spec."""
+    other = other_construction(op, recs, primary)
+    if other is None:
+        return None
+    kw, calls, differ = other
+    inf = from_records(op, calls, op.framework, sources)
+    if inf.spec is None:
+        return None
+    full = {**{p["name"]: p["default"] for p in op.init if p["has_default"]}, **kw}
+    k = differ[0]
+    name = f"{op.name}({k}={full.get(k)!r})"
+    wide = widen(inf.spec)
+    cands = [dict(c, name=name) for c in ([wide] if wide is not None else []) + [inf.spec]]
+    if kw:
+        cands = [_after(c, "callable", "construct", kw) for c in cands]
+    if op.kind == "layer" and not op.loss:
+        cands = [_with_modes(c, MIXED_MODES) for c in cands]
+    built = f"{op.class_name}({', '.join(f'{a}={v!r}' for a, v in kw.items())})"
+    origin = (f"from {inf.calls} test call(s); built as {built}: the tests build {op.class_name} with other "
+              f"settings too ({', '.join(f'{a}={full.get(a)!r}' for a in differ)} here), another path of its code")
+    return name, (op, cands, origin, len(cands))
 
 
 def _probe(repo: Path, plans: dict, framework: str, sys_path, probe_timeout: float, log,

@@ -148,6 +148,55 @@ def constructed(op: Operator, records: Sequence[CallRecord]) -> Tuple[Optional[D
     return None, [], f"its constructor needs {need}: {why} ({how})"
 
 
+def _is_setting(v: Any) -> bool:
+    """A constructor argument that picks a code path rather than a size: a flag, a mode's name,
+    None (``weight=None`` against a given weight)."""
+    return v is None or isinstance(v, (bool, str))
+
+
+def other_construction(op: Operator, records: Sequence[CallRecord], primary: Dict[str, Any]
+                       ) -> Optional[Tuple[Dict[str, Any], List[CallRecord], List[str]]]:
+    """Another construction of a class operator beside ``primary`` (the one its row is built
+    with), where the tests build it with other *settings*: ``(construct, calls, settings)`` of
+    the recorded construction (or, for a constructor that needs no argument, the default one)
+    whose flags, mode names and None arguments differ from ``primary``'s in the most places
+    (the default construction first among equals, then the one whose instances the tests called
+    most), with the calls to replay (those made on its instances; every call for the default
+    one) and the differing arguments in signature order; None where every construction has
+    ``primary``'s settings (sizes alone pick no other path).
+
+    A class is often built two ways that run different code: deel-lip's ``KR(multi_gpu=True)``
+    calls ``_kr_multi_gpu``, ``KR()`` calls ``_kr``; its tests call the first more, and a fix
+    of ``_kr`` (28a867d) changed nothing the row built as ``KR(multi_gpu=True)`` computes."""
+    defaults = {p["name"]: p["default"] for p in op.init if p["has_default"] and not isinstance(p["default"], dict)}
+    order = [p["name"] for p in op.init]
+    base = {**defaults, **primary}
+
+    def differing(kw: Dict[str, Any]) -> List[str]:
+        full = {**defaults, **kw}
+        keys = [k for k in order if k in full or k in base] + sorted((set(full) | set(base)) - set(order))
+        return [k for k in keys if (_is_setting(full.get(k)) or _is_setting(base.get(k)))
+                and (k in full) == (k in base) and full.get(k) != base.get(k)]
+
+    inits = [r for r in records if r.kind == "init"]
+    calls = [r for r in records if r.kind == "call"]
+    uses = collections.Counter(r.ctor for r in calls if r.ctor)
+    options: List[Tuple[int, int, int, int, Dict[str, Any], List[CallRecord]]] = []
+    if not op.required_init() and calls:
+        options.append((len(differing({})), 1, len(calls), 0, {}, calls))
+    for i, rec in enumerate(inits):
+        kw, _ = bind_init(op, rec)
+        mine = [r for r in calls if r.ctor == rec.ctor]
+        if kw is None or not mine:
+            continue
+        options.append((len(differing(kw)), 0, uses.get(rec.ctor, 0), -(i + 1), kw, mine))
+    options = [o for o in options if o[0] > 0]
+    if not options:
+        return None
+    best = max(options, key=lambda o: o[:4])
+    return best[4], best[5], differing(best[4])
+
+
 def _positional_names(op: Operator) -> List[str]:
     return [p["name"] for p in op.params if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
 
