@@ -111,3 +111,35 @@ def test_a_low_precision_backward_is_scored_as_it_came_and_widened_only_when_kep
     wide = [type(g)(g.array.astype(np.float64), g.dtype) for g in low]
     assert compare(low, ev.reference, dtype, spec.ulp_floor, check_dtypes=False) == \
         compare(wide, ev.reference, dtype, spec.ulp_floor, check_dtypes=False)
+
+
+def test_a_large_upstream_gradient_is_drawn_once_replays_and_its_scale_is_not_read_again(builtin):
+    """The upstream gradient of a million-element output comes from the search's counter-based
+    normals (NumPy's took ~12 ms, more than layer_norm's forward and backward), seeded by the
+    input's content: the same input gets the same upstream in another runner; its largest
+    magnitude is noted as it is drawn, and the scale of each evaluation reads it from there."""
+    import gc
+
+    import numpy as np
+
+    from gate.oracles import runner as R
+    from gate.oracles.registry import build_runner
+    from gate.plan import Variant
+    from gate.search.inputs import draw
+
+    spec = builtin.get("torch.layer_norm").replace(dims=(("N", (512, 512)), ("D", (256, 256))))
+    a = build_runner(spec, Variant("float32", "cpu", oracle="grad"))
+    cand = draw(spec, np.random.default_rng(3))
+    q1, ev1 = a.evaluate(cand)
+    ups = [v for k, v in q1.arrays.items() if k.startswith("__upstream")]
+    assert ev1.status == "ok" and len(ups) == 1 and ups[0].size == 512 * 256
+    assert R._LARGEST[id(ups[0])][1] == float(np.abs(ups[0]).max())
+    b = build_runner(spec, Variant("float32", "cpu", oracle="grad"))
+    q2, ev2 = b.evaluate(cand)
+    up2 = next(v for k, v in q2.arrays.items() if k.startswith("__upstream"))
+    assert np.array_equal(up2, ups[0]) and ev2.metrics.ulp == ev1.metrics.ulp
+    # an entry goes with its array
+    key = id(ups[0])
+    del q1, q2, ups, up2, ev1, ev2
+    gc.collect()
+    assert key not in R._LARGEST

@@ -47,6 +47,7 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
             from ..search import coverage
 
             coverage.remember(q, d, *extremes)
+            remember_largest(q, max(extremes[1], -extremes[0]))
         _QUANTIZED.append((weakref.ref(kept), key))
         out.arrays[t.name] = kept
     return out
@@ -145,10 +146,27 @@ def _largest_finite(dtype: str) -> float:
     return float((2.0 - 2.0 ** (1 - p)) * 2.0 ** emax)
 
 
+#: id -> (weak reference, largest finite magnitude) of the live arrays whose extremes were read
+#: as they were made (a rounded input, an upstream gradient): a gradient variant's scale reads
+#: them every evaluation, and a mutant keeps its parent's upstream gradient for many; an entry
+#: goes with its array. Arrays of a candidate are never written in place
+_LARGEST: Dict[int, Tuple[Any, float]] = {}
+
+
+def remember_largest(arr: np.ndarray, value: float) -> None:
+    """``arr``'s largest finite magnitude is ``value``: :func:`largest` does not read it again."""
+    key = id(arr)
+    _LARGEST[key] = (weakref.ref(arr, lambda _r, key=key: _LARGEST.pop(key, None)), float(value))
+
+
 def largest(arrays) -> float:
     """The largest finite magnitude among ``arrays`` (0 when there is none)."""
     m = 0.0
     for a in arrays:
+        known = _LARGEST.get(id(a))
+        if known is not None and known[0]() is a:
+            m = max(m, known[1])
+            continue
         a = np.asarray(a)
         if a.size and a.dtype.kind == "f":
             hi, lo = float(a.max()), float(a.min())  # two reductions, no temporary: NaN/Inf make one non-finite

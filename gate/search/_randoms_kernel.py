@@ -36,29 +36,31 @@ def _mix(seed, i):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _normal(z, q, d, t, td):
+def _normal(z, qd, tt):
+    """gate.search.randoms.normal_of of one value, from the interleaved tables (packed_tables)."""
     j = z >> S48
     if j != ZERO and j != TOP:
         f = (np.float64((z >> S16) & M32) + 0.5) * SCALE32
-        return d[j] * f + q[j]
-    m = (z >> S32) & M16
+        jj = np.intp(j) * 2
+        return qd[jj + 1] * f + qd[jj]
+    m = np.intp((z >> S32) & M16) * 2
     u = (np.float64((z >> S16) & M16) + 0.5) * SCALE16
-    v = td[m] * u + t[m]
+    v = tt[m + 1] * u + tt[m]
     return v if j == ZERO else -v
 
 
 @numba.njit(cache=True, nogil=True)
-def normals(seed, q, d, t, td, out):
+def normals(seed, qd, tt, out):
     for i in range(out.shape[0]):
-        out[i] = _normal(_mix(seed, i), q, d, t, td)
+        out[i] = _normal(_mix(seed, i), qd, tt)
 
 
 @numba.njit(cache=True, nogil=True)
-def noise(seed, q, d, t, td, a, rel, out):
+def noise(seed, qd, tt, a, rel, out):
     """``out[i] = ((|a[i]| + 1e-12) * normal_i) * rel + a[i]``."""
     for i in range(out.shape[0]):
         x = a[i]
-        out[i] = ((abs(x) + 1e-12) * _normal(_mix(seed, i), q, d, t, td)) * rel + x
+        out[i] = ((abs(x) + 1e-12) * _normal(_mix(seed, i), qd, tt)) * rel + x
 
 
 @numba.njit(cache=True, nogil=True)

@@ -99,6 +99,22 @@ def tables():
     return q[:65536], d, t, td
 
 
+@functools.lru_cache(maxsize=None)
+def packed_tables():
+    """(QD, TT): :func:`tables` interleaved for the compiled loop, ``QD[2j] = Q[j]``,
+    ``QD[2j + 1] = D[j]`` (and ``T`` with its differences alike): the two entries an element reads
+    share a cache line. The tables are 1 MB, as large as a core's L2 cache; reading them apart
+    took two misses an element (a million normals: 6.3 ms, 4.5 ms interleaved; the same values)."""
+    q, d, t, td = tables()
+    qd = np.empty(2 * q.size)
+    qd[0::2], qd[1::2] = q, d
+    tt = np.empty(2 * t.size)
+    tt[0::2], tt[1::2] = t, td
+    for a in (qd, tt):
+        a.setflags(write=False)
+    return qd, tt
+
+
 def seed_of(rng: np.random.Generator) -> np.uint64:
     """One 64-bit seed from the search's generator (the only draw it makes for a large array)."""
     return np.uint64(rng.integers(0, 1 << 64, dtype=np.uint64))
@@ -191,9 +207,9 @@ def standard_normal(rng: np.random.Generator, shape) -> np.ndarray:
     seed, k = seed_of(rng), kernel()
     if k is None:
         return numpy_normal(seed, n).reshape(_flat(shape))
-    q, d, t, td = tables()
+    qd, tt = packed_tables()
     out = np.empty(n)
-    k.normals(seed, q, d, t, td, out)
+    k.normals(seed, qd, tt, out)
     return out.reshape(_flat(shape))
 
 
@@ -283,7 +299,7 @@ def noise(rng: np.random.Generator, a: np.ndarray, rel: float) -> np.ndarray:
     flat = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
     if k is None:
         return numpy_noise(seed, flat, rel).reshape(a.shape)
-    q, d, t, td = tables()
+    qd, tt = packed_tables()
     out = np.empty_like(flat)
-    k.noise(seed, q, d, t, td, flat, float(rel), out)
+    k.noise(seed, qd, tt, flat, float(rel), out)
     return out.reshape(a.shape)
