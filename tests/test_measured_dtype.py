@@ -409,3 +409,30 @@ def test_a_cast_to_complex64_in_the_float64_run_is_complex128():
     assert ref.dtype == torch.float64 and torch.equal(ref, exact)
     low = be.call(similarity, [x.float()], {}, mode="input", dtype="float32", device="cpu")
     assert low.dtype == torch.float32  # the float32 run computes in complex64, as written
+
+
+def test_a_tensor_made_without_a_dtype_in_the_float64_run_is_float64():
+    # seung-lab/torchfields' vote weights are written into `torch.zeros(...)` made in the default
+    # dtype: the float64 run narrowed them to float32 and returned float32 ("not measured"), and
+    # init left the function out. Inside the float64 run the default dtype is float64; the low
+    # run keeps the user's default, and the default comes back after the call, raising or not
+    import torch
+
+    from gate.backends.torch_backend import TorchBackend
+
+    def weights(d):
+        w = torch.zeros(d.shape)
+        w[...] = torch.exp(-d / 0.01) * torch.tensor([0.5, 2.0]).sum()
+        return w / w.sum(dim=0, keepdim=True)
+
+    be = TorchBackend()
+    d = torch.tensor([[0.013, 0.2], [0.0131, 0.25], [0.05, 0.21]], dtype=torch.float64)
+    ref = be.call(weights, [d], {}, mode="input", dtype="float64", device="cpu")
+    e = torch.exp(-d / 0.01) * 2.5
+    assert ref.dtype == torch.float64 and torch.equal(ref, e / e.sum(dim=0, keepdim=True))
+    assert torch.get_default_dtype() == torch.float32
+    low = be.call(weights, [d.half()], {}, mode="input", dtype="float16", device="cpu")
+    assert low.dtype == torch.float32  # as the user's code makes it at float16: measured as such
+    with pytest.raises(RuntimeError):
+        be.call(lambda x: torch.zeros(2) @ torch.zeros(3), [d], {}, mode="input", dtype="float64", device="cpu")
+    assert torch.get_default_dtype() == torch.float32

@@ -101,6 +101,21 @@ class Float64Everywhere(torch.overrides.TorchFunctionMode):
     (:func:`_constants_widened`). A reference that cannot run so (an extension that takes float32
     only) is run as written (:meth:`TorchBackend.call`)."""
 
+    def __enter__(self):
+        # a tensor made without a dtype (``torch.zeros(n)``, ``torch.tensor([0.5, 2.0])``) is
+        # float64 here: made in the default float32, it narrowed every value written into it,
+        # and a float64 run returned float32 (torchfields' vote weights, summed into
+        # ``torch.zeros(...)``: "not measured", and init left the function out)
+        self._default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            torch.set_default_dtype(self._default_dtype)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _NARROWING_METHODS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
