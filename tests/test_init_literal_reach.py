@@ -41,6 +41,17 @@ def sinkhorn_low(log_alpha, iters=5):
     return a
 
 
+def skew_exp(x):
+    """An [n, k] input made an n x n skew matrix and exponentiated (geotorch's Stiefel): a cost
+    of n^3 in one native call."""
+    n, k = x.shape[-2], x.shape[-1]
+    if k > n:
+        raise ValueError("k > n")
+    a = torch.zeros(n, n, dtype=x.dtype)
+    a[:, :k] = x
+    return torch.matrix_exp(a - a.T)[:, :k]
+
+
 def quat_norm(q):
     if q.shape[-1] != 4:
         raise ValueError("a quaternion has 4 components")
@@ -58,8 +69,8 @@ def said(tmp_path, monkeypatch):
         yield out
 
 
-def _probe(said, row: dict, recorded: int = 1) -> dict:
-    worker.probe({"timeout": 10, "ops": [{"name": row["name"], "recorded": recorded, "reach": 4096,
+def _probe(said, row: dict, recorded: int = 1, timeout: float = 10) -> dict:
+    worker.probe({"timeout": timeout, "ops": [{"name": row["name"], "recorded": recorded, "reach": 4096,
                                           "candidates": [row]}]})
     return json.loads(json.dumps(said[-1]))
 
@@ -84,6 +95,17 @@ def test_a_size_the_operator_is_built_for_stays_and_its_other_place_reaches(said
     answer = _probe(said, QUAT)
     assert answer["candidate"]["inputs"][0]["shape"] == ["S4_1", 4]
     assert answer["reach"] == {"S4_1": 4096}
+
+
+def test_a_size_whose_cost_grows_fast_reaches_only_where_an_evaluation_stays_cheap(said):
+    # geotorch's Stiefel on [n, k]: an n x n matrix exponential. At the reach, 4096, one float64
+    # call ran for minutes (a native call the probe's time limit cannot interrupt) and init with
+    # it; the size grows four times at a step and stops where an evaluation costs 1/64 of the
+    # timeout; the 3 (k <= n) stays literal
+    row = {"name": "reachlib.skew_exp", "callable": "reachlib:skew_exp", "inputs": [{"name": "x", "shape": [8, 3]}]}
+    answer = _probe(said, row, timeout=2)
+    assert answer["candidate"]["inputs"][0]["shape"] == ["S8", 3], answer
+    assert 32 <= answer["reach"]["S8"] < 4096, answer["reach"]
 
 
 def test_a_guessed_shape_gets_no_reach_for_its_literal_sizes(said):

@@ -592,6 +592,11 @@ def _narrowed(cand: dict, defaults: dict, timeout: float, target: float):
 
 #: at most this many trial evaluations to give a row's literal sizes a reach
 LITERAL_TRIES = 6
+#: a literal size grows by this factor at a step towards its reach, and stops growing where one
+#: evaluation cost more than the probe's timeout over REACH_COST_DIVISOR of CPU time (a cubic
+#: cost then stays within the timeout at the next step)
+REACH_STEP = 4
+REACH_COST_DIVISOR = 64
 
 
 def _literal_sizes(cand: dict) -> Dict[int, int]:
@@ -636,13 +641,14 @@ def _as_dim(cand: dict, n: int, name: str, place: Optional[int]) -> dict:
 
 
 def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int, skip=frozenset()):
-    """``(candidate, {dim: top})`` where sizes the tests never varied (a literal entry of the
-    inputs' shapes: every call at ``[2, 4, 1]``) run at ``top``: each such size becomes a dim
+    """``(candidate, {dim: reach})`` where sizes the tests never varied (a literal entry of the
+    inputs' shapes: every call at ``[2, 4, 1]``) run past them: each such size becomes a dim
     ``S<n>`` of range ``[n, n]`` (draws stay the tests'), which the search's size mutation aims
-    past, up to ``top``, as it does a dim's reach. The entries of one size move together (``q``
+    past, up to its reach, as it does a dim's: ``top``, or the size where one evaluation began to
+    cost (grown four times at a step). The entries of one size move together (``q``
     and ``k`` of one length); where they do not run so, each place in a shape is tried alone
     (``[4, 4]``: a count of four and four features). A size tied to something else (a layer
-    built for 64 features, a 3-vector) does not run at ``top`` and stays literal, and so do the
+    built for 64 features, a 3-vector) does not run past itself and stays literal, and so do the
     sizes in ``skip`` (narrowed for cost). None when none runs.
 
     Why: a test calls an operator at one shape, and precision defects grow with sizes it never
@@ -652,26 +658,42 @@ def _literal_reach(cand: dict, defaults: dict, timeout: float, top: int, skip=fr
     from ..ops.spec import OpSpec
     from ..plan import Variant
 
-    def runs(trial: dict, name: str) -> bool:
-        aimed = dict(trial, dims={**trial["dims"], name: list(trial["dims"][name]) + [top]})
-        try:
-            tspec = OpSpec.from_dict(aimed, defaults, origin="user")
-        except Exception:
-            return False
-        return _evaluate(tspec, Variant(dtype="float32"), 2, timeout, fixed_dims={name: top})[0] == "ok"
+    def reached(trial: dict, name: str, n: int) -> int:
+        """The largest size of ``name`` up to ``top`` the row runs at, grown from ``n`` four times
+        at a step while an evaluation costs little (0 when it does not run past ``n``)."""
+        size, ran = n, 0
+        while size < top:
+            size = min(top, size * REACH_STEP)
+            aimed = dict(trial, dims={**trial["dims"], name: list(trial["dims"][name]) + [size]})
+            try:
+                tspec = OpSpec.from_dict(aimed, defaults, origin="user")
+            except Exception:
+                return ran
+            t0 = time.process_time()
+            if _evaluate(tspec, Variant(dtype="float32"), 2, timeout, fixed_dims={name: size})[0] != "ok":
+                return ran
+            ran = size
+            if time.process_time() - t0 > timeout / REACH_COST_DIVISOR:
+                # the next step may cost REACH_STEP^3 as much (a matrix built from the size):
+                # one native call the time limit cannot interrupt (geotorch's Stiefel makes an
+                # n x n skew matrix of an [n, k] input and exponentiates it: at n = 4096 one
+                # float64 call ran for minutes and init's probe with it)
+                break
+        return ran
 
     reach: Dict[str, int] = {}
     tries = 0
 
     def attempt(n: int, place: Optional[int]) -> bool:
-        """Make size ``n`` (its ``place``-th entries only, where given) a dim, if it runs at ``top``."""
+        """Make size ``n`` (its ``place``-th entries only, where given) a dim, if it runs past ``n``."""
         nonlocal cand, tries
         tries += 1
         name = _free_name(cand, f"S{n}" if place is None else f"S{n}_{place + 1}")
         trial = _as_dim(cand, n, name, place)
-        if not runs(trial, name):
+        got = reached(trial, name, n)
+        if got <= n:
             return False
-        cand, reach[name] = trial, top
+        cand, reach[name] = trial, got
         return True
 
     for n, places in sorted(_literal_sizes(cand).items()):
