@@ -413,3 +413,51 @@ def test_overflows_at_the_ranges_end_that_moved_are_not_new_when_base_has_as_man
     assert new_nonfinite(*pair([-np.inf, big, big, 1.0], [-big, np.inf, np.inf, 1.0]), "bfloat16") == 0
     assert new_nonfinite(*pair([-np.inf, np.inf, big, 1.0], [-big, big, np.inf, 1.0]), "bfloat16") == 2
     assert new_nonfinite(*pair([-np.inf, big, big, np.nan], [-big, np.inf, np.inf, 1.0]), "bfloat16") == 1  # NaN: new
+
+
+def _softplus_erf(x, dtype, fixed: bool):
+    import torch
+
+    t = torch.tensor(x, dtype=dtype)
+    sp = torch.log1p(torch.exp(t)) if fixed else torch.log(1 + torch.exp(t))
+    return (t * torch.erf(sp)).numpy()
+
+
+def _run(x, fixed: bool) -> ReplayResult:
+    """One side's replay of hdmquan/torch_activation's PSerf (a = b = 1) on ``x``, as measured."""
+    import torch
+
+    from gate.backends.base import Output
+    from gate.oracles.precision import compare
+
+    out, ref = _softplus_erf(x, torch.float32, fixed), _softplus_erf(x, torch.float64, fixed)
+    m = compare([Output(out, "float32")], [Output(ref, "float64")], "float32", "dtype")
+    return ReplayResult(status="ok", metrics=m, outputs=[out], reference=[ref])
+
+
+def test_a_fix_whose_float64_run_moved_off_a_value_base_got_wrong_in_both_precisions_passes(spec):
+    # torch_activation 8a95aa8: log(1 + exp(x)) -> log1p(exp(x)). At x = -90 the old formula
+    # returns 0 in float32 *and* float64 (1 + 8e-40 is 1 in both), so base reads 0 ulp against its
+    # own float64 run; the fix's -8.3e-38 goes through subnormal intermediates and is ~100 ulp off
+    # in float32. Base's 0 is 1e7 ulp from head's float64 value: head's output is the closer one.
+    # The fix failed the zero-config acceptance on that input; now it passes, and says why
+    xs = [[-90.0, 0.0, 0.0], [1.0, -2.0, 0.25]]
+    head, base = [_run(x, True) for x in xs], [_run(x, False) for x in xs]
+    assert head[0].metrics.ulp > 4 and base[0].metrics.ulp == 0.0
+    v = judge(spec, head, base, controls=[False, True])
+    assert v.outcome in (V.PASS, V.IMPROVEMENT), (v.outcome, v.reason)
+    assert v.details["closer_than_base"]["input_index"] == 0
+    assert v.details["closer_than_base"]["base_against_head_ulp"] > 1e6
+    # the revert on the input where the old formula loses its digits in float32 only (x = -20:
+    # 1 + 2e-9 is 1 in float32, not in float64): the float64 runs agree, a regression as before
+    xs = [[-20.0, 0.0, 0.0], [1.0, -2.0, 0.25]]
+    v = judge(spec, [_run(x, False) for x in xs], [_run(x, True) for x in xs], controls=[False, True])
+    assert v.outcome == V.REGRESSION and "float32 error" in v.reason, (v.outcome, v.reason)
+    # where the function changed on the control inputs as well, base's yardstick stands
+    changed = _run([1.0, -2.0, 0.25], True)
+    changed.reference = [changed.reference[0] * 1.5]
+    changed.outputs = [(changed.reference[0] * (1 + 1e-7)).astype(np.float32)]
+    v = judge(spec, [_run([-90.0, 0.0, 0.0], True), changed], [_run([-90.0, 0.0, 0.0], False),
+                                                                  _run([1.0, -2.0, 0.25], False)],
+              controls=[False, True])
+    assert v.outcome == V.REGRESSION, (v.outcome, v.reason)
