@@ -491,8 +491,8 @@ class _Tally:
 
     # the worst input where head's error is above the threshold but base's output is no closer
     # to head's float64 run than head's (that run moved beyond the threshold there): (severity,
-    # input, reason, base's error against head's float64 run), and how many such inputs
-    closer: Tuple[float, int, str, float] = (-1.0, -1, "", 0.0)
+    # input, reason, base's error against head's float64 run, the float64 move), and how many
+    closer: Tuple[float, int, str, float, float] = (-1.0, -1, "", 0.0, 0.0)
     closer_n: int = 0
 
     def regress(self, sev: float, i: int, why: str) -> None:
@@ -527,15 +527,12 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     t.base_reach = base_reach(head, base, variant.dtype)
     for i, (h, b) in enumerate(zip(head, base)):
         _compare_pair(t, i, h, b, spec, variant.dtype, m, floor, by_output, controls, ordinary)
-    if t.closer[1] >= 0:
-        if t.behaviour[1] >= 0:  # the function changed on the controls too: base's yardstick stands
-            t.regress(*t.closer[:3])
-        else:
-            vv.details["closer_than_base"] = {
-                "inputs": t.closer_n, "input_index": t.closer[1], "base_against_head_ulp": round(t.closer[3], 3),
-                "note": (f"{t.closer[2]}, but head's float64 output moved there beyond the threshold and base's "
-                         f"{variant.dtype} output is {_f(t.closer[3])} ulp from it: head's output is the closer one "
-                         f"(base's formula was inexact in float64 too); reported, not failed")}
+    if t.closer[1] >= 0 and t.behaviour[1] >= 0:
+        # the function changed on the control inputs too: base's yardstick stands, as before
+        t.regress(*t.closer[:3])
+        if t.worst[1] == t.closer[1]:
+            t.changed_at = (t.closer[1], t.closer[4])
+        t.closer = (-1.0, -1, "", 0.0, 0.0)
     _tally_details(vv, t, variant.dtype)
     h_um, b_um = _unmeasured(head), _unmeasured(base)
     if h_um and b_um and not (t.worst[1] >= 0 and math.isinf(t.worst[0])):  # a crash or new NaN still fails
@@ -554,6 +551,8 @@ def _decide_with_base(spec, variant, head, base, row, row_status, settings, vv, 
     _stability_tradeoff(vv, t, m)
     if t.worst[1] >= 0:
         return _regression(vv, t, head, base, inputs, m, floor, by_output)
+    if t.closer[1] >= 0:
+        return _closer_than_base(vv, t, variant.dtype, inputs)
     vv.base_error, vv.head_error = t.base_max, t.head_max_same
     # the largest bar an input was held to: base's errors where it kept half its digits (on an
     # input where both sides flush a subnormal result to 0, base's 1e7 "ulp" is no bar and no
@@ -673,7 +672,7 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
             # it fails after all where the function changed on the control inputs too
             if sev > t.closer[0]:
                 t.closer = (sev, i, f"{dtype} error {_f(hm.ulp)} ulp > {_f(thr)} (max(floor {_f(floor)}, {m:g} x "
-                                    f"base {_f(bm.ulp)})) on the same input", cross)
+                                    f"base {_f(bm.ulp)})) on the same input", cross, moved)
             t.closer_n += 1
         elif sev > t.worst[0]:
             reach = f", base's largest elsewhere {_f(t.base_reach)}" if t.base_reach > max(floor, m * bm.ulp) else ""
@@ -801,6 +800,25 @@ def _regression(vv: V.VariantVerdict, t: _Tally, head, base, inputs, m: float, f
         # where the function was refined, base's error on this input is another function's: the
         # yardstick over every judged input (read by refinements)
         vv.details["threshold_over_inputs"] = max(floor, m * t.base_judged_max)
+    if i < len(inputs):
+        vv.input_summary = inputs[i]
+    return vv
+
+
+def _closer_than_base(vv: V.VariantVerdict, t: _Tally, dtype: str, inputs) -> V.VariantVerdict:
+    """Head's error is above the threshold only on inputs where its float64 output moved beyond
+    the threshold and base's output is no closer to that value than head's: the function moved
+    there (base's formula inexact in float64 too), head lost nothing base delivered. A behaviour
+    change, reported, not failed (``closer_than_base``)."""
+    sev, i, why, cross, moved = t.closer
+    vv.outcome = V.BEHAVIOUR_CHANGE
+    vv.base_error, vv.head_error = t.base_max, t.head_max_same
+    vv.details["divergence_ulp"] = moved
+    vv.details["closer_than_base"] = {"inputs": t.closer_n, "input_index": i, "base_against_head_ulp": round(cross, 3)}
+    vv.details["input_index"] = i
+    vv.reason = (f"{why}, but head's float64 output moved there by {_f(moved)} {dtype} ulp and base's {dtype} output "
+                 f"is {_f(cross)} ulp from it: head's output is the closer one (base's formula was inexact in "
+                 "float64 too): reported, not failed")
     if i < len(inputs):
         vv.input_summary = inputs[i]
     return vv

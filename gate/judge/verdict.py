@@ -66,9 +66,11 @@ class VariantVerdict:
         """A behaviour change that is reported, never failed: it came with a stability fix of the
         same operator (``with_fix``), or it is a refinement (``refinement``: head and base agree
         to within half the dtype's digits, or a gradient that moved with a refined forward), or a
-        gradient's only change is NaN/Inf where head fixed the forward (``gradient_of_a_fix``)."""
+        gradient's only change is NaN/Inf where head fixed the forward (``gradient_of_a_fix``), or
+        head's output is closer than base's to head's moved float64 value (``closer_than_base``)."""
         return self.outcome == BEHAVIOUR_CHANGE and bool(self.details.get("with_fix") or self.details.get("refinement")
-                                                         or self.details.get("gradient_of_a_fix"))
+                                                         or self.details.get("gradient_of_a_fix")
+                                                         or self.details.get("closer_than_base"))
 
     @property
     def id(self) -> str:
