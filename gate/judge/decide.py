@@ -160,7 +160,7 @@ def ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str)
     itself read 4e6 (a behaviour change where nothing changed)."""
     if h.reference is None or b.reference is None:
         return None
-    scale = max((r.metrics.scale for r in (h, b) if r.metrics is not None), default=0.0)
+    scale = _run_scale(h, b)
     x, y = h.reference, b.reference
     if ulp_floor == "output" and _all_zero(y) and not _all_zero(x):
         # base's function is identically zero here, head's is not (an eps under a sqrt on a flat
@@ -176,6 +176,11 @@ def ref_divergence(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str)
     return m.ulp
 
 
+def _run_scale(h: ReplayResult, b: ReplayResult) -> float:
+    """The scale of the computation either side's figures were taken on (:attr:`Metrics.scale`)."""
+    return max((r.metrics.scale for r in (h, b) if r.metrics is not None), default=0.0)
+
+
 def base_against_head(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: str) -> Optional[float]:
     """Base's low-precision output's error against head's float64 run on the same input, in the
     units of both sides' figures (None where there is nothing to compare)."""
@@ -183,7 +188,7 @@ def base_against_head(h: ReplayResult, b: ReplayResult, dtype: str, ulp_floor: s
         return None
     if any(np.shape(x) != np.shape(y) for x, y in zip(h.reference, b.outputs)):
         return None
-    scale = max((r.metrics.scale for r in (h, b) if r.metrics is not None), default=0.0)
+    scale = _run_scale(h, b)
     outs = [Output(np.asarray(a), dtype if np.asarray(a).dtype.kind == "f" else str(np.asarray(a).dtype))
             for a in b.outputs]
     refs = [Output(np.asarray(a), "float64" if np.asarray(a).dtype.kind == "f" else str(np.asarray(a).dtype))
