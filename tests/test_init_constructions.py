@@ -3,7 +3,9 @@ computes through `_kr_multi_gpu`, `KR()` through `_kr`; the tests call the first
 config built the row as the tests build it most, so the fix of `_kr` (an epsilon in the
 division by each class's count, NaN when a batch holds one class) and its revert were both judged
 on a path neither touches: head and base identical, the revert passed. init now writes a second
-row for another construction whose settings (flags, mode names, None) differ: `KR(multi_gpu=False)`."""
+row for another construction whose settings (flags, mode names, None) differ: `KR(multi_gpu=False)`;
+its `y_true`, labels of 1 and -1 in the tests, is drawn from those two values (a set domain), so
+the fix direction judges it too (from real values a broken base's `KR()` was NaN on every draw)."""
 from __future__ import annotations
 
 import pytest
@@ -124,20 +126,35 @@ def test_the_other_construction_is_the_one_whose_settings_differ_most():
 @pytest.mark.slow
 @pytest.mark.parametrize("base_fixed", [True, False])
 def test_both_constructions_are_gated_and_the_revert_of_the_less_called_path_fails(tmp_path, base_fixed):
+    """Both directions fail, each for what it does: the revert brings back the NaN of a batch of
+    one class; the fix (deel-lip's formula) overflows in float16 where base did not."""
     repo = _make(tmp_path, base_fixed)
     res = _cli(repo, "init", "--no-workflows")
     assert res.returncode == 0, res.stderr
     rows = {r["name"]: r for r in yaml.safe_load((repo / ".dl-gate.yml").read_text())["ops"]}
     assert rows["krlib.KR"]["construct"] == {"multi_gpu": True, "reduction": "sum"}, rows
-    if base_fixed:  # (a broken base's KR() is NaN wherever a batch lacks the label 1: left out, said why)
-        assert "construct" not in rows["krlib.KR(multi_gpu=False)"], rows
+    # both are built: the tests' y_true are labels of 1 and -1, drawn as such (a set domain); from
+    # real values no element is the label 1, a broken base's KR() was NaN on every draw and left out
+    assert "construct" not in rows["krlib.KR(multi_gpu=False)"], rows
+    y_true = {t["name"]: t for t in rows["krlib.KR(multi_gpu=False)"]["inputs"]}["y_true"]
+    assert y_true["domain"] == {"name": "labels", "values": [-1.0, 1.0]}, y_true
     res = _refresh_then_run_pr(repo, tmp_path / "out", 40, repo / "krlib" / "losses.py",
                                LOSSES.replace("{KR}", BROKEN if base_fixed else FIXED),
                                "revert the epsilon" if base_fixed else "epsilon in the KR loss")
-    assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]
-    if base_fixed:
-        import json
+    import json
 
-        report = json.loads((tmp_path / "out" / "report.json").read_text())
-        failed = {v["op"] for v in report["verdicts"] if v["outcome"] == "regression"}
-        assert failed == {"krlib.KR(multi_gpu=False)"}, failed
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    failed = {(v["op"], v["variant"]["dtype"]) for v in report["verdicts"] if v["outcome"] == "regression"}
+    if base_fixed:
+        assert {op for op, _ in failed} == {"krlib.KR(multi_gpu=False)"}, failed
+        return
+    # the fix is judged on the path it touches: base's NaN where a batch holds one class is gone...
+    improved = {v["variant"]["dtype"] for v in report["verdicts"]
+                if v["op"] == "krlib.KR(multi_gpu=False)" and v["outcome"] == "improvement"}
+    assert {"bfloat16", "float32"} <= improved, report["verdicts"]
+    # ...and the fixed formula's own float16 overflow is found: `batch * y_pred` (deel-lip's order)
+    # is 16 x 5000 = 80000 > 65504 where base's `y_pred * (S0 / mean(S0) - ...)` stays finite
+    assert failed == {("krlib.KR(multi_gpu=False)", "float16")}, failed
+    bad = next(v for v in report["verdicts"] if v["outcome"] == "regression")
+    assert bad["reason"].startswith("new NaN/Inf") and "head -inf" in bad["diagnosis"]["worst_element"], bad

@@ -101,6 +101,8 @@ def in_domain(values: np.ndarray, spec: OpSpec) -> np.ndarray:
     """The finite values strictly inside the input's declared domain."""
     t = float_input(spec)
     keep = np.isfinite(values)
+    if t.domain.values:
+        keep &= np.isin(values, t.domain.values)
     if t.domain.lo is not None:
         keep &= values > t.domain.lo
     if t.domain.hi is not None:

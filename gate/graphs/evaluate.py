@@ -83,6 +83,8 @@ def _inside(arr: np.ndarray, dom: Domain) -> bool:
     a = np.asarray(arr)
     if a.size == 0:
         return True
+    if dom.values and not np.isin(a, dom.values).all():
+        return False
     if dom.lo is not None and not np.all(a > dom.lo):
         return False
     if dom.hi is not None and not np.all(a < dom.hi):

@@ -245,6 +245,29 @@ def _domain(values: List[np.ndarray]) -> Optional[Any]:
     return None
 
 
+def _label_values(name: str, values: List[Optional[np.ndarray]]) -> Optional[dict]:
+    """A set domain for a target the tests passed as signed labels: a label-like argument
+    (:data:`LABEL_NAMES`) whose recorded values are all -1, 0 or 1, with -1 among them and at
+    least two of them (deel-lip's KR losses take ``y_true`` of 1 and -1, or 1 and 0, and select
+    a class with ``y_true == 1``: drawn from real values, no element is a label, every draw is
+    NaN, and init left the loss out). Labels of 0 and 1 alone keep the closed [0, 1] of
+    :func:`_domain` (soft labels are what focal and cross-entropy losses take there)."""
+    if not _label_like(name):
+        return None
+    vals = [v for v in values if v is not None and v.size]
+    if not vals:
+        return None
+    seen = set()
+    for v in vals:
+        u = np.unique(v)
+        if u.size > 3 or not np.isin(u, (-1.0, 0.0, 1.0)).all():
+            return None
+        seen.update(float(x) for x in u)
+    if -1.0 not in seen or len(seen) < 2:
+        return None
+    return {"name": "labels", "values": sorted(seen)}
+
+
 def _dim_name(i: int, used: set) -> str:
     letters = "NCDHWLKMPQRSTUVXYZ"
     for ch in letters:
@@ -326,7 +349,7 @@ def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of
             hi = min(int(np.max(c[k].values)) + 1 if c[k].values is not None and c[k].values.size else 1 for c in calls)
             row["index_hi"] = max(1, hi)
         if kind == "float":
-            dom = _domain([c[k].values for c in calls])
+            dom = _label_values(k, [c[k].values for c in calls]) or _domain([c[k].values for c in calls])
             if dom is not None:
                 row["domain"] = dom
         classes = {c[k].cls for c in calls}

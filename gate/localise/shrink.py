@@ -37,7 +37,9 @@ class ShrinkResult:
 
 
 def simple_values(domain: Domain) -> List[float]:
-    """Plain values inside the domain's open interval, plainest first."""
+    """Plain values inside the domain's open interval (a set domain's own values), plainest first."""
+    if domain.values:
+        return sorted(domain.values, key=lambda v: (abs(v), v < 0))
     out = [v for v in SIMPLE_VALUES if (domain.lo is None or v > domain.lo) and (domain.hi is None or v < domain.hi)]
     if not out:
         lo = domain.lo if domain.lo is not None else (domain.hi - 1.0)

@@ -38,12 +38,15 @@ DOMAINS = {
 
 @dataclass(frozen=True)
 class Domain:
-    """Open interval of valid input values (``None`` = unbounded)."""
+    """Open interval of valid input values (``None`` = unbounded), or a finite set of values
+    (``values``: labels such as -1 and 1, which a loss compares with ``==``; every value the
+    search gives such an input is one of them, and ``lo``/``hi`` are then unset)."""
 
     lo: Optional[float] = None
     hi: Optional[float] = None
     scale: float = 1.0  # std of the bulk distribution
     name: str = "real"
+    values: tuple = ()  # sorted, distinct; () for an interval
 
     @classmethod
     def parse(cls, raw: Any) -> "Domain":
@@ -54,6 +57,12 @@ class Domain:
                 raise ConfigError(f"unknown value domain {raw!r} (known: {', '.join(DOMAINS)})")
             lo, hi = DOMAINS[raw]
             return cls(lo=lo, hi=hi, name=raw)
+        if isinstance(raw, Mapping) and raw.get("values") is not None:
+            vals = raw["values"]
+            if not isinstance(vals, (list, tuple)) or not vals \
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
+                raise ConfigError(f"bad value domain {dict(raw)!r}: 'values' must be a non-empty list of finite numbers")
+            return cls(name=str(raw.get("name", "values")), values=tuple(sorted({float(v) for v in vals})))
         if isinstance(raw, Mapping):
             # "custom": a domain given by its bounds (what to_dict writes for one)
             base = cls() if raw.get("name") in (None, "custom") else cls.parse(raw["name"])
@@ -68,6 +77,8 @@ class Domain:
         raise ConfigError(f"bad value domain {raw!r}")
 
     def to_dict(self) -> dict:
+        if self.values:
+            return {"name": self.name, "values": list(self.values)}
         return {"lo": self.lo, "hi": self.hi, "scale": self.scale, "name": self.name}
 
 

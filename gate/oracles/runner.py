@@ -37,7 +37,7 @@ def quantize_inputs(spec: OpSpec, backend: Backend, cand: Candidate, dtype: str)
         if exhaustive:
             out.arrays[t.name] = backend.quantize(a64, d)
             continue
-        key = (d, t.domain.lo, t.domain.hi)
+        key = (d, t.domain.lo, t.domain.hi, t.domain.values)
         if _was_quantized(a64, key):  # an input the mutation left as it was: rounded already
             continue
         q, extremes = _rounded_within(backend, a64, d)

@@ -306,6 +306,8 @@ def _shifted(fin: np.ndarray, mean: float, width: float) -> bool:
 def feasible_values(domain: Domain, dtype: str, numel: Tuple[float, float]) -> List[str]:
     """Value classes reachable inside ``domain`` for tensors of ``numel`` in [lo, hi]."""
     bands = element_bands(dtype)
+    if domain.values:
+        return _feasible_in_set(domain.values, bands, numel)
     lo = -math.inf if domain.lo is None else domain.lo
     hi = math.inf if domain.hi is None else domain.hi
     nlo, nhi = numel
@@ -325,6 +327,34 @@ def feasible_values(domain: Domain, dtype: str, numel: Tuple[float, float]) -> L
             ok = bool(band_intervals(*bands["tiny"], domain))
         else:
             ok = bool(band_intervals(*bands[cls], domain))
+        if ok:
+            out.append(cls)
+    return out
+
+
+def _feasible_in_set(values: tuple, bands: Dict[str, tuple], numel: Tuple[float, float]) -> List[str]:
+    """The value classes a tensor holding only ``values`` can have (a set domain: labels)."""
+    nlo, nhi = numel
+    mags = [abs(v) for v in values]
+    out = []
+    for cls in VALUE_CLASSES:
+        if cls == "empty":
+            ok = nlo == 0
+        elif nhi == 0:
+            ok = False
+        elif cls == "zero":
+            ok = 0.0 in values
+        elif cls == "constant":
+            ok = nhi >= 2
+        elif cls == "shifted":  # one sign, a spread: two distinct values of one sign
+            ok = nhi >= 2 and (sum(v > 0 for v in values) >= 2 or sum(v < 0 for v in values) >= 2)
+        elif cls == "negative":
+            ok = any(v < 0 for v in values)
+        elif cls == "all_tiny":
+            ok = any(m < bands["tiny"][1] for m in mags)
+        else:
+            a, b = bands[cls]
+            ok = any(a <= m < b for m in mags)
         if ok:
             out.append(cls)
     return out

@@ -237,7 +237,10 @@ def tensor_shape(t: TensorSpec, env: Mapping[str, Any]) -> tuple:
 
 def draw_values(domain: Domain, shape: tuple, rng: np.random.Generator) -> np.ndarray:
     """Uniform inside a bounded domain, else normal of the domain's scale (folded at a bound);
-    a large array's random numbers come from :mod:`gate.search.randoms`."""
+    one of a set domain's values each (uniformly); a large array's random numbers come from
+    :mod:`gate.search.randoms`."""
+    if domain.values:
+        return np.array(randoms.resample(rng, np.asarray(domain.values, dtype=np.float64), shape), dtype=np.float64)
     lo, hi = domain.lo, domain.hi
     if lo is not None and hi is not None:
         w = hi - lo
@@ -261,8 +264,22 @@ def pick_positions(rng: np.random.Generator, n: int, k: int) -> Optional[np.ndar
     return randoms.integers(rng, n, k)
 
 
+def nearest_values(arr: np.ndarray, values: tuple) -> np.ndarray:
+    """Each element of ``arr`` replaced by the nearest of the sorted ``values`` (the lower one
+    at a midpoint; -inf the least, +inf and NaN the greatest): what a set domain's input holds
+    after a mutation moved it (a label nudged by noise is still the label it was nearest)."""
+    v = np.asarray(values, dtype=np.float64)
+    a = np.asarray(arr, dtype=np.float64)
+    if v.size == 1:
+        return np.full(a.shape, v[0])
+    return v[np.searchsorted((v[:-1] + v[1:]) / 2, a, side="left")]
+
+
 def project(arr: np.ndarray, domain: Domain) -> np.ndarray:
-    """Bring values back into the open domain by mirroring at its bounds, then clipping."""
+    """Bring values back into the open domain by mirroring at its bounds, then clipping (a
+    set domain: each to the nearest of its values)."""
+    if domain.values:
+        return nearest_values(arr, domain.values)
     lo, hi = domain.lo, domain.hi
     if lo is None and hi is None:
         return arr
@@ -286,7 +303,14 @@ def project(arr: np.ndarray, domain: Domain) -> np.ndarray:
 
 
 def inside_after_rounding(q: np.ndarray, domain: Domain, dtype: str) -> np.ndarray:
-    """After rounding to ``dtype`` a value may land on an open bound: step it one ulp inside."""
+    """After rounding to ``dtype`` a value may land on an open bound: step it one ulp inside.
+    A set domain's input: every element one of its values (as ``dtype`` holds them), whatever
+    made it (a mutation, an edge value, a regime: one place that every evaluated input passes)."""
+    if domain.values:
+        held = _values_at(domain.values, dtype)
+        if q.size and np.isin(q, held).all():
+            return q
+        return nearest_values(q, held)
     lo, hi = domain.lo, domain.hi
     if lo is not None:
         m = q <= lo
@@ -299,6 +323,21 @@ def inside_after_rounding(q: np.ndarray, domain: Domain, dtype: str) -> np.ndarr
             q = q.copy()
             q[m] = hi - ulp(np.full(np.count_nonzero(m), hi), dtype)
     return q
+
+
+@functools.lru_cache(maxsize=None)
+def _values_at(values: tuple, dtype: str) -> tuple:
+    """A set domain's values as ``dtype`` holds them (rounded to nearest, as an input is; labels
+    such as -1, 0 and 1 are exact in every format)."""
+    if dtype in ("float16", "float32"):
+        return tuple(sorted({float(x) for x in np.asarray(values).astype(dtype)}))
+    if dtype == "bfloat16":
+        out = set()
+        for x in values:
+            m, e = math.frexp(x)  # 8 significant bits, ties to even
+            out.add(math.ldexp(round(m * 256) / 256, e))
+        return tuple(sorted(out))
+    return tuple(values)
 
 
 def build_arrays(spec: OpSpec, dims: Mapping[str, int], params: Mapping[str, Any], rng: np.random.Generator,
