@@ -734,11 +734,11 @@ def test_init_then_refresh_then_run_fails_on_the_revert_and_passes_on_the_fix(tm
     gate_wf = load_workflow(repo / ".github/workflows/dl-gate.yml")
     step = action_step(gate_wf, "gate")
     assert step["with"] == {"config": ".dl-gate.yml", "install": "pip install -r requirements.txt"}
-    _set_evals(repo, 80)
+    _set_evals(repo, 40)
     focal = repo / "focallib" / "focal.py"
     old, new = (FIXED, BROKEN) if base_fixed else (BROKEN, FIXED)
     before = focal.read_text()
-    _refresh_and_pr(repo, 80, focal, before.replace(old, new), "revert the fix" if base_fixed else "the fix")
+    _refresh_and_pr(repo, 40, focal, before.replace(old, new), "revert the fix" if base_fixed else "the fix")
     changed = {i for i, (a, b) in enumerate(zip(before.splitlines(), focal.read_text().splitlines()), 1) if a != b}
     head = git(repo, "rev-parse", "HEAD").strip()
     event = {"number": 7, "pull_request": {"number": 7, "head": {"sha": head}, "base": {"ref": "main", "sha": "a" * 40}}}
