@@ -108,13 +108,19 @@ def test_a_loss_of_labels_is_searched_on_labels(tmp_path, monkeypatch):
 
 
 def test_init_infers_a_set_for_signed_labels_only():
-    pm1 = [np.array([1.0, -1.0, 1.0]), np.array([[1.0], [0.0]])]
+    pm1 = [np.array([1.0, -1.0, 1.0, 1.0]), np.array([[1.0], [0.0]])]
     assert _label_values("y_true", pm1) == {"name": "labels", "values": [-1.0, 0.0, 1.0]}
-    assert _label_values("target", [np.array([-1.0, 1.0]), None]) == {"name": "labels", "values": [-1.0, 1.0]}
+    assert _label_values("target", [np.array([-1.0, 1.0, 1.0, -1.0]), None]) == {"name": "labels", "values": [-1.0, 1.0]}
+    # deel-lip's tests: 0/1, -1/1, labels scaled for several GPUs (about -2 and 2), a batch of one
+    deel = [np.array([1.0, 1, 1, 0, 0, 0]), np.where(np.arange(8) % 2, 1.0, -1.0), np.array([-2.0, 2, 2, -2]),
+            np.array([2.0, 2, 2]), np.array([-1.996, 2.004, 2.004, -1.996]), np.array([-2.0])]
+    assert _label_values("y_true", deel)["values"] == [-2.0, -1.996, -1.0, 0.0, 1.0, 2.0, 2.004]
     # not a label's name (an activation's input the tests built from randint), 0/1 alone (soft
-    # labels keep [0, 1]), one value, other values: no set
+    # labels keep [0, 1]), one value, a call of real values, no repetition (a few real numbers),
+    # nothing recorded: no set
     assert _label_values("x", pm1) is None
     assert _label_values("y_true", [np.array([0.0, 1.0, 1.0])]) is None
     assert _label_values("y_true", [np.array([-1.0, -1.0])]) is None
-    assert _label_values("y_true", [np.array([-1.0, 1.0, 0.5])]) is None
+    assert _label_values("y_true", pm1 + [np.array([-1.0, 1.0, 0.5, 0.25])]) is None
+    assert _label_values("target", [np.array([0.5, -0.3])]) is None
     assert _label_values("y_true", [None]) is None

@@ -247,25 +247,32 @@ def _domain(values: List[np.ndarray]) -> Optional[Any]:
 
 def _label_values(name: str, values: List[Optional[np.ndarray]]) -> Optional[dict]:
     """A set domain for a target the tests passed as signed labels: a label-like argument
-    (:data:`LABEL_NAMES`) whose recorded values are all -1, 0 or 1, with -1 among them and at
-    least two of them (deel-lip's KR losses take ``y_true`` of 1 and -1, or 1 and 0, and select
-    a class with ``y_true == 1``: drawn from real values, no element is a label, every draw is
-    NaN, and init left the loss out). Labels of 0 and 1 alone keep the closed [0, 1] of
+    (:data:`LABEL_NAMES`) that every recorded call filled with at most three distinct values,
+    repeated in at least one call (a batch of labels, not a few real numbers), -1 or another
+    negative value among them; the set is every value those calls passed. deel-lip's KR losses
+    take ``y_true`` of 1 and 0, or 1 and -1 (and, scaled for several GPUs, about -2 and 2), and
+    select a class with ``y_true == 1``: drawn from real values no element is a label, every draw
+    is NaN, and init left the loss out. Labels of 0 and 1 alone keep the closed [0, 1] of
     :func:`_domain` (soft labels are what focal and cross-entropy losses take there)."""
     if not _label_like(name):
         return None
-    vals = [v for v in values if v is not None and v.size]
-    if not vals:
-        return None
-    seen = set()
-    for v in vals:
+    seen: set = set()
+    repeated = False
+    for v in values:
+        if v is None or not v.size:
+            continue  # not recorded (too large): no evidence either way
         u = np.unique(v)
-        if u.size > 3 or not np.isin(u, (-1.0, 0.0, 1.0)).all():
+        if u.size > 3 or not np.isfinite(u).all():
             return None
+        repeated |= v.size >= 2 * u.size
         seen.update(float(x) for x in u)
-    if -1.0 not in seen or len(seen) < 2:
+    if not repeated or len(seen) < 2 or min(seen) >= 0.0 or len(seen) > MAX_LABEL_VALUES:
         return None
     return {"name": "labels", "values": sorted(seen)}
+
+
+#: the most values a label set init writes may hold (the union of the tests' label sets)
+MAX_LABEL_VALUES = 16
 
 
 def _dim_name(i: int, used: set) -> str:
