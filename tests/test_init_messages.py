@@ -24,6 +24,17 @@ def test_keras2_code_under_keras3_gets_the_legacy_keras_hint(monkeypatch):
     assert _import_error(AttributeError("module 'numpy' has no attribute 'float'"), "x")["hint"] == ""
 
 
+def test_a_missing_module_names_the_distribution_pip_installs():
+    # tensorflow/model-remediation (acceptance run): tensorflow_hub imports pkg_resources, which
+    # setuptools 81 dropped; "pip install pkg_resources" was the advice
+    err = ModuleNotFoundError("No module named 'pkg_resources'", name="pkg_resources")
+    assert "`pip install 'setuptools<81'`" in _import_error(err, "tensorflow_model_remediation")["hint"]
+    err = ModuleNotFoundError("No module named 'cv2'", name="cv2")
+    assert "`pip install opencv-python`" in _import_error(err, "lib")["hint"]
+    err = ModuleNotFoundError("No module named 'einops.layers'", name="einops.layers")
+    assert "`pip install einops`" in _import_error(err, "lib")["hint"]  # the same name: as before
+
+
 def test_a_child_that_died_of_two_llvms_gets_the_backend_hint():
     # keras's torch backend (acceptance run): "the child process died (exit -6): LLVM ERROR: Option
     # 'bitcode-mdindex-threshold' registered more than once!" read "make it importable from the

@@ -98,6 +98,19 @@ def _params_of(fn, drop_first: bool = False) -> List[dict]:
     return out
 
 
+#: modules installed by a distribution of another name: what `pip install` needs to be told
+#: (tensorflow/model-remediation imports tensorflow_hub, which imports pkg_resources: setuptools
+#: dropped that module in its release 81, and "pip install pkg_resources" installs nothing useful)
+DISTRIBUTIONS = {
+    "pkg_resources": "'setuptools<81'", "yaml": "pyyaml", "cv2": "opencv-python", "sklearn": "scikit-learn",
+    "skimage": "scikit-image", "PIL": "pillow", "attr": "attrs", "dateutil": "python-dateutil",
+    "absl": "absl-py", "tensorflow_hub": "tensorflow-hub", "tf_keras": "tf-keras",
+    "bs4": "beautifulsoup4", "jwt": "pyjwt", "serial": "pyserial", "Crypto": "pycryptodome",
+    "tensorflow_probability": "tensorflow-probability", "tensorflow_addons": "tensorflow-addons",
+    "tensorflow_datasets": "tensorflow-datasets", "torch_geometric": "torch-geometric",
+}
+
+
 def _import_error(exc: BaseException, module: str) -> dict:
     """One line saying why ``module`` does not import, and what to do about it."""
     name = type(exc).__name__
@@ -110,7 +123,7 @@ def _import_error(exc: BaseException, module: str) -> dict:
                 "e.g. `pip install --no-deps -e .` in the repository, then re-run dl-gate init")
     elif isinstance(exc, ModuleNotFoundError) and getattr(exc, "name", None):
         top = exc.name.split(".")[0]
-        hint = f"a dependency is missing: `pip install {top}` (or the package's declared dependencies), then re-run"
+        hint = f"a dependency is missing: `pip install {DISTRIBUTIONS.get(top, top)}` (or the package's declared dependencies), then re-run"
     elif _keras2_under_keras3(exc, text):
         # larq (acceptance run): tf.keras code that Keras 3 no longer has (LocallyConnected1D)
         hint = ("Keras 2 code under Keras 3: `pip install tf-keras`, then `export TF_USE_LEGACY_KERAS=1` and "
