@@ -554,7 +554,8 @@ def _classify(repo: Path, pkg, framework: str, syms, sys_path, only, report: Ini
             if r is not None and r.get("kind") == "methods":
                 # a class whose operators are its methods (geoopt's manifolds): one per method
                 for meth in r["methods"]:
-                    mname = f"{name}.{meth['name']}"
+                    # a plain class called as a function (its __call__): the row is the class's
+                    mname = name if meth["name"] == "__call__" else f"{name}.{meth['name']}"
                     report.callables[mname] = f"{m}:{s.name}.{meth['name']}"
                     if only and not ({name, s.name, f"{m}.{s.name}"} & set(only)) and not (
                             {mname, f"{s.name}.{meth['name']}", f"{m}.{s.name}.{meth['name']}"} & set(only)):

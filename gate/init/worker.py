@@ -196,9 +196,17 @@ def classify(req: dict) -> None:
                     init = _params_of(obj.__init__, drop_first=True)
                     row.update(kind="layer", params=_params_of(obj.call, drop_first=True), init=init,
                                framework="tensorflow", loss=True)
+                elif _own_call(obj) is not None:
+                    # a plain class whose instances are called (tensorflow/model-remediation's
+                    # MinDiffKernel and its LaplacianKernel: ``kernel(x, y)``): its __call__, of an
+                    # instance built as the tests build it (gate.init.__init__ names the row after
+                    # the class)
+                    fw = "tensorflow" if "tensorflow" in sys.modules and "torch" not in sys.modules else "torch"
+                    row.update(kind="methods", framework=fw, init=_params_of(obj.__init__, drop_first=True),
+                               methods=[{"name": "__call__", "params": _params_of(_own_call(obj), drop_first=True)}])
                 else:
                     row["skip"] = ("a class that is not an nn.Module, a Keras Layer or Loss, or an "
-                                   "autograd.Function")
+                                   "autograd.Function, and whose instances are not called")
             elif type(obj).__name__ in ("CustomOpDef",) and hasattr(obj, "_init_fn"):
                 row.update(kind="custom_op", params=_params_of(obj._init_fn), framework="torch")
             elif inspect.isfunction(obj) or inspect.isbuiltin(obj) or callable(obj):
@@ -212,6 +220,18 @@ def classify(req: dict) -> None:
             else:
                 row["skip"] = f"a {type(obj).__name__}, not callable"
             _emit(row)
+
+
+def _own_call(cls):
+    """The ``__call__`` a library's class defines or inherits from another of the library's
+    classes (not ``object``'s, not a builtin's), or None."""
+    for k in cls.__mro__:
+        if (getattr(k, "__module__", "") or "").split(".")[0] in ("builtins", "abc", "typing"):
+            return None
+        f = vars(k).get("__call__")
+        if f is not None:
+            return f if inspect.isfunction(f) else None
+    return None
 
 
 def _no_forward(cls) -> bool:

@@ -1,0 +1,101 @@
+"""A plain class whose instances are called (tensorflow/model-remediation 6a7ea561: its
+``MinDiffKernel`` is neither a Keras Layer nor an nn.Module; ``LaplacianKernel(kernel_length)(x, y)``
+computes ``exp(-norm(x - y) / kernel_length)``, and the fix added an epsilon under the norm,
+whose gradient is NaN where x and y meet). init left every kernel out ("a class that is not an
+nn.Module, a Keras Layer or Loss, or an autograd.Function"), so neither direction of the fix
+was judged. Now such a class is gated through its ``__call__``, on an instance built as the tests
+build it, and its row is named after the class."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.test_init import _cli, _refresh_then_run_pr, git
+
+KERNELS = '''"""Kernels as callable objects (after tensorflow/model-remediation's min_diff kernels)."""
+import torch
+
+_EPSILON = {EPS}
+
+
+class Kernel:
+    """Not a module: an object whose call computes the kernel of two batches."""
+
+    def __init__(self, kernel_length=0.1):
+        self.kernel_length = kernel_length
+
+    def __call__(self, x, y):
+        return self.call(x[:, None, :], y[None, :, :])
+
+    def call(self, x, y):
+        raise NotImplementedError
+
+
+def norm(d, dim):
+    """tf.norm's Euclidean norm: the square root of the sum of squares (its gradient at 0 is NaN;
+    torch's own vector_norm defines it as 0)."""
+    return torch.sqrt((d * d).sum(dim=dim))
+
+
+class LaplacianKernel(Kernel):
+    def call(self, x, y):
+        return torch.exp(-norm(x - y + _EPSILON, dim=2) / self.kernel_length)
+'''
+TESTS = '''import torch
+
+from kernlib import LaplacianKernel
+
+
+def test_laplacian():
+    torch.manual_seed(0)
+    k = LaplacianKernel(2.0)
+    x = torch.randn(6, 3)
+    assert k(x, x).shape == (6, 6)
+    assert k(x, torch.randn(4, 3)).shape == (6, 4)
+'''
+
+
+def _make(tmp_path, eps: str):
+    repo = tmp_path / "kernrepo"
+    (repo / "kernlib").mkdir(parents=True)
+    (repo / "kernlib" / "__init__.py").write_text(KERNELS.replace("{EPS}", eps))
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_kernels.py").write_text(TESTS)
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    return repo
+
+
+def test_a_called_object_is_gated_through_its_call_built_as_the_tests_build_it(tmp_path):
+    repo = _make(tmp_path, "1.0e-8")
+    res = _cli(repo, "init", "--no-workflows")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = {r["name"]: r for r in yaml.safe_load((repo / ".dl-gate.yml").read_text())["ops"]}
+    row = rows["kernlib.LaplacianKernel"]
+    assert row["callable"] == "kernlib:LaplacianKernel.__call__" and row["construct"] == {"kernel_length": 2.0}, row
+    assert [t["name"] for t in row["inputs"]] == ["x", "y"], row
+    # the base class, which the tests never call, is not a row
+    assert "kernlib.Kernel" not in rows and "kernlib.norm" in rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_fixed", [True, False])
+def test_the_epsilon_under_the_norm_and_its_revert(tmp_path, base_fixed):
+    """The revert brings back the NaN gradient where x meets y; the fix passes."""
+    repo = _make(tmp_path, "1.0e-8" if base_fixed else "0.0")
+    res = _cli(repo, "init", "--no-workflows")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    src = repo / "kernlib" / "__init__.py"
+    res = _refresh_then_run_pr(repo, tmp_path / "out", 30, src, KERNELS.replace("{EPS}", "0.0" if base_fixed else "1.0e-8"),
+                               "drop the epsilon" if base_fixed else "an epsilon under the norm")
+    assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    by = {(v["variant"]["dtype"], v["variant"].get("oracle")): v for v in report["verdicts"]
+          if v["op"] == "kernlib.LaplacianKernel"}
+    grad = [v for (d, o), v in by.items() if o == "grad"]
+    assert grad, by.keys()
+    if base_fixed:
+        assert all(v["outcome"] == "regression" and "NaN" in v["reason"] for v in grad), grad
+    else:
+        assert all(v["outcome"] == "improvement" for v in grad), grad
