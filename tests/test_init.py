@@ -635,6 +635,24 @@ def test_a_probability_drawn_in_zero_one_stays_there():
     assert all("domain" not in t for t in widen(from_records(op, recs, "torch", []).spec)["inputs"])
 
 
+def test_sample_and_class_weights_stay_non_negative_a_layers_weight_opens():
+    # tensorflow/model-remediation's MMDLoss(membership, predictions, sample_weight): opened to real
+    # values every widened spec was rejected ("`sample_weight` cannot contain any negative
+    # weights"); a layer's `weight` is any real matrix and opens as before
+    import numpy as np
+
+    for name in ("sample_weight", "class_weights", "pos_weight"):
+        op = _op([("predictions", None), (name, None)])
+        recs = [CallRecord(op="lib.f", args=[TensorArg((4, 1), "float32", np.random.rand(4, 1) + 0.1),
+                                            TensorArg((4, 1), "float32", np.random.rand(4, 1) * 3 + 0.1)], kwargs={})]
+        wide = widen(from_records(op, recs, "torch", []).spec)
+        assert "domain" not in wide["inputs"][0] and wide["inputs"][1]["domain"] == "nonneg", (name, wide["inputs"])
+    op = _op([("input", None), ("weight", None)])
+    recs = [CallRecord(op="lib.f", args=[TensorArg((4, 3), "float32", np.random.rand(4, 3) + 0.1),
+                                        TensorArg((2, 3), "float32", np.random.rand(2, 3) * 3 + 0.1)], kwargs={})]
+    assert all("domain" not in t for t in widen(from_records(op, recs, "torch", []).spec)["inputs"])
+
+
 def test_a_class_with_defaults_is_built_as_the_tests_built_it():
     # keras' GroupNormalization (acceptance run on keras-team/keras d863dc8a5b): its constructor
     # has defaults only (groups=32); the tests build it as GroupNormalization(groups=4,

@@ -472,6 +472,8 @@ def widen(spec: dict) -> Optional[dict]:
             continue
         if name == "prob" and _label_like(t["name"]):
             continue  # soft labels the tests drew with torch.rand (kornia's binary focal loss target)
+        if name in ("prob", "nonneg") and t["name"].lower() in NONNEG_NAMES:
+            continue  # weights of samples or classes: Keras rejects a negative sample_weight outright
         if t.get("kind", "float") == "float" and name in ("prob", "nonneg"):
             del t["domain"]
             changed = True
@@ -482,6 +484,14 @@ def widen(spec: dict) -> Optional[dict]:
 #: labels, masks), however the tests drew them; a target of -2.0 asks a loss a question no
 #: caller asks, and a fix that clamps it reads as a behaviour change
 LABEL_NAMES = frozenset({"target", "targets", "label", "labels", "y_true", "gt", "ground_truth", "mask", "masks"})
+
+
+#: argument names of weights that are never negative by what they mean (a loss's per-sample and
+#: per-class weights; not a layer's ``weight``, which is any real matrix): a [0, ...) the tests
+#: passed stays (tensorflow/model-remediation's MMDLoss: "`sample_weight` cannot contain any
+#: negative weights", every widened spec rejected, the loss left out)
+NONNEG_NAMES = frozenset({"sample_weight", "sample_weights", "class_weight", "class_weights", "pos_weight",
+                          "sample_weight_tensor"})
 
 
 #: argument names of probabilities: a [0, 1] the tests drew is what the argument means (a fix
