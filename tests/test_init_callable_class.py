@@ -99,3 +99,75 @@ def test_the_epsilon_under_the_norm_and_its_revert(tmp_path, base_fixed):
         assert all(v["outcome"] == "regression" and "NaN" in v["reason"] for v in grad), grad
     else:
         assert all(v["outcome"] == "improvement" for v in grad), grad
+
+
+TF_KERNELS = '''"""tensorflow/model-remediation's kernels (min_diff/losses/kernels), trimmed."""
+import tensorflow as tf
+
+_EPSILON = {EPS}
+
+
+class MinDiffKernel:
+    def __init__(self, kernel_length=0.1, tile_input=True):
+        self.kernel_length = kernel_length
+        self.tile_input = tile_input
+
+    def __call__(self, x, y=None):
+        if y is None:
+            y = x
+        if self.tile_input:
+            x = x[:, tf.newaxis, :]
+            y = y[tf.newaxis, :, :]
+        return self.call(x, y)
+
+    def call(self, x, y):
+        raise NotImplementedError
+
+
+class LaplacianKernel(MinDiffKernel):
+    def call(self, x, y):
+        return tf.exp(-tf.norm(x - y + _EPSILON, axis=2) / self.kernel_length)
+'''
+TF_TESTS = '''import tensorflow as tf
+
+from tfkern import LaplacianKernel
+
+
+def test_laplacian_of_a_batch_with_itself():
+    x = tf.constant([[0.1, 0.2], [0.3, 0.4], [0.5, 0.9]])
+    assert LaplacianKernel(0.05)(x).shape == (3, 3)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+@pytest.mark.parametrize("base_fixed", [True, False])
+def test_a_tensorflow_kernels_gradient_is_checked_by_default(tmp_path, base_fixed):
+    """The real fix's shape: TensorFlow, the kernel of a batch with itself (y defaults to x), tf.norm
+    whose gradient at 0 is NaN. A user TensorFlow row gets a gradient variant by default, as a torch
+    one does: the revert fails on it, the fix is an improvement there (before, TensorFlow rows had
+    no gradient variant and both directions passed on forward values the epsilon does not move)."""
+    repo = tmp_path / "tfrepo"
+    (repo / "tfkern").mkdir(parents=True)
+    src = repo / "tfkern" / "__init__.py"
+    src.write_text(TF_KERNELS.replace("{EPS}", "1.0e-8" if base_fixed else "0.0"))
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_kern.py").write_text(TF_TESTS)
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    res = _cli(repo, "init", "--no-workflows")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    cfg = yaml.safe_load((repo / ".dl-gate.yml").read_text())
+    row = {r["name"]: r for r in cfg["ops"]}["tfkern.LaplacianKernel"]
+    assert row.get("framework", cfg.get("framework")) == "tensorflow" and [t["name"] for t in row["inputs"]] == ["x"], row
+    res = _refresh_then_run_pr(repo, tmp_path / "out", 20, src, TF_KERNELS.replace("{EPS}", "0.0" if base_fixed else "1.0e-8"),
+                               "drop the epsilon" if base_fixed else "an epsilon under the norm")
+    assert res.returncode == (1 if base_fixed else 0), res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    grad = [v for v in report["verdicts"] if v["variant"].get("oracle") == "grad"]
+    assert len(grad) == 1, report["verdicts"]
+    if base_fixed:
+        assert grad[0]["outcome"] == "regression" and "NaN" in grad[0]["reason"], grad
+        # the forward values move by a few float32 ulps (the epsilon): a refinement, reported, not failed
+        assert [v for v in report["verdicts"] if v["outcome"] == "regression"] == grad, report["verdicts"]
+    else:
+        assert grad[0]["outcome"] == "improvement", grad

@@ -439,8 +439,10 @@ class OpSpec:
                 twin=merged.get("twin"),
                 opinfo=merged.get("opinfo"),
                 batch_dim=merged.get("batch_dim"),
-                # user torch operators: gradients are checked by default ("grad: false" turns it off)
-                grad=bool(merged.get("grad", user_torch)),
+                # user operators: gradients are checked by default ("grad: false" turns it off): a
+                # dropped epsilon under a norm is a backward-only NaN in TensorFlow as in PyTorch
+                # (tensorflow/model-remediation 6a7ea561)
+                grad=bool(merged.get("grad", origin == "user" and merged.get("framework") in ("torch", "tensorflow"))),
                 oracles=tuple(merged["oracles"]) if merged.get("oracles") is not None else None,
                 oracle_args={str(k): dict(v or {}) for k, v in dict(merged.get("oracle_args") or {}).items()},
                 construct=_construct(name, merged.get("construct")),
