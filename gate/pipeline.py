@@ -784,7 +784,7 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         sources: Dict[str, Tuple[Optional[str], Optional[int]]] = {}
         costs: Dict[str, float] = {}  # an operator's seconds an evaluation, as its searches measured them
         _settle_structure(ctx, planned, isolate, base_isolate, report, say)
-        pools = _Pools(planned, None if opts.evals else ctx.settings.min_evals)
+        pools = _Pools(planned, None if opts.evals else ctx.settings.min_evals, _fuzz_deadline(opts, ctx))
         work = planned.done
         for task in planned.run_tasks:
             task = pools.budget(task)
@@ -907,6 +907,27 @@ def _replay_share(opts: RunOptions, ctx: Context) -> Optional[float]:
     return None if opts.evals else REPLAY_SHARE
 
 
+def _fuzz_deadline(opts: RunOptions, ctx: Context) -> Optional[float]:
+    """When the fuzz stage must end at the latest: the run's deadline (the supervisor's,
+    ``DL_GATE_DEADLINE_AT``) less the base replay's and localisation's shares and a margin for
+    the verdicts and the report; None without a deadline or with an ``--evals`` budget."""
+    import os
+
+    if opts.evals:
+        return None
+    try:
+        at = float(os.environ["DL_GATE_DEADLINE_AT"])
+    except (KeyError, ValueError):
+        return None
+    loc = ctx.cfg.budget.get("localise")
+    reserve = (_replay_share(opts, ctx) or 0.0) + (60.0 if loc is None else float(loc)) + DEADLINE_MARGIN
+    return at - reserve
+
+
+#: seconds kept before the run's deadline for the verdicts, the report and the files it writes
+DEADLINE_MARGIN = 20.0
+
+
 class _Pools:
     """The fuzz stage's time, spent as measured. Each operator has ``per_op`` seconds (and the run
     ``total``); a variant's share is what its operator has left over its variants still to run (at
@@ -918,10 +939,18 @@ class _Pools:
     ones, a loaded machine), and no variant can take another's part of the total. The stage stays
     within ``total``: each variant is booked at its wall time, and its search gets its share less
     the overhead a variant has been measured to cost beyond its search (so that the variants run
-    last still get theirs). With an ``--evals`` budget nothing is timed (``min_evals`` None)."""
+    last still get theirs). Where the variants before spent the total anyway (their walls past
+    their shares on a loaded runner), a variant may still reach ``min_evals`` within its part of
+    the time left before ``deadline`` (the run's, less the later stages' shares). With an
+    ``--evals`` budget nothing is timed (``min_evals`` None)."""
 
-    def __init__(self, planned: "Planned", min_evals: Optional[int]):
+    def __init__(self, planned: "Planned", min_evals: Optional[int], deadline: Optional[float] = None):
         self.min_evals = min_evals
+        #: when the fuzz stage must end at the latest (``time.time()``: the run's deadline less the
+        #: later stages' shares), or None: where the run's total is spent by the variants before
+        #: (walls past their shares on a loaded runner), a variant still reaches ``min_evals``
+        #: within its part of the time left to then, rather than be judged on no evaluation
+        self.deadline = deadline
         self.total_left = float(planned.total)
         self.op_left: Dict[str, float] = {}
         self.todo: Dict[str, int] = {}
@@ -943,6 +972,11 @@ class _Pools:
         over = self.overhead()
         share = max(0.0, min(task.budget.seconds, cap / max(self.todo[name], 1), total / n_left) - over)
         limit = max(cap, total / n_left)  # to reach min_evals, past the operator's cap
+        if self.deadline is not None:
+            # tensorflow/model-remediation's revert on a loaded runner: two variants' walls (a
+            # TensorFlow worker's start, replays) spent the 120 s, and the third got 0 evaluations
+            # (under-searched: exit 2) with minutes left before the run's deadline
+            limit = max(limit, max(0.0, self.deadline - time.time()) / n_left)
         return Task(op=task.op, variant=task.variant, seed=task.seed, strategy=task.strategy,
                     budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=limit))
 

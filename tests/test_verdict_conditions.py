@@ -221,6 +221,35 @@ def test_the_operator_cap_spreads_the_search_but_does_not_cut_a_variant_below_it
     assert pools.budget(fixed) is fixed
 
 
+def test_a_variant_after_a_spent_total_still_reaches_its_minimum_before_the_runs_deadline():
+    """tensorflow/model-remediation's revert (acceptance run, loaded runner): one operator, three
+    variants, 120 s in all; the first two variants' walls (a TensorFlow worker's start, replays)
+    spent the 120 s and the third got 0 evaluations, an under-searched error (exit 2) with minutes
+    left before the run's deadline. It may now reach the minimum within its part of the time left
+    before the deadline less the later stages' shares; without a deadline, as before."""
+    import time
+    from types import SimpleNamespace
+
+    from gate.ops.catalog import load_builtin
+    from gate.pipeline import _Pools
+    from gate.plan import Budget, Task, Variant
+
+    spec = next(s for s in load_builtin(("torch",)) if s.name == "torch.softmax")
+    tasks = [Task(op=spec, variant=Variant(dt, "cpu"), budget=Budget(seconds=120.0), seed=0)
+             for dt in ("float16", "float32", "bfloat16")]
+    for deadline in (None, time.time() + 90.0):
+        pools = _Pools(SimpleNamespace(total=120.0, per_op=120.0, run_tasks=tasks), min_evals=20, deadline=deadline)
+        for t in tasks[:2]:
+            b = pools.budget(t)
+            pools.spend(b, searched=b.budget.seconds, wall=62.0)
+        last = pools.budget(tasks[2])
+        assert last.budget.seconds == 0.0 and last.budget.min_evals == 20
+        if deadline is None:
+            assert last.budget.max_seconds == 0.0  # the stage stays within its total: starved
+        else:
+            assert 85.0 < last.budget.max_seconds <= 90.0, last.budget  # the minimum within the deadline
+
+
 def test_the_variants_run_last_are_not_starved_by_the_overhead_of_those_before():
     """bench/stages.py, 10 changed operators x 5 variants in 50 s: each variant searched its 1 s
     and cost ~0.2 s more (warm-up, replays, controls), so the two gradient variants planned last
