@@ -364,13 +364,33 @@ class ClassOperator:
                     torch.manual_seed(0)
                     self.default = cls(**self.kwargs)
         self._built: dict = {}
+        self._default_ok = False  # a Keras instance's first call has succeeded (see call_default)
         try:  # what inspect.signature reports: the instance's call (forward / call), not (*args, **kwargs)
             self.__signature__ = inspect.signature(getattr(self.default, keras_call_method(cls) if keras else "forward"))
         except (TypeError, ValueError):
             pass
 
     def __call__(self, *args, **kwargs):
-        return self.default(*args, **kwargs)
+        if not self.keras:
+            return self.default(*args, **kwargs)
+        return self.call_default(*args, **kwargs)
+
+    def call_default(self, *args, **kwargs):
+        """The instance built without a dtype, called; a Keras layer whose first call failed (its
+        ``build`` rejected the input's shape: deel-lip's GroupSort on an odd channel count) is
+        built afresh, so that the next input builds it again: Keras marks a layer built before its
+        ``build`` finishes, and a variant whose first input was invalid found every later one
+        invalid too ("self.n has to be a divisor of the number of channels" on channels of 4)."""
+        if not self.keras or self._default_ok:
+            return self.default(*args, **kwargs)
+        try:
+            out = self.default(*args, **kwargs)
+        except Exception:
+            with _seeded_globals():
+                self.default = self.cls(**self.kwargs)
+            raise
+        self._default_ok = True
+        return out
 
     def at(self, dtype: str, device: str = "cpu"):
         """The instance that runs at ``dtype`` on ``device``; for a Keras layer ``dtype`` may be a
@@ -378,7 +398,7 @@ class ClassOperator:
         key = (dtype, device)
         if key not in self._built:
             if self.keras:
-                self._built[key] = _KerasAt(self._keras_at(dtype), self.default)
+                self._built[key] = _KerasAt(lambda: self._keras_at(dtype), self)
             else:
                 import copy
 
@@ -450,20 +470,27 @@ def keras_call_method(cls: type) -> str:
 
 
 class _KerasAt:
-    """A Keras layer built at a dtype, given ``default``'s weights when it builds them (Keras
-    creates weights at the first call, each instance its own random draw)."""
+    """A Keras layer built at a dtype by ``make``, given the weights of ``owner``'s instance built
+    without a dtype when it builds them (Keras creates weights at the first call, each instance its
+    own random draw). A first call that fails (the layer's ``build`` rejected the input's shape)
+    leaves a fresh layer for the next input, as :meth:`ClassOperator.call_default` does."""
 
-    def __init__(self, layer: Any, default: Any):
-        self.layer, self.default, self.ready = layer, default, False
+    def __init__(self, make: Callable[[], Any], owner: "ClassOperator"):
+        self.make, self.owner, self.ready = make, owner, False
+        self.layer = make()
 
     def __call__(self, *args, **kwargs):
         if not self.ready:
-            out = self.layer(*args, **kwargs)  # builds the layer's weights
-            if getattr(self.layer, "weights", None):  # a Keras Loss has none
-                if not self.default.built:
-                    self.default(*args, **kwargs)
-                self.layer.set_weights(self.default.get_weights())
-                out = self.layer(*args, **kwargs)
+            try:
+                out = self.layer(*args, **kwargs)  # builds the layer's weights
+                if getattr(self.layer, "weights", None):  # a Keras Loss has none
+                    if not self.owner._default_ok:
+                        self.owner.call_default(*args, **kwargs)
+                    self.layer.set_weights(self.owner.default.get_weights())
+                    out = self.layer(*args, **kwargs)
+            except Exception:
+                self.layer = self.make()
+                raise
             self.ready = True
             return out
         return self.layer(*args, **kwargs)
