@@ -306,58 +306,48 @@ def _shifted(fin: np.ndarray, mean: float, width: float) -> bool:
 def feasible_values(domain: Domain, dtype: str, numel: Tuple[float, float]) -> List[str]:
     """Value classes reachable inside ``domain`` for tensors of ``numel`` in [lo, hi]."""
     bands = element_bands(dtype)
-    if domain.values:
-        return _feasible_in_set(domain.values, bands, numel)
+    nlo, nhi = numel
+    reach = _in_set(domain.values, bands, nhi) if domain.values else _in_interval(domain, bands, nhi)
+    return [c for c in VALUE_CLASSES if (nlo == 0 if c == "empty" else nhi != 0 and reach(c))]
+
+
+def _in_interval(domain: Domain, bands: Dict[str, tuple], nhi: float):
+    """Whether a tensor of at most ``nhi`` elements inside the open interval can be of a class."""
     lo = -math.inf if domain.lo is None else domain.lo
     hi = math.inf if domain.hi is None else domain.hi
-    nlo, nhi = numel
-    out = []
-    for cls in VALUE_CLASSES:
-        if cls == "empty":
-            ok = nlo == 0
-        elif nhi == 0:
-            ok = False
-        elif cls == "zero":
-            ok = lo < 0 < hi
-        elif cls in ("constant", "shifted"):
-            ok = nhi >= 2
-        elif cls == "negative":
-            ok = lo < 0
-        elif cls == "all_tiny":
-            ok = bool(band_intervals(*bands["tiny"], domain))
-        else:
-            ok = bool(band_intervals(*bands[cls], domain))
-        if ok:
-            out.append(cls)
-    return out
+
+    def reach(cls: str) -> bool:
+        if cls == "zero":
+            return lo < 0 < hi
+        if cls in ("constant", "shifted"):
+            return nhi >= 2
+        if cls == "negative":
+            return lo < 0
+        return bool(band_intervals(*bands["tiny" if cls == "all_tiny" else cls], domain))
+
+    return reach
 
 
-def _feasible_in_set(values: tuple, bands: Dict[str, tuple], numel: Tuple[float, float]) -> List[str]:
-    """The value classes a tensor holding only ``values`` can have (a set domain: labels)."""
-    nlo, nhi = numel
+def _in_set(values: tuple, bands: Dict[str, tuple], nhi: float):
+    """Whether a tensor of at most ``nhi`` elements holding only ``values`` (a set domain:
+    labels) can be of a class."""
     mags = [abs(v) for v in values]
-    out = []
-    for cls in VALUE_CLASSES:
-        if cls == "empty":
-            ok = nlo == 0
-        elif nhi == 0:
-            ok = False
-        elif cls == "zero":
-            ok = 0.0 in values
-        elif cls == "constant":
-            ok = nhi >= 2
-        elif cls == "shifted":  # one sign, a spread: two distinct values of one sign
-            ok = nhi >= 2 and (sum(v > 0 for v in values) >= 2 or sum(v < 0 for v in values) >= 2)
-        elif cls == "negative":
-            ok = any(v < 0 for v in values)
-        elif cls == "all_tiny":
-            ok = any(m < bands["tiny"][1] for m in mags)
-        else:
-            a, b = bands[cls]
-            ok = any(a <= m < b for m in mags)
-        if ok:
-            out.append(cls)
-    return out
+
+    def reach(cls: str) -> bool:
+        if cls == "zero":
+            return 0.0 in values
+        if cls == "constant":
+            return nhi >= 2
+        if cls == "shifted":  # one sign, a spread: two distinct values of one sign
+            return nhi >= 2 and (sum(v > 0 for v in values) >= 2 or sum(v < 0 for v in values) >= 2)
+        if cls == "negative":
+            return any(v < 0 for v in values)
+        if cls == "all_tiny":
+            return any(m < bands["tiny"][1] for m in mags)
+        a, b = bands[cls]
+        return any(a <= m < b for m in mags)
+
+    return reach
 
 
 # ---------------------------------------------------------------------------------------
