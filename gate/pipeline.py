@@ -944,8 +944,10 @@ class _Pools:
     the time left before ``deadline`` (the run's, less the later stages' shares). With an
     ``--evals`` budget nothing is timed (``min_evals`` None)."""
 
-    def __init__(self, planned: "Planned", min_evals: Optional[int], deadline: Optional[float] = None):
+    def __init__(self, planned: "Planned", min_evals: Optional[int], deadline: Optional[float] = None,
+                 clock: Callable[[], float] = time.time):
         self.min_evals = min_evals
+        self.clock = clock  # what ``deadline`` is read against (a test gives a fixed one)
         #: when the fuzz stage must end at the latest (``time.time()``: the run's deadline less the
         #: later stages' shares), or None: where the run's total is spent by the variants before
         #: (walls past their shares on a loaded runner), a variant still reaches ``min_evals``
@@ -976,7 +978,7 @@ class _Pools:
             # tensorflow/model-remediation's revert on a loaded runner: two variants' walls (a
             # TensorFlow worker's start, replays) spent the 120 s, and the third got 0 evaluations
             # (under-searched: exit 2) with minutes left before the run's deadline
-            limit = max(limit, max(0.0, self.deadline - time.time()) / n_left)
+            limit = max(limit, max(0.0, self.deadline - self.clock()) / n_left)
         return Task(op=task.op, variant=task.variant, seed=task.seed, strategy=task.strategy,
                     budget=Budget(seconds=share, min_evals=self.min_evals, max_seconds=limit))
 

@@ -7,6 +7,7 @@ The gate-level bed is tests/test_init_constructions.py (both directions of the K
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -32,7 +33,7 @@ def test_a_set_domain_reads_writes_and_validates():
     for bad in ({"values": []}, {"values": [1, "a"]}, {"values": [float("nan")]}, {"values": 1}, {"values": [True]}):
         with pytest.raises(ConfigError, match="'values' must be a non-empty list of finite numbers"):
             Domain.parse(bad)
-    schema = json.loads(open("gate/config_schema.json").read())
+    schema = json.loads((Path(__file__).resolve().parents[1] / "gate" / "config_schema.json").read_text())
     tensor = {"$ref": "#/$defs/tensor", "$defs": schema["$defs"]}
     jsonschema.validate({"name": "y_true", "shape": ["N"], "domain": LABELS}, tensor)
     with pytest.raises(jsonschema.ValidationError):

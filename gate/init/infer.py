@@ -490,8 +490,7 @@ LABEL_NAMES = frozenset({"target", "targets", "label", "labels", "y_true", "gt",
 #: per-class weights; not a layer's ``weight``, which is any real matrix): a [0, ...) the tests
 #: passed stays (tensorflow/model-remediation's MMDLoss: "`sample_weight` cannot contain any
 #: negative weights", every widened spec rejected, the loss left out)
-NONNEG_NAMES = frozenset({"sample_weight", "sample_weights", "class_weight", "class_weights", "pos_weight",
-                          "sample_weight_tensor"})
+NONNEG_NAMES = frozenset({"sample_weight", "sample_weights", "class_weight", "class_weights", "pos_weight"})
 
 
 #: argument names of probabilities: a [0, 1] the tests drew is what the argument means (a fix

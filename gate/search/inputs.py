@@ -327,17 +327,11 @@ def inside_after_rounding(q: np.ndarray, domain: Domain, dtype: str) -> np.ndarr
 
 @functools.lru_cache(maxsize=None)
 def _values_at(values: tuple, dtype: str) -> tuple:
-    """A set domain's values as ``dtype`` holds them (rounded to nearest, as an input is; labels
-    such as -1, 0 and 1 are exact in every format)."""
-    if dtype in ("float16", "float32"):
-        return tuple(sorted({float(x) for x in np.asarray(values).astype(dtype)}))
-    if dtype == "bfloat16":
-        out = set()
-        for x in values:
-            m, e = math.frexp(x)  # 8 significant bits, ties to even
-            out.add(math.ldexp(round(m * 256) / 256, e))
-        return tuple(sorted(out))
-    return tuple(values)
+    """A set domain's values as ``dtype`` holds them (rounded as an input is; labels such as -1,
+    0 and 1 are exact in every format)."""
+    from ..backends.base import numpy_quantize
+
+    return tuple(sorted({float(x) for x in numpy_quantize(np.asarray(values, dtype=np.float64), dtype)}))
 
 
 def build_arrays(spec: OpSpec, dims: Mapping[str, int], params: Mapping[str, Any], rng: np.random.Generator,
