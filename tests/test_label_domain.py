@@ -33,6 +33,8 @@ def test_a_set_domain_reads_writes_and_validates():
     for bad in ({"values": []}, {"values": [1, "a"]}, {"values": [float("nan")]}, {"values": 1}, {"values": [True]}):
         with pytest.raises(ConfigError, match="'values' must be a non-empty list of finite numbers"):
             Domain.parse(bad)
+    with pytest.raises(ConfigError, match="a set of 'values' takes no lo, hi or scale"):
+        Domain.parse({"values": [-1, 1], "lo": -2})
     schema = json.loads((Path(__file__).resolve().parents[1] / "gate" / "config_schema.json").read_text())
     tensor = {"$ref": "#/$defs/tensor", "$defs": schema["$defs"]}
     jsonschema.validate({"name": "y_true", "shape": ["N"], "domain": LABELS}, tensor)

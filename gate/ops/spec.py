@@ -62,6 +62,8 @@ class Domain:
             if not isinstance(vals, (list, tuple)) or not vals \
                     or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
                 raise ConfigError(f"bad value domain {dict(raw)!r}: 'values' must be a non-empty list of finite numbers")
+            if any(raw.get(k) is not None for k in ("lo", "hi", "scale")):
+                raise ConfigError(f"bad value domain {dict(raw)!r}: a set of 'values' takes no lo, hi or scale")
             return cls(name=str(raw.get("name", "values")), values=tuple(sorted({float(v) for v in vals})))
         if isinstance(raw, Mapping):
             # "custom": a domain given by its bounds (what to_dict writes for one)
