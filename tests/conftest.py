@@ -159,13 +159,14 @@ FAST_END_TO_END = frozenset({"test_real_regressions_fail[precision-mylib.log1p-u
 #: (pyproject's addopts) the workers take files in collection order, so the long beds start first
 #: and the short files fill in at the end (xdist's default order, most tests first, would leave a
 #: file of a few long tests running alone at the end while the other worker idles)
-LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-11-29)
-    "init", "kernels_cpp", "redteam", "verdict_bed", "kernels_triton", "refactor_bed", "keras_mixed_bed",
-    "example", "gate_run", "containment", "oracles_isolation", "threads", "localise", "stability_bed", "input_bed", "size_reach_bed",
-    "keras_layer_class", "exhaustive", "upcast_bed", "gate_verdict_rules", "grad_probe", "default_inputs", "method_bed",
-    "action", "false_alarms_docs", "false_alarms_improve", "false_alarms_refactor", "cli_core", "init_messages",
-    "localise_units", "contrast_search", "core_fuzz", "robust_inputs", "mixed_inputs", "oracles_gate_run", "not_gated",
-    "zero_results", "search_harvest"))
+LONGEST_FIRST = tuple(f"test_{n}.py" for n in (  # by their test time in a full run (--dist loadfile, 2026-12-01)
+    "init", "kernels_cpp", "kernels_triton", "verdict_bed", "init_callable_class", "redteam", "refactor_bed",
+    "gate_run", "init_constructions", "oracles_isolation", "keras_mixed_bed", "stability_bed", "threads", "example",
+    "closer_bed", "containment", "localise", "tensor_subclass", "exhaustive", "input_bed", "size_reach_bed",
+    "init_messages", "upcast_bed", "keras_layer_class", "gate_verdict_rules", "grad_probe", "default_inputs",
+    "localise_units", "method_bed", "cli_core", "action", "init_narrow", "false_alarms_improve",
+    "false_alarms_refactor", "search_harvest", "false_alarms_docs", "structure_probe", "contrast_search",
+    "oracles_gate_run", "core_fuzz", "seeded_construction", "workflows"))
 
 
 @pytest.hookimpl(optionalhook=True)  # without pytest-xdist (-p no:xdist) the hook is not there
