@@ -10,6 +10,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # the end-to-end runs leave the PNG chart out (~0.7 s a run: matplotlib's import and drawing);
 # its own tests (tests/test_report_markdown.py) clear this and draw it
 os.environ.setdefault("DL_GATE_PLOT", "0")
+# a refresh measures one operator per core by default (gate.commands.baseline.refresh_jobs): the
+# suite already runs more workers than cores, where a refresh's pool only adds processes that
+# import the framework again (~2.5 s of CPU each, ~40 refreshes). One process a refresh here;
+# tests/test_refresh_jobs.py runs the pool, by default and by flag
+os.environ.setdefault("DL_GATE_JOBS", "1")
 
 # tests import TensorFlow directly, and later tests (torch.export's dynamo path, Triton kernels)
 # import Triton: Triton must come first (gate.backends.base.before_tensorflow)

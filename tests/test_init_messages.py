@@ -171,9 +171,14 @@ def test_a_layer_of_a_library_named_tensorflow_something_is_called_through_its_o
     assert keras_call_method(keras.layers.Dense) == "call"
 
 
-def test_init_says_what_the_first_refresh_costs_and_how_to_narrow_a_long_one():
+def test_init_says_what_the_first_refresh_costs_and_how_to_narrow_a_long_one(monkeypatch):
     from gate.commands.init import refresh_plan
 
+    monkeypatch.setenv("DL_GATE_JOBS", "2")  # a 2-core runner: two operators measured at a time
+    assert refresh_plan(22, 10.0) == ("22 operators x 10s, 2 at a time, at least 110s", None)
+    assert refresh_plan(1, 10.0) == ("1 operators x 10s, at least 10s", None)  # never more processes than operators
+    assert refresh_plan(181, 10.0)[1] is not None and refresh_plan(180, 10.0)[1] is None  # 15 minutes, two at a time
+    monkeypatch.setenv("DL_GATE_JOBS", "1")
     assert refresh_plan(22, 10.0) == ("22 operators x 10s, at least 4 min", None)
     assert refresh_plan(3, 10.0) == ("3 operators x 10s, at least 30s", None)
     plan, narrow = refresh_plan(723, 10.0)  # keras as a whole, plain `dl-gate init`

@@ -8,10 +8,12 @@ spent, date), atomically, never deleting rows it did not re-measure, and prints 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import GateError
 from ..plan import validate_variant_filters
@@ -31,6 +33,9 @@ def register(sub) -> None:
     r.add_argument("--per-op", type=seconds, metavar="SECONDS", help="seconds per operator (default: config budget.per_op, else 10)")
     r.add_argument("--evals", type=count, metavar="N", help="evaluations per variant instead of seconds")
     r.add_argument("--seed", type=int, help="random seed (default: the config's)")
+    r.add_argument("--jobs", type=count, metavar="N",
+                   help="operators measured at once, each by its own process (default: $DL_GATE_JOBS, else one per "
+                        "core the config's threads leave, at most 4; 1 without isolation)")
     r.add_argument("--shard", metavar="I/N", help="measure only shard I of N (1-based) of the operators")
     r.add_argument("--out", metavar="DIR", help="write here instead of the config's baselines dir (for shards)")
     r.add_argument("--nightly", action="store_true",
@@ -58,22 +63,22 @@ def parse_shard(text: Optional[str]):
     return int(mt.group(1)), int(mt.group(2))
 
 
-def refresh_minutes(n_ops: int, per_op: float) -> str:
+def refresh_minutes(n_ops: int, per_op: float, jobs: int = 1) -> str:
     """How long a time-budgeted refresh of ``n_ops`` operators takes, in words: each operator's
-    search budget, which its variants share (deep-spin/entmax: 22 operators at 10 s, 216 s)."""
-    s = n_ops * per_op
+    search budget, which its variants share (deep-spin/entmax: 22 operators at 10 s, 216 s),
+    ``jobs`` operators at a time."""
+    s = -(-n_ops // max(1, jobs)) * per_op
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
 def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float], evals: Optional[int], seed: int,
                       total: Optional[float] = None,
-                      out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None):
-    from ..backends import FRAMEWORKS, get_backend
-    from ..fuzz import fuzz_task
+                      out: Path, say: Callable[[str], None], shard=None, dtypes=None, devices=None, modes=None,
+                      jobs: Optional[int] = 1):
+    from ..backends import FRAMEWORKS
     from ..search.seeds import SeedStore
     from ..judge.baselines import check_writable, ignored_by_git, write_rows
     from ..ops.catalog import load_catalog
-    from ..plan import Budget, Task, plan
 
     catalog = load_catalog(cfg.ops, builtin=FRAMEWORKS)
     names = [catalog.get(n).name for n in ops] if ops else [s.name for s in cfg.ops]
@@ -107,29 +112,22 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     _build(cfg, say)
     kernels = _triton(cfg, catalog)
     each = per_op or cfg.budget.get("per_op") or 10.0
-    say(f"refreshing {len(names)} operator(s): " + (f"{evals} evaluations per variant" if evals else
-        f"{each:g}s of search each (budget.per_op), at least {refresh_minutes(len(names), each)} in all "
+    jobs = refresh_jobs(jobs, len(names), isolate)
+    at_once = f", {jobs} at a time (--jobs)" if jobs > 1 else ""
+    say(f"refreshing {len(names)} operator(s){at_once}: " + (f"{evals} evaluations per variant" if evals else
+        f"{each:g}s of search each (budget.per_op), at least {refresh_minutes(len(names), each, jobs)} in all "
         "(a slow operator's variants take longer: each searches at least 20 evaluations)"))
-    for k, name in enumerate(names, 1):
-        spec = catalog.get(name)
-        if kernels is not None:
-            spec = kernels.adjust(spec)  # Triton kernels: measured on the device they run on, as `run` fuzzes them
-        frameworks[name] = spec.framework
-        backend = get_backend(spec.framework)
-        budget = Budget(seconds=None if evals else (per_op or cfg.budget.get("per_op") or 10.0))
-        want = [d for d in dtypes if d in spec.dtypes] if dtypes else None
-        tasks = plan([spec], budget, per_op=budget, seed=seed, dtypes=want, devices=devices or gate_cfg.get("devices"),
-                     modes=modes or gate_cfg.get("modes"), available_devices=backend.devices(),
-                     oracles=gate_cfg.get("oracles"))
-        grad_spec = _grad_row(spec, tasks, isolate, say)
-        for t in tasks:
-            if t.variant.oracle == "grad" and grad_spec is not spec:
-                t = Task(op=grad_spec, variant=t.variant, budget=t.budget, seed=t.seed, strategy=t.strategy)
-            if evals:
-                t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
-            say(f"[{k}/{len(names)}] measuring {t.id} ({t.budget.evals} evals)" if t.budget.evals else
-                f"[{k}/{len(names)}] measuring {t.id} ({t.budget.seconds:.3g}s)")
-            findings.append(fuzz_task(t, seed_store=seed_store, isolate=isolate))
+    job = _OpJob(cfg=cfg, catalog=catalog, kernels=kernels, per_op=per_op, evals=evals, seed=seed, dtypes=dtypes,
+                 devices=devices or gate_cfg.get("devices"), modes=modes or gate_cfg.get("modes"),
+                 oracles=gate_cfg.get("oracles"), seed_store=seed_store, isolate=isolate, n=len(names))
+    failed = []  # (operator, its error): the other operators are still measured and written
+    for name, result in _measure_all(job, names, jobs, say):
+        if isinstance(result, GateError):
+            say(f"not recorded: {name}: {result}")
+            failed.append((name, result))
+            continue
+        frameworks.update(result[0])
+        findings += result[1]
     # a variant where nothing was measured gets no row: a "0 ulp" row would make it look exact
     unmeasured = [f for f in findings if f.status in ("no-valid-input", "error")
                   or (f.status == "ok" and f.metrics is None and not f.crashes)]
@@ -139,10 +137,148 @@ def refresh_baselines(cfg, *, ops: Optional[List[str]], per_op: Optional[float],
     ignored = ignored_by_git(out)
     if ignored:
         say(f"warning: {ignored}")
+    if failed:
+        raise GateError(f"{len(failed)} operator(s) could not be measured, e.g. {failed[0][0]}: {failed[0][1]} "
+                        f"(the other rows were written){hint}")
     if unmeasured:
         raise GateError(f"{len(unmeasured)} variant(s) could not be measured, e.g. {unmeasured[0].id}: "
                         f"{unmeasured[0].message or unmeasured[0].status} (the other rows were written){hint}")
     return changes
+
+
+def refresh_jobs(asked: Optional[int], n_ops: int, isolate) -> int:
+    """How many processes measure the operators: ``asked`` (``--jobs``; ``$DL_GATE_JOBS``; by
+    default as many as the cores this process may use hold operator calls of the config's
+    ``threads`` each, at most 4), never more than the operators, and 1 without isolation (the
+    library's code then runs in the measuring process itself, where a crash must end one
+    refresh, not several) or where a call computes on every core (``threads: 0``)."""
+    from ..backends.base import intra_op_threads
+
+    if asked is None:
+        env = os.environ.get("DL_GATE_JOBS")
+        if env:
+            try:
+                asked = int(env)
+            except ValueError:
+                raise GateError(f"DL_GATE_JOBS must be a whole number of processes, not {env!r}") from None
+        else:
+            threads = intra_op_threads()
+            asked = 1 if threads == 0 else min(4, max(1, _cores() // threads))
+    if asked < 1:
+        raise GateError(f"--jobs must be at least 1, not {asked}")
+    if isolate is None:
+        return 1
+    return max(1, min(asked, n_ops))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class _OpJob:
+    """What measuring one operator needs, the same in this process and in a pool's (picklable)."""
+    cfg: object
+    catalog: object
+    kernels: object
+    per_op: Optional[float]
+    evals: Optional[int]
+    seed: int
+    dtypes: Optional[list]
+    devices: Optional[list]
+    modes: Optional[list]
+    oracles: Optional[list]
+    seed_store: object
+    isolate: object
+    n: int
+
+
+def _measure_op(job: _OpJob, k: int, name: str, say) -> Tuple[Dict[str, str], list]:
+    """({operator: framework}, findings) of operator ``name`` (the ``k``-th of ``job.n``): each of
+    its variants searched within the budget, as ``run`` fuzzes them."""
+    from ..backends import get_backend
+    from ..fuzz import fuzz_task
+    from ..plan import Budget, Task, plan
+
+    spec = job.catalog.get(name)
+    if job.kernels is not None:
+        spec = job.kernels.adjust(spec)  # Triton kernels: measured on the device they run on, as `run` fuzzes them
+    backend = get_backend(spec.framework)
+    cfg, evals = job.cfg, job.evals
+    budget = Budget(seconds=None if evals else (job.per_op or cfg.budget.get("per_op") or 10.0))
+    want = [d for d in job.dtypes if d in spec.dtypes] if job.dtypes else None
+    tasks = plan([spec], budget, per_op=budget, seed=job.seed, dtypes=want, devices=job.devices, modes=job.modes,
+                 available_devices=backend.devices(), oracles=job.oracles)
+    grad_spec = _grad_row(spec, tasks, job.isolate, say)
+    findings = []
+    for t in tasks:
+        if t.variant.oracle == "grad" and grad_spec is not spec:
+            t = Task(op=grad_spec, variant=t.variant, budget=t.budget, seed=t.seed, strategy=t.strategy)
+        if evals:
+            t = Task(op=t.op, variant=t.variant, budget=Budget(evals=evals), seed=t.seed, strategy=t.strategy)
+        say(f"[{k}/{job.n}] measuring {t.id} ({t.budget.evals} evals)" if t.budget.evals else
+            f"[{k}/{job.n}] measuring {t.id} ({t.budget.seconds:.3g}s)")
+        findings.append(fuzz_task(t, seed_store=job.seed_store, isolate=job.isolate))
+    return {name: spec.framework}, findings
+
+
+def _measure_all(job: _OpJob, names: List[str], jobs: int, say):
+    """``(operator, ({operator: framework}, findings))`` for each of ``names``, in their order
+    whatever the order they were measured in, or ``(operator, the GateError that stopped it)``.
+    With ``jobs`` > 1 the operators are measured by that many processes at once (a variant's
+    search is one process and its worker, one core between them: a 2-core runner measures two
+    operators at a time), their messages relayed to ``say``; every variant's search is the same
+    task with the same seed either way (``--evals``: the same rows)."""
+    if jobs <= 1:
+        for k, name in enumerate(names, 1):
+            try:
+                yield name, _measure_op(job, k, name, say)
+            except GateError as exc:
+                yield name, exc
+        return
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold a framework's threads
+    messages = ctx.Queue()
+
+    def relay() -> None:
+        for line in iter(messages.get, None):
+            say(line)
+
+    relay_thread = threading.Thread(target=relay, daemon=True)
+    relay_thread.start()
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_pool_init,
+                                 initargs=(messages, job.cfg)) as pool:
+            futures = [pool.submit(_pool_measure, job, k, name) for k, name in enumerate(names, 1)]
+            for name, fut in zip(names, futures):
+                try:
+                    yield name, fut.result()
+                except GateError as exc:
+                    yield name, exc
+    finally:
+        messages.put(None)
+        relay_thread.join(timeout=5)
+
+
+_POOL_SAY = None
+
+
+def _pool_init(messages, cfg) -> None:
+    """A pool process: its messages go to the parent's display; the library's directories on the
+    import path as in the parent (``cfg.activate``)."""
+    global _POOL_SAY
+    _POOL_SAY = messages.put
+    cfg.activate()
+
+
+def _pool_measure(job: _OpJob, k: int, name: str):
+    return _measure_op(job, k, name, _POOL_SAY or (lambda _m: None))
 
 
 def _grad_row(spec, tasks, isolate, say):
@@ -221,7 +357,7 @@ def _refresh(args, cfg, out, seed, shard, say) -> list:
     if cfg.ops or args.ops or not args.nightly:
         changes = refresh_baselines(cfg, ops=split_list(args.ops), per_op=args.per_op, total=args.budget, evals=evals, seed=seed,
                                     out=out, say=say, shard=shard, dtypes=split_list(args.dtype),
-                                    devices=split_list(args.device), modes=split_list(args.mode))
+                                    devices=split_list(args.device), modes=split_list(args.mode), jobs=args.jobs)
     if args.nightly:
         changes += refresh_nightly(cfg, budget=args.nightly_budget, seed=seed, out=out, say=say)
     return changes

@@ -130,15 +130,17 @@ def run(args) -> int:
 def refresh_plan(n_ops: int, per_op: float):
     """(what the first refresh will take, in words; a line saying how to shorten it, or None when
     it takes at most 15 minutes)."""
-    from .baseline import refresh_minutes
+    from .baseline import refresh_jobs, refresh_minutes
 
-    took = refresh_minutes(n_ops, per_op)
+    jobs = refresh_jobs(None, max(1, n_ops), isolate=True)  # the refresh's default: one operator a core
+    took = refresh_minutes(n_ops, per_op, jobs)
     narrow = None
-    if n_ops * per_op > 900:  # longer than a user waits for a first baseline
+    if -(-n_ops // jobs) * per_op > 900:  # longer than a user waits for a first baseline
         narrow = (f"  (a refresh of {took}: gate the part of the library a PR changes with `dl-gate init --package "
                   "PKG.SUB` in a fresh config, or lower budget.per_op in it; `dl-gate baseline refresh --ops NAME` "
                   "measures one operator)")
-    return f"{n_ops} operators x {per_op:g}s, at least {took}", narrow
+    at_once = f", {jobs} at a time" if jobs > 1 else ""
+    return f"{n_ops} operators x {per_op:g}s{at_once}, at least {took}", narrow
 
 
 def _rows_and_per_op(config: str, rows: int):
