@@ -105,3 +105,24 @@ def test_how_many_processes(monkeypatch):
         refresh_jobs(None, 100, isolate=True)
     with pytest.raises(GateError, match="at least 1"):
         refresh_jobs(0, 100, isolate=True)
+
+
+def test_a_bad_jobs_variable_leaves_inits_plan_at_one_process(monkeypatch):
+    from gate.commands.init import refresh_plan
+
+    monkeypatch.setenv("DL_GATE_JOBS", "many")  # the refresh says so itself; init has written its file by then
+    assert refresh_plan(22, 10.0) == ("22 operators x 10s, at least 4 min", None)
+
+
+def test_a_config_that_cannot_be_sent_to_another_process_is_measured_in_this_one(tmp_path, monkeypatch):
+    from gate.commands.baseline import _OpJob, _measure_all
+
+    measured = []
+    monkeypatch.setattr("gate.commands.baseline._measure_op",
+                        lambda job, k, name, say: measured.append(name) or ({name: "torch"}, []))
+    said = []
+    job = _OpJob(cfg=lambda: None, catalog=None, kernels=None, per_op=None, evals=1, seed=0, dtypes=None, devices=None,
+                 modes=None, oracles=None, seed_store=None, isolate=True, n=2)  # a lambda: not picklable
+    out = list(_measure_all(job, ["a", "b"], 2, said.append))
+    assert [n for n, _ in out] == ["a", "b"] == measured
+    assert said and said[0].startswith("measuring in one process: the config cannot be sent"), said

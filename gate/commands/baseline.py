@@ -232,6 +232,14 @@ def _measure_all(job: _OpJob, names: List[str], jobs: int, say):
     search is one process and its worker, one core between them: a 2-core runner measures two
     operators at a time), their messages relayed to ``say``; every variant's search is the same
     task with the same seed either way (``--evals``: the same rows)."""
+    if jobs > 1:
+        import pickle
+
+        try:
+            pickle.dumps(job)  # what a pool process is sent: a config holding something no process can receive
+        except Exception as exc:
+            say(f"measuring in one process: the config cannot be sent to another ({type(exc).__name__}: {exc})"[:300])
+            jobs = 1
     if jobs <= 1:
         for k, name in enumerate(names, 1):
             try:
@@ -242,6 +250,7 @@ def _measure_all(job: _OpJob, names: List[str], jobs: int, say):
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold a framework's threads
     messages = ctx.Queue()
@@ -261,6 +270,9 @@ def _measure_all(job: _OpJob, names: List[str], jobs: int, say):
                     yield name, fut.result()
                 except GateError as exc:
                     yield name, exc
+                except BrokenProcessPool:  # a measuring process killed (out of memory): no library code runs there
+                    raise GateError(f"a measuring process ended while {name} was measured (out of memory?): "
+                                    "run `dl-gate baseline refresh --jobs 1`") from None
     finally:
         messages.put(None)
         relay_thread.join(timeout=5)

@@ -130,9 +130,13 @@ def run(args) -> int:
 def refresh_plan(n_ops: int, per_op: float):
     """(what the first refresh will take, in words; a line saying how to shorten it, or None when
     it takes at most 15 minutes)."""
+    from ..errors import GateError
     from .baseline import refresh_jobs, refresh_minutes
 
-    jobs = refresh_jobs(None, max(1, n_ops), isolate=True)  # the refresh's default: one operator a core
+    try:
+        jobs = refresh_jobs(None, max(1, n_ops), isolate=True)  # the refresh's default: one operator a core
+    except GateError:  # a bad $DL_GATE_JOBS / $DL_GATE_THREADS: the refresh itself says so; the file is written
+        jobs = 1
     took = refresh_minutes(n_ops, per_op, jobs)
     narrow = None
     if -(-n_ops // jobs) * per_op > 900:  # longer than a user waits for a first baseline
