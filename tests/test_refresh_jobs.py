@@ -40,7 +40,10 @@ def _refresh(repo: Path, *flags: str, jobs_env=None):
     if jobs_env is not None:
         env["DL_GATE_JOBS"] = jobs_env
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-W", "ignore", "-m", "gate.cli", "baseline", "refresh", "--evals", "12",
+    # the refresh says at its end whether it imported torch itself (its operators run in workers)
+    code = ("import sys; from gate.cli import main; rc = main(sys.argv[1:]); "
+            "print('imported torch:', 'torch' in sys.modules); sys.exit(rc)")
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", code, "baseline", "refresh", "--evals", "12",
                            "--dtype", "float32", *flags], cwd=repo, capture_output=True, text=True, env=env)
 
 
@@ -63,6 +66,8 @@ def test_two_processes_write_the_rows_one_writes(tmp_path):
     b = _refresh(two, "--jobs", "2")
     assert b.returncode == 0, b.stderr[-2000:]
     assert "5 operator(s), 2 at a time (--jobs)" in b.stderr and "at a time" not in a.stderr
+    # the measuring process asks a worker which devices there are: it never imports torch (~1.2 s of CPU)
+    assert "imported torch: False" in a.stdout and "imported torch: False" in b.stdout, a.stdout[-500:]
     rows = _rows(one)
     assert len(rows) == 5 and rows == _rows(two)  # the same inputs searched with the same seeds
     # every variant's progress line reaches the user from the pool's processes, each once

@@ -170,3 +170,30 @@ def test_a_missing_opinfo_entry_is_a_note_not_an_error(tmp_path, catalog, monkey
     cands, note = opinfo_seeds(spec, cache_dir=tmp_path)
     assert cands == [] and "no OpInfo entry" in note
     assert not list(tmp_path.rglob("index.json"))  # nothing cached: it may appear later
+
+
+def test_a_candidate_reads_back_bit_for_bit_compressed_where_kept_stored_where_it_only_travels(tmp_path):
+    """The ``.npz`` that only carries an input to a worker (replay, localisation) is written
+    without zlib; what is kept (the corpus, the report's inputs) is compressed; both read back the
+    same bits: NaN payloads, -0, subnormals, integers and the parameters' own encodings."""
+    import io
+    import math
+    import zipfile
+
+    from gate.ops.spec import ImportRef
+
+    x = np.array([np.nan, -0.0, 1e-45, -np.inf, 3.5, np.finfo(np.float32).max], dtype=np.float32)
+    x.view(np.uint32)[0] = 0x7FC00123  # a NaN with a payload
+    h = np.array([6e-8, -0.0, np.nan], dtype=np.float16)
+    cand = Candidate(dims={"N": 6}, params={"dim": -1, "eps": float("inf"), "shape": (2, 3), "fn": ImportRef("torch:exp")},
+                     arrays={"x": x, "h": h, "idx": np.array([0, 5, -1], dtype=np.int64)}, origin="search")
+    kept, sent = cand.to_bytes(), cand.to_bytes(compress=False)
+    kinds = {how: {i.compress_type for i in zipfile.ZipFile(io.BytesIO(b)).infolist()} for how, b in (("kept", kept), ("sent", sent))}
+    assert kinds == {"kept": {zipfile.ZIP_DEFLATED}, "sent": {zipfile.ZIP_STORED}}
+    cand.save(tmp_path / "sent.npz", compress=False)
+    for back in (Candidate.load(kept), Candidate.load(sent), Candidate.load(str(tmp_path / "sent.npz"))):
+        assert back.dims == cand.dims and back.origin == "search"
+        assert back.params["dim"] == -1 and math.isinf(back.params["eps"]) and back.params["shape"] == (2, 3)
+        assert str(back.params["fn"]) == "torch:exp"
+        for name, a in cand.arrays.items():
+            assert back.arrays[name].dtype == a.dtype and back.arrays[name].tobytes() == a.tobytes(), name

@@ -199,19 +199,17 @@ class _OpJob:
 def _measure_op(job: _OpJob, k: int, name: str, say) -> Tuple[Dict[str, str], list]:
     """({operator: framework}, findings) of operator ``name`` (the ``k``-th of ``job.n``): each of
     its variants searched within the budget, as ``run`` fuzzes them."""
-    from ..backends import get_backend
     from ..fuzz import fuzz_task
     from ..plan import Budget, Task, plan
 
     spec = job.catalog.get(name)
     if job.kernels is not None:
         spec = job.kernels.adjust(spec)  # Triton kernels: measured on the device they run on, as `run` fuzzes them
-    backend = get_backend(spec.framework)
     cfg, evals = job.cfg, job.evals
     budget = Budget(seconds=None if evals else (job.per_op or cfg.budget.get("per_op") or 10.0))
     want = [d for d in job.dtypes if d in spec.dtypes] if job.dtypes else None
     tasks = plan([spec], budget, per_op=budget, seed=job.seed, dtypes=want, devices=job.devices, modes=job.modes,
-                 available_devices=backend.devices(), oracles=job.oracles)
+                 available_devices=_devices(spec.framework, job.isolate), oracles=job.oracles)
     grad_spec = _grad_row(spec, tasks, job.isolate, say)
     findings = []
     for t in tasks:
@@ -223,6 +221,22 @@ def _measure_op(job: _OpJob, k: int, name: str, say) -> Tuple[Dict[str, str], li
             f"[{k}/{job.n}] measuring {t.id} ({t.budget.seconds:.3g}s)")
         findings.append(fuzz_task(t, seed_store=job.seed_store, isolate=job.isolate))
     return {name: spec.framework}, findings
+
+
+_FACTS: Dict[tuple, object] = {}
+
+
+def _devices(framework: str, isolate) -> List[str]:
+    """The devices ``framework`` has, as a worker sees them (gate.backends.facts, as ``run`` asks):
+    the measuring process never imports the framework itself (~1.2 s of CPU for torch, before the
+    first row; the operators' workers are forked from the warm zygote). One question a process
+    and framework."""
+    from ..backends.facts import BackendFacts
+
+    key = (framework, repr(isolate))
+    if key not in _FACTS:
+        _FACTS[key] = BackendFacts(isolate)
+    return _FACTS[key].devices(framework)
 
 
 def _measure_all(job: _OpJob, names: List[str], jobs: int, say):

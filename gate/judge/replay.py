@@ -198,7 +198,7 @@ def replay_in_tree(tree: Path, python_path: Sequence[str], jobs: Sequence[Replay
             files = []
             for i, c in enumerate(job.candidates):
                 name = f"in-{j}-{i}.npz"
-                c.save(work / name)
+                c.save(work / name, compress=False)
                 files.append(name)
             req["jobs"].append({"key": job.key, "spec": job.spec.to_dict(), "variant": job.variant.to_dict(), "inputs": files})
         (work / "request.json").write_text(json.dumps(req))

@@ -244,7 +244,7 @@ class BaseWorker:
             files = []
             for i, c in enumerate(cands):
                 name = f"in{self._next + 1}-{j}-{i}.npz"
-                c.save(self.work / name)
+                c.save(self.work / name, compress=False)
                 files.append(name)
             req_jobs.append({"key": key, "spec": spec.to_dict(), "variant": variant.to_dict(), "inputs": files})
         resp = self.request({"type": "replay", "jobs": req_jobs}, timeout)
@@ -279,7 +279,7 @@ class BaseWorker:
         if self.dead or self.work is None:
             return None, self.dead or "no base"
         name = f"tin{self._next + 1}.npz"
-        cand.save(self.work / name)
+        cand.save(self.work / name, compress=False)
         resp = self.request({"type": "trace", "spec": spec.to_dict(), "variant": variant.to_dict(), "input": name,
                              "float64_run": float64_run}, timeout)
         if resp is None:
