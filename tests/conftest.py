@@ -39,6 +39,43 @@ if os.environ.get("PYTEST_XDIST_WORKER") is None:
     warm_kernels()
 
 
+def _rewritten_tests_once(config) -> None:
+    """pytest rewrites each test module's asserts when it imports it, and caches the result next
+    to the module only where bytecode may be written: with PYTHONDONTWRITEBYTECODE set (CI
+    images, this machine) every xdist worker rewrote all ~100 test modules at its collection
+    (~6 s of CPU a worker, a whole-suite profile). Written once here, by the process that starts
+    the workers (pytest reads a cached rewrite whatever PYTHONDONTWRITEBYTECODE says; the cache
+    is keyed by the source's hash). Through pytest's own rewriting functions: where they are
+    not there (another pytest), each worker rewrites as before."""
+    if not sys.dont_write_bytecode or config.getoption("assertmode", "rewrite") != "rewrite":
+        return
+    try:
+        from _pytest.assertion import AssertionState, rewrite
+    except ImportError:  # pragma: no cover - another pytest's internals
+        return
+    needed = ("_rewrite_test", "_write_pyc", "_read_pyc", "get_cache_dir", "PYC_TAIL")
+    if not all(hasattr(rewrite, n) for n in needed):  # pragma: no cover - another pytest's internals
+        return
+    state = AssertionState(config, "rewrite")
+    here = Path(__file__).resolve().parent
+    for fn in sorted(here.glob("test_*.py")) + [here / "conftest.py"]:
+        cache_dir = rewrite.get_cache_dir(fn)
+        pyc = cache_dir / (fn.name[:-3] + rewrite.PYC_TAIL)
+        if rewrite._read_pyc(fn, pyc) is not None:
+            continue
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            source_hash, co = rewrite._rewrite_test(fn, config)
+            rewrite._write_pyc(state, co, source_hash, pyc)
+        except (OSError, SyntaxError):  # a read-only tree, a module that does not parse: its worker says so
+            continue
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        _rewritten_tests_once(config)
+
+
 def _zygote_server() -> None:
     """Warm zygote servers (gate.backends.isolate.SERVER_ENV), one for torch and one for
     TensorFlow, started once by the process that starts the suite (xdist's controller, whose
