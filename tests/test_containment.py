@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_gate_run import git, make_repo
+from tests.helpers.repro import run_script
 
 #: what the supervisor contains is tested on a user's path: no zygote server (conftest)
 pytestmark = pytest.mark.usefixtures("no_zygote_server")
@@ -148,10 +149,10 @@ def test_a_hang_is_a_hang_finding_within_the_deadline(repo, tmp_path):
     # its repro waits as long as the gate did: on head it hangs (exit 1, where it hung), on base it returns
     script = (v.get("diagnosis") or {}).get("repro_script")
     assert script, v.get("diagnosis")
-    on_head = subprocess.run([sys.executable, script, "--repo", str(pr)], capture_output=True, text=True, timeout=60)
+    on_head = run_script([script, "--repo", str(pr)], timeout=60)
     assert on_head.returncode == 1 and "ops.py" in on_head.stderr, on_head.stdout + on_head.stderr
     git(pr, "checkout", "-q", "main")
-    on_base = subprocess.run([sys.executable, script, "--repo", str(pr)], capture_output=True, text=True, timeout=60)
+    on_base = run_script([script, "--repo", str(pr)], timeout=60)
     assert on_base.returncode == 0 and "does not reproduce" in on_base.stdout, on_base.stdout + on_base.stderr
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_gate_run import by_op, gate, git, make_repo, commit_pr
+from tests.helpers.repro import run_script
 
 OPS = '''
 import torch
@@ -110,7 +111,7 @@ def repro(script, *args) -> int:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+    res = run_script([script, *args], timeout=120)
     return res.returncode
 
 

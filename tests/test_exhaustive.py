@@ -7,6 +7,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from tests.helpers.repro import run_script
 
 torch = pytest.importorskip("torch")
 
@@ -358,7 +359,7 @@ def test_gate_judges_exact_maxima_on_a_pull_request(tmp_path, base_src, head_src
         assert abs(ex["worst_input"]) < 1e-3 and vv["head_error"] > 100  # the approximation near 0
         # the repro script measures against mpmath.erf too: it reproduces on head (exit 1)
         [script] = list((out / "repro").glob("*.py"))
-        res = subprocess.run([sys.executable, str(script), "--repo", str(repo.path)], capture_output=True, text=True)
+        res = run_script([str(script), "--repo", str(repo.path)])
         assert res.returncode == 1, res.stdout + res.stderr
 
 

@@ -10,6 +10,7 @@ The forward value is bit-identical either way: only the gradient variant can tel
 import pytest
 
 from tests.test_gate_run import by_op, gate, git, make_repo, commit_pr
+from tests.helpers.repro import run_script
 
 OPS = '''
 import torch
@@ -82,7 +83,7 @@ def test_a_loss_that_detaches_its_input_fails_on_the_gradient(lib_repo, tmp_path
     import sys
 
     def repro():
-        return subprocess.run([sys.executable, d["repro_script"], "--repo", str(lib_repo)], capture_output=True, text=True)
+        return run_script([d["repro_script"], "--repo", str(lib_repo)])
 
     on_head = repro()
     assert on_head.returncode == 1 and "not differentiable" in on_head.stdout, on_head.stdout + on_head.stderr

@@ -16,6 +16,7 @@ from gate.errors import ConfigError
 from gate.judge.verdict import GateReport
 from tests.beds import cpp_ext as C
 from tests.helpers.gitrepo import GitRepo
+from tests.helpers.repro import run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,7 +159,7 @@ def test_the_planted_one_pass_variance_regression_fails_with_a_repro(ln_repo, tm
     status = next(r for r in v.diagnosis["base_vs_head"] if r["name"] == "status")
     assert status == {"name": "status", "base": "ok", "head": "ok"}, v.diagnosis["base_vs_head"]
     script = v.diagnosis["repro_script"]
-    res = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True)
+    res = run_script([script], ignore_warnings=True)
     assert res.returncode == 1, res.stdout + res.stderr
 
 

@@ -21,6 +21,7 @@ from gate.judge.verdict import GateReport
 from gate.select.kernels import launched_kernels, triton_kernels
 from tests.beds import triton_lib as T
 from tests.helpers.gitrepo import GitRepo
+from tests.helpers.repro import run_script
 
 needs_triton = pytest.mark.skipif(find_spec("triton") is None, reason="triton is not installed")
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,7 +162,7 @@ def test_a_kernel_regression_fails_names_the_kernel_and_reproduces(tk_repo, tmp_
     key = sorted(failing)[0]
     script = by_key[key].diagnosis["repro_script"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-W", "ignore", script], capture_output=True, text=True, env=env)
+    res = run_script([script], env=env, ignore_warnings=True)
     assert res.returncode == 1, res.stdout + res.stderr
 
 

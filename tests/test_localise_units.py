@@ -25,6 +25,7 @@ from gate.localise.trace import culprit, trace_op
 from gate.ops.catalog import load_builtin
 from gate.ops.spec import OpSpec
 from gate.plan import Budget, Task, Variant
+from tests.helpers.repro import run_script
 
 
 class _Chk:
@@ -230,9 +231,9 @@ def test_without_base_the_finding_is_held_against_the_baseline_row(tmp_path, mon
     assert d["base_vs_head"][0] == {"name": "status", "base": "not run (no base version)", "head": "ok"}
     assert Path(d["repro_script"]).exists() and vv.repro_command == d["repro_command"]
     assert json.loads(json.dumps(report.to_dict()))["verdicts"][0]["diagnosis"]["kind"] == "precision"
-    # the script reproduces in a fresh process (numpy + torch + the library only)
+    # the script reproduces with numpy + torch + the library only (tests/helpers/repro.py)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, d["repro_script"]], capture_output=True, text=True, env=env, timeout=120)
+    res = run_script([d["repro_script"]], env=env, timeout=120)
     assert res.returncode == 1 and "float16 max error" in res.stdout, res.stdout + res.stderr
 
 

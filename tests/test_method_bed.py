@@ -15,6 +15,7 @@ import pytest
 
 from tests.test_gate_run import by_op, commit_pr, git, make_repo
 from tests.test_verdict_bed import BED_HEADER, PASSED, PASSING, outcomes, run_gate
+from tests.helpers.repro import run_script
 
 MANIFOLD = '''
 import torch
@@ -73,7 +74,7 @@ def test_the_revert_of_a_method_override_fails_and_its_repro_says_so(bed, tmp_pa
     script = grad[0].diagnosis["repro_script"]
 
     def repro():
-        return subprocess.run([sys.executable, script, "--repo", str(bed)], capture_output=True, text=True)
+        return run_script([script, "--repo", str(bed)])
 
     on_head = repro()
     assert on_head.returncode == 1, on_head.stdout + on_head.stderr

@@ -46,6 +46,7 @@ import pytest
 
 from tests.test_gate_run import by_op, commit_pr, git, make_repo
 from tests.test_verdict_bed import PASSED, PASSING, outcomes, run_gate
+from tests.helpers.repro import run_script
 
 OPS = '''
 import torch
@@ -155,7 +156,7 @@ def repro_agrees(repo, report, op: str, head_branch: str, base: str) -> None:
         assert script, (v.id, v.diagnosis)
         for ref, want in ((head_branch, 1), (base, 0)):
             git(repo, "checkout", "-q", ref)
-            res = subprocess.run([sys.executable, script, "--repo", str(repo)], capture_output=True, text=True)
+            res = run_script([script, "--repo", str(repo)])
             assert res.returncode == want, (v.id, ref, res.stdout[-1500:] + res.stderr[-1500:])
     git(repo, "checkout", "-q", head_branch)
 

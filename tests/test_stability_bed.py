@@ -19,6 +19,7 @@ import pytest
 
 from tests.test_gate_run import by_op, make_repo
 from tests.test_verdict_bed import BED_HEADER, PASSED, branch, outcomes, run_gate
+from tests.helpers.repro import run_script
 
 OPS = '''
 import torch
@@ -276,7 +277,7 @@ def test_the_repro_script_counts_new_nan_as_the_judge_does(tmp_path, monkeypatch
                         threshold_why="test", repo=tmp_path, python_path=["."], reason="bed",
                         base_reference=base.reference, base_outputs=base.outputs, ftz=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, paths["script"]], capture_output=True, text=True, env=env, timeout=120)
+    res = run_script([paths["script"]], env=env, timeout=120)
     assert res.returncode == reproduces, res.stdout + res.stderr
 
 

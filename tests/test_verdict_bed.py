@@ -47,6 +47,7 @@ import sys
 import pytest
 
 from tests.test_gate_run import by_op, git, make_repo, commit_pr
+from tests.helpers.repro import run_script
 
 OPS = '''
 import math
@@ -342,7 +343,7 @@ def test_the_repro_of_a_nan_where_base_was_finite_reproduces_on_head_only(bed, t
     script = v.diagnosis["repro_script"]
 
     def repro(repo):
-        return subprocess.run([sys.executable, script, "--repo", str(repo)], capture_output=True, text=True)
+        return run_script([script, "--repo", str(repo)])
 
     on_head = repro(bed)
     assert on_head.returncode == 1, on_head.stdout + on_head.stderr
