@@ -47,10 +47,14 @@ def prepare_example(scenario: str, opts, say):
     tmp = Path(tempfile.mkdtemp(prefix="dl-gate-example-"))
     repo = build_repo(scenario, tmp)
     say(f"example repository: {repo} (PR: {(HERE / 'prs' / scenario / 'PR.md').read_text().strip()})")
-    say("recording baselines on main (what the scheduled refresh does)")
     # a separate process, as the scheduled refresh job is: the gate then imports the PR's code fresh
     env = {**os.environ, "PYTHONPATH": str(HERE.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh", "--budget", "3"],
+    # with --evals the baselines are searched with the same deterministic budget as the PR
+    # (before: 3 s in all whatever --evals said: rows that hung on the machine's speed)
+    budget = ["--evals", str(opts.evals)] if opts.evals else ["--budget", "3"]
+    say(f"recording baselines on main (what the scheduled refresh does): "
+        + (f"{opts.evals} evaluations a variant" if opts.evals else "3s in all"))
+    res = subprocess.run([sys.executable, "-m", "gate.cli", "baseline", "refresh", *budget],
                          cwd=repo, capture_output=True, text=True, env=env)
     if res.returncode != 0:
         from ..errors import GateError
