@@ -37,9 +37,10 @@ for line in sys.stdin:
         try:
             fo, fe = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fo, 1); os.dup2(fe, 2)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the server's request pipe: an empty stdin, as the tests gave
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)
-            sys.stdin = open(os.devnull)
+            sys.stdin = open(0, "r", closefd=False)
             os.setsid()
             os.chdir(req["cwd"])
             os.environ.clear(); os.environ.update(req["env"])
