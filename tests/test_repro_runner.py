@@ -12,7 +12,8 @@ import pytest
 from tests.helpers.repro import run_script
 
 PROBE = '''import json, os, sys
-print(json.dumps({"cwd": os.getcwd(), "argv": sys.argv, "path0": sys.path[0], "x": os.environ.get("REPRO_X"),
+print(json.dumps({"cwd": os.getcwd(), "argv": sys.argv, "path0": sys.path[0], "path1": sys.path[1],
+                  "x": os.environ.get("REPRO_X"),
                   "name": __name__, "stdin": sys.stdin.read()}))
 print("to stderr", file=sys.stderr)
 sys.exit(int(sys.argv[1]))
@@ -25,7 +26,7 @@ def test_a_script_sees_what_python_script_gives_it(tmp_path):
     script.write_text(PROBE)
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "REPRO_X": "on"}
+    env = {**os.environ, "REPRO_X": "on", "PYTHONPATH": str(tmp_path / "libs")}  # a library found through PYTHONPATH
     fresh = subprocess.run([sys.executable, str(script), "3"], cwd=work, env=env, capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
     forked = run_script([str(script), "3"], cwd=work, env=env)
@@ -33,6 +34,7 @@ def test_a_script_sees_what_python_script_gives_it(tmp_path):
     seen = json.loads(forked.stdout)
     assert seen == json.loads(fresh.stdout), (seen, fresh.stdout)
     assert seen["x"] == "on" and seen["name"] == "__main__" and seen["path0"] == str(script.parent)
+    assert seen["path1"] == str(tmp_path / "libs")
     # an uncaught exception: exit 1 and its traceback on stderr, as the interpreter does
     script.write_text("raise ValueError('boom')\n")
     res = run_script([str(script)], cwd=work)

@@ -50,6 +50,8 @@ for line in sys.stdin:
             script = req["argv"][0]
             sys.argv = list(req["argv"])
             sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` puts it
+            # and PYTHONPATH's entries next, as the interpreter puts them at its start
+            sys.path[1:1] = [os.path.abspath(e) for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
             try:
                 runpy.run_path(script, run_name="__main__")
                 code = 0
