@@ -43,7 +43,8 @@ def _rewritten_tests_once(config) -> None:
     """pytest rewrites each test module's asserts when it imports it, and caches the result next
     to the module only where bytecode may be written: with PYTHONDONTWRITEBYTECODE set (CI
     images, this machine) every xdist worker rewrote all ~100 test modules at its collection
-    (~6 s of CPU a worker, a whole-suite profile). Written once here, by the process that starts
+    (collecting the suite: 4.0 s without the cached rewrite, 1.8 s with it, measured 2026-12-02).
+    Written once here, by the process that starts
     the workers (pytest reads a cached rewrite whatever PYTHONDONTWRITEBYTECODE says; the cache
     is keyed by the source's hash). Through pytest's own rewriting functions: where they are
     not there (another pytest), each worker rewrites as before."""

@@ -30,8 +30,12 @@ def run_example(tmp_path: Path, scenario: str, quiet: bool = True):
 def test_the_regression_example_fails_and_localises_every_failing_row(tmp_path):
     res, report = run_example(tmp_path, "regression", quiet=False)
     assert res.returncode == 1 and report["outcome"] == "regression", (report["reason"], res.stderr[-2000:])
-    # main's baselines were searched with the PR's deterministic budget, not 3 s of wall clock
+    # main's baselines were searched with the PR's deterministic budget, not 3 s of wall clock:
+    # the plan line says so, and every row main's refresh measured spent those 40 evaluations
     assert "recording baselines on main (what the scheduled refresh does): 40 evaluations a variant" in res.stderr
+    repo = Path(res.stderr.split("example repository: ", 1)[1].split(" (PR: ", 1)[0])
+    rows = [r for f in sorted((repo / "baselines").glob("*.json")) for r in json.loads(f.read_text())["rows"]]
+    assert rows and {r["evals"] for r in rows if r["status"] == "ok"} == {40}, sorted({(r["status"], r["evals"]) for r in rows})
     failing = [v for v in report["verdicts"] if v["outcome"] == "regression"]
     assert failing
     for v in failing:
