@@ -129,6 +129,8 @@ def call_grad(fn, args, kwargs, dtype):
     leaves = []
 
     def leaf(x):
+        if isinstance(x, list):  # a list argument: each of its tensors, in order
+            return [leaf(y) for y in x]
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             x = x.detach().requires_grad_(True)
             leaves.append(x)
@@ -269,7 +271,8 @@ def call_grad(fn, args, kwargs, dtype):
     """Gradients of every float input for the stored upstream gradients (the gate's vjp)."""
     fn = at_dtype(fn, dtype)
     with tf.device(DEV):
-        leaves = [a for a in list(args) + list(kwargs.values()) if isinstance(a, tf.Tensor) and a.dtype.is_floating]
+        leaves = [x for a in list(args) + list(kwargs.values()) for x in (a if isinstance(a, list) else [a])
+                  if isinstance(x, tf.Tensor) and x.dtype.is_floating]  # a list argument's tensors too
         with tf.GradientTape() as tape:
             for x in leaves:
                 tape.watch(x)

@@ -126,7 +126,9 @@ class TFBackend(Backend):
 
     def vjp(self, fn: Callable, args: Sequence, kwargs: dict, upstream, *, dtype: str,
             device: str, narrow: bool = False) -> Tuple[List[Output], List[Optional[Output]]]:  # narrow: float64 all the same
-        leaves = [x for x in list(args) + list(kwargs.values()) if _is_float(x)]
+        # a list argument's tensors (an input pack) are leaves too, in order
+        leaves = [x for a in list(args) + list(kwargs.values()) for x in (a if isinstance(a, list) else [a])
+                  if _is_float(x)]
         fn = at_dtype(fn, dtype, device)
         with tf.device(_device(device)):
             with tf.GradientTape(persistent=False) as tape:

@@ -347,6 +347,8 @@ class TorchBackend(Backend):
         leaves: List[torch.Tensor] = []
 
         def leaf(x: Any) -> Any:
+            if isinstance(x, list):  # an input pack: each of its tensors is a leaf, in order
+                return [leaf(y) for y in x]
             if isinstance(x, torch.Tensor) and x.is_floating_point():
                 x = x.detach().requires_grad_(True)
                 leaves.append(x)

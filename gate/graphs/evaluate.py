@@ -43,7 +43,7 @@ from ..search.inputs import Candidate, draw, tensor_shape
 from ..search.mutate import MUTATORS
 from ..oracles.runner import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, quantize_inputs
 from ..ops import expr
-from ..ops.spec import Domain, OpSpec, TensorSpec
+from ..ops.spec import Domain, OpSpec, TensorSpec, arrange
 from ..oracles.precision import Metrics, compare
 from ..plan import Variant
 from .model import INPUT, Graph, constant_name, node_ref, ref_index
@@ -198,13 +198,9 @@ class GraphRunner:
             values = {INPUT: given[INPUT]}
             for i, (node, spec) in enumerate(zip(graph.nodes, specs)):
                 fed = dict(node.feeds)
-                args, kwargs = [], dict(node.params)
-                for t in spec.inputs:
-                    x = values[fed[t.name]] if t.name in fed else given[constant_name(i, t.name)]
-                    if t.keyword:
-                        kwargs[t.name] = x
-                    else:
-                        args.append(x)
+                kwargs = dict(node.params)
+                args = arrange(((t, values[fed[t.name]] if t.name in fed else given[constant_name(i, t.name)])
+                                for t in spec.inputs), kwargs)
                 values[node_ref(i)] = flatten(fns[i](*args, **kwargs))[0]
             outs = [values[node_ref(j)] for j in graph.sinks]
             return outs[0] if len(outs) == 1 else tuple(outs)
@@ -215,7 +211,7 @@ class GraphRunner:
     def _call(self, i: int, values: Mapping[str, Output], cand: Candidate, *, low: bool, fn) -> Output:
         node, spec = self.graph.nodes[i], self.specs[i]
         fed = dict(node.feeds)
-        args: list = []
+        placed: list = []
         kwargs: Dict[str, Any] = dict(node.params)
         for t in spec.inputs:
             if t.name in fed:
@@ -225,10 +221,8 @@ class GraphRunner:
             else:
                 native = self.backend.to_native(cand.arrays[constant_name(i, t.name)],
                                                 self.dtype if low else "float64", self.device)
-            if t.keyword:
-                kwargs[t.name] = native
-            else:
-                args.append(native)
+            placed.append((t, native))
+        args = arrange(placed, kwargs)
         dtype = self.dtype if low else "float64"
         result = self.backend.call(fn, args, kwargs, mode="input", dtype=dtype, device=self.device)
         outs = self.backend.to_outputs(flatten(result)[:1])

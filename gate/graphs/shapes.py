@@ -24,7 +24,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import flatten
 from ..ops import expr
-from ..ops.spec import OpSpec, ParamSpec, TensorSpec
+from ..ops.spec import OpSpec, ParamSpec, TensorSpec, arrange
 from ..search.inputs import derived_params, draw_values, tensor_shape
 
 #: most parameter branches per operator before falling back to one-parameter-at-a-time
@@ -165,6 +165,8 @@ def graph_op(spec: OpSpec, dtypes: Sequence[str] = ()) -> Tuple[Optional[GraphOp
     """``spec`` as a graph node, or ``None`` and why not."""
     if any(d not in spec.dtypes for d in dtypes):
         return None, f"does not support {', '.join(d for d in dtypes if d not in spec.dtypes)}"
+    if any(t.pack for t in spec.inputs):
+        return None, "takes a list of tensors (a graph edge feeds one tensor)"
     floats = [t for t in spec.inputs if t.kind == "float"]
     positional = [t for t in floats if not t.keyword]
     if not positional:
@@ -287,7 +289,7 @@ class ShapeProbe:
         backend = get_backend(spec.framework)
         rng = np.random.default_rng(0)
         env = {**params, **dims}
-        args: list = []
+        placed: list = []
         kwargs: Dict[str, Any] = dict(params)
         for t in spec.inputs:
             shape = tensor_shape(t, env)
@@ -298,11 +300,8 @@ class ShapeProbe:
                 arr = rng.random(shape) < 0.5
             else:
                 arr = draw_values(t.domain, shape, rng)
-            native = backend.to_native(arr, "float64", self.device)
-            if t.keyword:
-                kwargs[t.name] = native
-            else:
-                args.append(native)
+            placed.append((t, backend.to_native(arr, "float64", self.device)))
+        args = arrange(placed, kwargs)
         fn = backend.resolve(spec.callable, spec.construct)
         result = backend.call(fn, args, kwargs, mode="input", dtype="float64", device=self.device)
         first = flatten(result)[:1]

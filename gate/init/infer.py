@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..search.seeds import CallRecord, Opaque, TensorArg
+from ..search.seeds import CallRecord, Opaque, TensorArg, TensorSeq
 
 #: annotations that mean "not a tensor" (a required parameter with one of them and no default
 #: cannot be probed with tensors)
@@ -113,7 +113,7 @@ def bind_init(op: Operator, rec: CallRecord) -> Tuple[Optional[Dict[str, Any]], 
                 # a regulariser): training-time settings the forward pass does not read; the
                 # construction keeps its literal arguments (GroupNormalization(groups=4))
                 continue
-            if isinstance(v, TensorArg):
+            if isinstance(v, (TensorArg, TensorSeq)):
                 return None, f"the tests construct it with a tensor ({k})"
             return None, f"the tests construct it with an object ({k}={v!r})"
         out[k] = _yaml_value(v)
@@ -214,6 +214,33 @@ def bind(op: Operator, rec: CallRecord) -> Optional[Dict[str, Any]]:
         if k in out:
             return None
         out[k] = v
+    return unpack(out)
+
+
+#: the most tensors of one list argument init gates as an input pack
+MAX_PACK = 8
+
+
+class PackItem(TensorArg):
+    """A tensor of a list argument (``quat_composition([q0, q1, q2])``), bound as an input of
+    its own: ``pack`` is the argument's name, ``index`` its place in the list."""
+
+    def __init__(self, t: TensorArg, pack: str, index: int):
+        super().__init__(t.shape, t.dtype, t.values, t.cls)
+        self.pack, self.index = pack, index
+
+
+def unpack(bound: Dict[str, Any]) -> Dict[str, Any]:
+    """``bound`` with each list-of-tensors argument (at most :data:`MAX_PACK` of them) replaced by
+    its tensors, named ``ARG_0``, ``ARG_1``... in the argument's place: the inputs of one pack
+    (a list of another length is another tensor signature)."""
+    out: Dict[str, Any] = {}
+    for k, v in bound.items():
+        if isinstance(v, TensorSeq) and 0 < len(v) <= MAX_PACK and not any(f"{k}_{i}" in bound for i in range(len(v))):
+            for i, t in enumerate(v):
+                out[f"{k}_{i}"] = PackItem(t, k, i)
+        else:
+            out[k] = v
     return out
 
 
@@ -348,8 +375,11 @@ def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of
     inputs = []
     positional = _positional_names(op)
     order = [p["name"] for p in op.params]
+    packs = {k: calls[0][k].pack for k in names if isinstance(calls[0][k], PackItem)}
     for i, (k, rank, kind) in enumerate(best):
         row: Dict[str, Any] = {"name": k, "shape": [shape_of[(k, ax)] for ax in range(rank)]}
+        if k in packs:
+            row["pack"] = packs[k]
         if kind != "float":
             row["kind"] = kind
         if kind == "index":
@@ -362,9 +392,12 @@ def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of
         classes = {c[k].cls for c in calls}
         if len(classes) == 1 and None not in classes:  # the library's own tensor subclass, in every call
             row["subclass"] = classes.pop()
-        # positional only while every parameter before it is a positional tensor input
-        before = order[: order.index(k)] if k in order else []
-        if k not in positional or any(b not in names[:i] for b in before):
+        # positional only while every parameter before it is a positional tensor input (or a
+        # pack of them)
+        arg = packs.get(k, k)
+        given = set(names[:i]) | {packs[n] for n in names[:i] if n in packs}
+        before = order[: order.index(arg)] if arg in order else []
+        if arg not in positional or any(b not in given for b in before):
             row["keyword"] = True
         inputs.append(row)
     return inputs
@@ -440,7 +473,8 @@ def from_records(op: Operator, records: Sequence[CallRecord], framework: str, so
     inputs = _input_rows(op, best, calls, shape_of)
     params, dropped = _param_rows(op, calls, dim_values, others=[b for b in bound if _signature(b) != best])
     required = [p["name"] for p in op.params if not p["has_default"] and p["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD")]
-    missing = [r for r in required if r not in names and r not in params]
+    packed = {calls[0][k].pack for k in names if isinstance(calls[0][k], PackItem)}
+    missing = [r for r in required if r not in names and r not in params and r not in packed]
     if missing:
         return Inferred(None, f"required argument {missing[0]} is not replayable from the test calls "
                               f"({'an object' if missing[0] in dropped else 'absent'})")

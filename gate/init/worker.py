@@ -464,7 +464,8 @@ def _computes_nothing(spec, timeout: float) -> Optional[str]:
         for s in range(3):
             cand = runner.quantize(draw(spec, np.random.default_rng(2000 + s), size_scale=0.25 if s else 0.1))
             args, kwargs = runner.build_call(cand, "float32", low=True)
-            named = [(t.name, a) for t, a in zip([t for t in spec.inputs if not t.keyword], args)]
+            flat = [x for a in args for x in (a if isinstance(a, list) else [a])]  # a pack's items
+            named = [(t.name, a) for t, a in zip([t for t in spec.inputs if not t.keyword], flat)]
             named += [(k, v) for k, v in kwargs.items() if k in cand.arrays]
             _arm(timeout)
             try:

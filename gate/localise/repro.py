@@ -143,7 +143,7 @@ def mpmath_reference(path):
     from mpmath.libmp import to_float
 
     f = resolve(path)
-    arrays = np.broadcast_arrays(*[np.asarray(DATA["in_" + name], dtype=np.float64) for name, _ in INPUTS])
+    arrays = np.broadcast_arrays(*[np.asarray(DATA["in_" + name], dtype=np.float64) for name, _, _ in INPUTS])
     out = np.empty(arrays[0].shape)
     with mpmath.workprec(160):
         for i, xs in enumerate(zip(*(a.reshape(-1) for a in arrays))):
@@ -170,7 +170,8 @@ def build(dtype, low):
     kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
     if low:
         kwargs.update(LAYOUT_PARAMS)
-    for name, keyword in INPUTS:
+    last = None  # the list argument the previous input went into (gate.ops.spec.arrange)
+    for name, keyword, pack in INPUTS:
         arr = DATA["in_" + name]
         if low and name in PERMUTE:
             arr = np.ascontiguousarray(np.transpose(arr, PERMUTE[name]))
@@ -178,6 +179,16 @@ def build(dtype, low):
         t = to_native(arr, own or dtype, MEMORY_FORMAT if low else None)
         if name in SUBCLASSES:  # the library's own tensor subclass (torch)
             t = t.as_subclass(subclass(SUBCLASSES[name]))
+        if pack:  # the next item of the list argument PACK
+            if keyword:
+                kwargs.setdefault(pack, []).append(t)
+            elif last == pack:
+                args[-1].append(t)
+            else:
+                args.append([t])
+            last = None if keyword else pack
+            continue
+        last = None
         if keyword:
             kwargs[name] = t
         else:
@@ -369,7 +380,7 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
     lay = spec.layout(variant.layout)
     header = {
         "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "CONSTRUCT": dict(spec.construct), "REFERENCE": spec.reference,
-        "INPUTS": [(t.name, t.keyword) for t in spec.inputs if t.name in cand.arrays],
+        "INPUTS": [(t.name, t.keyword, t.pack) for t in spec.inputs if t.name in cand.arrays],
         "FLOAT_INPUTS": float_input_names(spec),
         "INPUT_DTYPES": {t.name: t.dtype for t in spec.inputs if t.dtype and t.kind == "float"},
         "SUBCLASSES": {t.name: t.subclass for t in spec.inputs if t.subclass},

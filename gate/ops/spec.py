@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -97,6 +97,10 @@ class TensorSpec:
     #: ``"module:Class"``: the input is made an instance of this torch tensor subclass (the
     #: library's own: torchfields' DisplacementField, whose methods are its operators)
     subclass: Optional[str] = None
+    #: the input is the next item of the list argument of this name (``quat_composition([q0,
+    #: q1, q2])``, a decoder's ``forward(features)``): the inputs of one pack are consecutive in
+    #: ``inputs`` and passed together as one list, positionally or (``keyword``) by that name
+    pack: Optional[str] = None
 
     def dtype_at(self, variant_dtype: str) -> str:
         return self.dtype or variant_dtype
@@ -114,6 +118,7 @@ class TensorSpec:
             index_hi=raw.get("index_hi"),
             dtype=raw.get("dtype"),
             subclass=raw.get("subclass"),
+            pack=None if raw.get("pack") is None else str(raw["pack"]),
         )
 
     def to_dict(self) -> dict:
@@ -126,7 +131,52 @@ class TensorSpec:
             "index_hi": self.index_hi,
             **({"dtype": self.dtype} if self.dtype else {}),
             **({"subclass": self.subclass} if self.subclass else {}),
+            **({"pack": self.pack} if self.pack else {}),
         }
+
+
+def arrange(placed: Iterable[Tuple["TensorSpec", Any]], kwargs: Dict[str, Any]) -> list:
+    """The positional arguments of one call from ``(input, value)`` pairs in the spec's order;
+    keyword inputs go into ``kwargs``. The inputs of one ``pack`` become one list, at the place
+    of the pack's first item (or ``kwargs[pack]``): what every caller of an operator (the
+    oracles, the graph and export builders, a repro script) passes."""
+    args: list = []
+    last: Optional[str] = None  # the positional pack the previous input went into
+    for t, v in placed:
+        if t.pack:
+            if t.keyword:
+                kwargs.setdefault(t.pack, []).append(v)
+            elif last == t.pack:
+                args[-1].append(v)
+            else:
+                args.append([v])
+            last = None if t.keyword else t.pack
+            continue
+        last = None
+        if t.keyword:
+            kwargs[t.name] = v
+        else:
+            args.append(v)
+    return args
+
+
+def check_packs(name: str, inputs: Sequence["TensorSpec"]) -> None:
+    """A one-line error unless every pack's inputs are consecutive, all positional or all by
+    keyword, and named apart from the other inputs."""
+    seen: Dict[str, int] = {}
+    names = {t.name for t in inputs}
+    prev: Optional[str] = None
+    for i, t in enumerate(inputs):
+        if t.pack:
+            if t.pack in names:
+                raise ConfigError(f"operator {name}: pack {t.pack!r} has the name of an input")
+            if t.pack in seen and prev != t.pack:
+                raise ConfigError(f"operator {name}: the inputs of pack {t.pack!r} are not consecutive")
+            first = next(u for u in inputs if u.pack == t.pack)
+            if first.keyword != t.keyword:
+                raise ConfigError(f"operator {name}: pack {t.pack!r} mixes positional and keyword inputs")
+            seen.setdefault(t.pack, i)
+        prev = t.pack
 
 
 class ImportRef(str):
@@ -455,6 +505,7 @@ class OpSpec:
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"operator {name}: {exc}") from exc
+        check_packs(spec.name, spec.inputs)
         for dt in spec.dtypes:
             if dt not in FLOAT_DTYPES:
                 raise ConfigError(f"operator {name}: unsupported dtype {dt!r} (use {', '.join(FLOAT_DTYPES)})")

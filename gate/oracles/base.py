@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..backends.base import Backend, Output
-from ..ops.spec import OpSpec, resolve_params
+from ..ops.spec import OpSpec, arrange, resolve_params
 from .pair_metrics import closer, compare_pair
 from .precision import Metrics, compare
 from ..plan import Variant
@@ -65,18 +65,15 @@ class OracleRunner(VariantRunner):
         default layout with every tensor in ``memory_format`` (None: dense)."""
         if use_layout or memory_format is None:
             return self.build_call(cand, dtype, low=use_layout)
-        args: list = []
+        placed: list = []
         kwargs: Dict[str, Any] = resolve_params(cand.params, self.spec.name)
         for t in self.spec.inputs:
             d = t.dtype if (t.dtype and t.kind == "float" and dtype != "float64") else dtype
             native = self.backend.to_native(cand.arrays[t.name], d, self.variant.device, memory_format=memory_format)
             if t.subclass:
                 native = self.backend.as_subclass(native, t.subclass)
-            if t.keyword:
-                kwargs[t.name] = native
-            else:
-                args.append(native)
-        return args, kwargs
+            placed.append((t, native))
+        return arrange(placed, kwargs), kwargs
 
     def run_call(self, fn: Callable, args: Sequence, kwargs: dict, dtype: str) -> List[Output]:
         return self.backend.to_outputs(

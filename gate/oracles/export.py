@@ -20,7 +20,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import Backend, Output
 from ..backends.exporters import ExportCall, ExportPath, StageError, get_path
-from ..ops.spec import OpSpec
+from ..ops.spec import OpSpec, arrange
 from .export_metrics import EXPORT_DTYPE, Failure, classify, float64_rule, score
 from ..plan import Variant
 from ..search.engine import search
@@ -78,12 +78,8 @@ def op_exportable(spec: OpSpec, backend: Backend, rng: np.random.Generator) -> T
 
     def make(f):
         def model(*tensors):
-            args, kwargs = [], dict(params)
-            for t, x in zip(spec.inputs, tensors):
-                if t.keyword:
-                    kwargs[t.name] = x
-                else:
-                    args.append(x)
+            kwargs = dict(params)
+            args = arrange(zip(spec.inputs, tensors), kwargs)
             return f(*args, **kwargs)
 
         return model

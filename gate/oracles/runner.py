@@ -16,7 +16,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import Backend, Output
 from ..errors import UnsupportedVariant
-from ..ops.spec import OpSpec, check_imports, resolve_params
+from ..ops.spec import OpSpec, arrange, check_imports, resolve_params
 from .precision import compare
 from ..plan import Variant
 from ..search.evaluation import CRASH, INVALID, OK, UNSUPPORTED, Evaluation, exception_signature, exit_signature  # noqa: F401
@@ -243,7 +243,7 @@ class VariantRunner:
         return quantize_inputs(self.spec, self.backend, cand, self.input_dtype)
 
     def build_call(self, cand: Candidate, dtype: str, low: bool) -> Tuple[list, dict]:
-        args: list = []
+        placed: list = []
         kwargs: Dict[str, Any] = resolve_params(cand.params, self.spec.name)
         lay = self.layout if low else None
         if lay is not None:
@@ -259,11 +259,8 @@ class VariantRunner:
             native = self.backend.to_native(arr, in_dtype, self.variant.device, memory_format=memory_format)
             if t.subclass:
                 native = self.backend.as_subclass(native, t.subclass)
-            if t.keyword:
-                kwargs[t.name] = native
-            else:
-                args.append(native)
-        return args, kwargs
+            placed.append((t, native))
+        return arrange(placed, kwargs), kwargs
 
     def _outputs(self, result: Any, low: bool, narrow: bool = False) -> List[Output]:
         outs = self.backend.to_outputs(result, narrow=narrow)

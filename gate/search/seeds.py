@@ -59,6 +59,11 @@ class TensorArg:
     cls: Optional[str] = None
 
 
+class TensorSeq(list):
+    """A list or tuple argument whose items are all tensors, as recorded (``quat_composition([q0,
+    q1])``): the values of an input pack (:attr:`gate.ops.spec.TensorSpec.pack`)."""
+
+
 class Opaque:
     """An argument that cannot be replayed (a dtype object, a module, a callable...)."""
 
@@ -188,9 +193,10 @@ def candidate_from_call(spec: OpSpec, rec: CallRecord, rng: Optional[np.random.G
 
 
 def _bind_tensors(spec: OpSpec, rec: CallRecord) -> Tuple[Dict[str, "TensorArg"], Dict[str, Any]]:
-    """(input name -> the call's tensor, the call's other arguments by name)."""
-    positional = [t for t in spec.inputs if not t.keyword]
-    keyword = [t for t in spec.inputs if t.keyword]
+    """(input name -> the call's tensor, the call's other arguments by name). An input pack
+    takes one list argument: its items, one to one."""
+    positional = _slots([t for t in spec.inputs if not t.keyword])
+    keyword = _slots([t for t in spec.inputs if t.keyword])
     names = parameter_names(rec.fn)
     bound: Dict[str, Any] = {}
     tensors: Dict[str, TensorArg] = {}
@@ -198,13 +204,10 @@ def _bind_tensors(spec: OpSpec, rec: CallRecord) -> Tuple[Dict[str, "TensorArg"]
     if names is not None:
         if len(args) > len(names):
             raise _Reject(f"{len(args)} positional arguments for {len(names)} parameters")
-        for i, t in enumerate(positional):
+        for i, slot in enumerate(positional):
             if i >= len(names):
-                raise _Reject(f"no parameter for input {t.name}")
-            val = args[i] if i < len(args) else rec.kwargs.get(names[i])
-            if not isinstance(val, TensorArg):
-                raise _Reject(f"input {t.name} is not a tensor in this call")
-            tensors[t.name] = val
+                raise _Reject(f"no parameter for input {_slot_name(slot)}")
+            _fill(tensors, slot, args[i] if i < len(args) else rec.kwargs.get(names[i]))
         for i in range(len(positional), len(args)):
             bound[names[i]] = args[i]
         for k, v in rec.kwargs.items():
@@ -212,16 +215,41 @@ def _bind_tensors(spec: OpSpec, rec: CallRecord) -> Tuple[Dict[str, "TensorArg"]
                 continue
             bound[k] = v
     else:
-        if len(args) != len(positional) or not all(isinstance(a, TensorArg) for a in args):
+        if len(args) != len(positional):
             raise _Reject("positional arguments other than the spec's inputs and no signature to name them")
-        tensors.update({t.name: a for t, a in zip(positional, args)})
+        for slot, a in zip(positional, args):
+            _fill(tensors, slot, a)
         bound.update(rec.kwargs)
-    for t in keyword:
-        val = bound.pop(t.name, None)
-        if not isinstance(val, TensorArg):
-            raise _Reject(f"input {t.name} missing or not a tensor")
-        tensors[t.name] = val
+    for slot in keyword:
+        _fill(tensors, slot, bound.pop(_slot_name(slot), None))
     return tensors, bound
+
+
+def _slots(inputs: Sequence) -> List[Any]:
+    """The arguments ``inputs`` fill, in order: an input, or a pack's list of inputs."""
+    out: List[Any] = []
+    for t in inputs:
+        if t.pack and out and isinstance(out[-1], list) and out[-1][0].pack == t.pack:
+            out[-1].append(t)
+        else:
+            out.append([t] if t.pack else t)
+    return out
+
+
+def _slot_name(slot: Any) -> str:
+    return slot[0].pack if isinstance(slot, list) else slot.name
+
+
+def _fill(tensors: Dict[str, "TensorArg"], slot: Any, val: Any) -> None:
+    """The call's value ``val`` of one argument into ``tensors`` (a pack: item by item)."""
+    if isinstance(slot, list):
+        if not isinstance(val, TensorSeq) or len(val) != len(slot):
+            raise _Reject(f"argument {slot[0].pack} is not a list of {len(slot)} tensors in this call")
+        tensors.update({t.name: v for t, v in zip(slot, val)})
+        return
+    if not isinstance(val, TensorArg):
+        raise _Reject(f"input {slot.name} missing or not a tensor")
+    tensors[slot.name] = val
 
 
 def _call_params(spec: OpSpec, rec: CallRecord, bound: Dict[str, Any]) -> Dict[str, Any]:
@@ -569,5 +597,5 @@ def content_key(cand: Candidate) -> bytes:
     return h.digest()
 
 
-__all__ = ["SeedStore", "CallRecord", "TensorArg", "Opaque", "candidate_from_call", "prioritise", "opinfo_seeds",
+__all__ = ["SeedStore", "CallRecord", "TensorArg", "TensorSeq", "Opaque", "candidate_from_call", "prioritise", "opinfo_seeds",
            "opinfo_records", "parameter_names"]
