@@ -462,3 +462,28 @@ def test_a_fix_whose_float64_run_moved_off_a_value_base_got_wrong_in_both_precis
                                                                   _run([1.0, -2.0, 0.25], False)],
               controls=[False, True])
     assert v.outcome == V.REGRESSION, (v.outcome, v.reason)
+
+
+def test_a_stability_fix_excuses_a_guard_or_an_eps_but_not_another_function_everywhere():
+    # naver/roma 1c27395 reverted: quat_composition(normalize=True) no longer normalises; base's
+    # normalisation of an overflowed product was NaN on one input, which the revert "fixes"
+    from gate.judge.decide import stability_fixes
+
+    def verdict(moved, far, compared=3, outcome=V.BEHAVIOUR_CHANGE):
+        return V.VariantVerdict(op="roma.quat_composition", framework="torch", variant={"dtype": "float32"},
+                                outcome=outcome, reason="head's float64 output differs from base's",
+                                details={"controls_changed": {"compared": compared, "moved": moved,
+                                                              "beyond_half_digits": far}})
+
+    fix = V.VariantVerdict(op="roma.quat_composition", framework="torch", variant={"dtype": "bfloat16"},
+                           outcome=V.IMPROVEMENT, reason="head fixes NaN/Inf", details={"fixed_inputs": 1})
+    everywhere = verdict(3, 3)           # every random control moved by half the digits or more
+    one_path = verdict(2, 2)             # the third control has normalize=False: the old path, not moved
+    eps = verdict(3, 2)                  # one control moved by less: an eps, not another function
+    guard = verdict(0, 0)                # a guard near the singularity: the random draws did not move
+    once = verdict(1, 1)                 # one control alone is too little evidence
+    stability_fixes([fix, everywhere, one_path, eps, guard, once])
+    for v in (everywhere, one_path):
+        assert not v.reported_only and "not excused by the stability fix" in v.reason, v.reason
+    for v in (eps, guard, once):
+        assert v.reported_only and "alongside a stability fix" in v.reason, v.reason

@@ -21,7 +21,8 @@ Rules (FIELD_GUIDE §2, after PyTorch's own compile-vs-eager rule), on identical
   worsen; a smaller move is reported as "reference moved"; fails or warns per configuration,
   except for an operator that a PR fixes (head returns numbers where base failed, in any of its
   variants): its behaviour changes, and its precision losses on inputs where the float64 run
-  changed, are reported alongside the fix (:func:`stability_fixes`);
+  changed, are reported alongside the fix (:func:`stability_fixes`), unless the function moved
+  beyond half the digits on the random control inputs (:func:`changed_everywhere`);
 * **improvement** if base's error exceeds ``m x head error`` (reported, never failed);
 * **needs-baseline** / **not-comparable** when there is no stored row for this environment;
 * otherwise **pass**.
@@ -493,6 +494,12 @@ class _Tally:
     # is not (head fixed the function there): reported, not failed; the first of them
     forward_fixed: int = 0
     forward_fixed_at: int = -1
+    # control inputs (random draws from the row's value spaces) whose float64 runs were
+    # compared; of them, those where head's moved (beyond the tolerance) and those where it
+    # moved beyond half the dtype's digits (read by stability_fixes)
+    controls_compared: int = 0
+    controls_moved: int = 0
+    controls_far: int = 0
 
     # the worst input where head's error is above the threshold but base's output is no closer
     # to head's float64 run than head's (that run moved beyond the threshold there): (severity,
@@ -615,6 +622,7 @@ def _compare_pair(t: _Tally, i: int, h, b, spec, dtype: str, m: float, floor: fl
         # no improvement either (the smaller of the two errors is each side's figure here)
         t.identical += 1
         d = ref_divergence(h, b, dtype, spec.ulp_floor)
+        _count_control(t, i, d, dtype, controls)
         if d is not None and d > BEHAVIOUR_TOLERANCE_ULP:
             t.moved_ref += 1
             # the same output, one side's "float64" run equal to it to the last bit and the
@@ -700,6 +708,7 @@ def _behaviour(t: _Tally, i: int, h, b, spec, dtype: str, thr: float, controls) 
     d = ref_divergence(h, b, dtype, spec.ulp_floor) if is_control else None
     if d is None and _int_outputs_differ(h, b):
         d = math.inf  # integer outputs (indices) are exact on any input: a tie now broken differently
+    _count_control(t, i, d, dtype, controls)
     # the float64 run moved by less than the variant's own error threshold on this input: an
     # approximation replaced by the exact function (or the reverse) within the accuracy the
     # gate holds it to; reported as "reference moved", not a behaviour change
@@ -709,8 +718,21 @@ def _behaviour(t: _Tally, i: int, h, b, spec, dtype: str, thr: float, controls) 
         t.behaviour = (d, i)
 
 
+def _count_control(t: _Tally, i: int, d: Optional[float], dtype: str, controls) -> None:
+    """Count a control input whose float64 runs were compared (``d``: their divergence), and
+    whether they differ beyond half the dtype's digits."""
+    if d is None or not (controls[i] if i < len(controls) else True):
+        return
+    t.controls_compared += 1
+    t.controls_moved += d > BEHAVIOUR_TOLERANCE_ULP
+    t.controls_far += d > half_digits_ulps(dtype)
+
+
 def _tally_details(vv: V.VariantVerdict, t: _Tally, dtype: str) -> None:
     vv.details["pairs"] = t.pairs
+    if t.controls_compared:
+        vv.details["controls_changed"] = {"compared": t.controls_compared, "moved": t.controls_moved,
+                                          "beyond_half_digits": t.controls_far}
     if t.ref_moved:  # the float64 run moved within the threshold (read by refinements)
         vv.details["ref_moved_ulp"] = t.ref_moved
     if t.behaviour[1] >= 0:  # and beyond it, on control inputs (whatever the verdict)
@@ -1067,6 +1089,18 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
         changed = v.outcome == V.REGRESSION and v.details.get("kind") == "precision" and "function_changed_ulp" in v.details
         if v.outcome != V.BEHAVIOUR_CHANGE and not changed:
             continue
+        if changed_everywhere(v):
+            # a fix changes the function where it was broken, and by an eps (if at all) elsewhere;
+            # one whose float64 output moved beyond half the digits on the random control inputs
+            # computes another function: naver/roma's 1c27395 reverted, a normalisation dropped,
+            # "fixes" the NaN of normalising an overflowed product and leaves every composition
+            # unnormalised
+            c = v.details["controls_changed"]
+            v.reason = (f"{v.reason}; not excused by the stability fix on {fixes[v.op][1]} input(s) of {fixes[v.op][0]}: "
+                        f"the float64 output moved beyond half the {v.variant.get('dtype')} digits on "
+                        f"{c['beyond_half_digits']} of the {c['compared']} random control inputs, and by no less on "
+                        "any (another function, not a guard near where base failed)")
+            continue
         key, n = fixes[v.op]
         v.details["with_fix"] = {"variant": key, "fixed_inputs": n}
         if changed:
@@ -1078,6 +1112,22 @@ def stability_fixes(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
         marked[v.op] = marked.get(v.op, 0) + 1
     return [f"{op}: {k} behaviour change(s) alongside a stability fix (head returns numbers where base failed on "
             f"{fixes[op][1]} input(s) of {fixes[op][0]}): reported, not failed" for op, k in marked.items()]
+
+
+#: the fewest random control inputs on which head's float64 output must have moved beyond half
+#: the digits for the function to count as changed everywhere (one: too little evidence)
+EVERYWHERE_MIN_CONTROLS = 2
+
+
+def changed_everywhere(v: V.VariantVerdict) -> bool:
+    """Head's float64 output moved beyond half the dtype's digits on at least
+    :data:`EVERYWHERE_MIN_CONTROLS` random control inputs and by no smaller amount on any: another
+    function (a control left as it was is one where a parameter keeps the old path, roma's
+    ``normalize=False``), not a guard that moves the function near a singularity (there the
+    random draws do not move) or an eps (which moves them all a little)."""
+    c = v.details.get("controls_changed") or {}
+    far = int(c.get("beyond_half_digits") or 0)
+    return far >= EVERYWHERE_MIN_CONTROLS and far == int(c.get("moved") or 0)
 
 
 def refinements(verdicts: Sequence[V.VariantVerdict]) -> List[str]:
