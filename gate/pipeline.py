@@ -278,6 +278,9 @@ class Planned:
     isolate: object  # IsolateOptions, or None: evaluations run in-process
     #: the fuzz stage's finished work items as they come (judged as they are if the run is stopped)
     done: List[dict] = field(default_factory=list)
+    #: base's replay results of each variant as they come (OUT_OF_TIME where not yet replayed):
+    #: what a run stopped during the replay judges its variants on
+    base: Dict[str, list] = field(default_factory=dict)
 
 
 def _run(opts: RunOptions, report: V.GateReport, say) -> None:
@@ -795,13 +798,14 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         report.env["fuzz"] = pools.to_dict()
         # base runs the operator its own config names (a PR may rename the function)
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
-                          spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)))
+                          spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)), first=first_replays(w))
                 for w in work if w["spec"].origin == "user"]
         if jobs and tree is not None:
             say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}")
             t0 = time.perf_counter()
             share = _replay_share(opts, ctx)
-            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo, seconds=share)
+            base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo, seconds=share,
+                                          sink=planned.base)
             report.env.setdefault("stages", {})["replay"] = {"seconds": round(time.perf_counter() - t0, 3),
                                                              **({"share": share} if share is not None else {})}
             _replay_deciding_inputs(ctx, work, jobs, base_results, tree, py_path, isolate, say)
@@ -819,6 +823,19 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
 
 #: inputs of one variant replayed on base past the replay's share when its verdict turns on them
 DECIDING_INPUTS = 3
+
+
+def first_replays(w: dict) -> List[int]:
+    """The inputs a variant's verdict turns on, replayed on base before any variant's others
+    (:attr:`gate.judge.replay.ReplayJob.first`): head's first crash or NaN/Inf, its worst error,
+    and the first control input (a behaviour change is judged there)."""
+    head = w.get("head") or []
+    bad = next((i for i, r in enumerate(head)
+                if r.status == CRASH or (r.status == OK and r.metrics is not None and r.metrics.nonfinite)), None)
+    worst = max((i for i, r in enumerate(head) if r.status == OK and r.metrics is not None),
+                key=lambda i: head[i].metrics.ulp, default=None)
+    control = next((i for i, c in enumerate(w["cands"]) if c.origin == "control"), None)
+    return list(dict.fromkeys(i for i in (bad, worst, control) if i is not None))
 
 
 def _replay_deciding_inputs(ctx: Context, work: List[dict], jobs: List[ReplayJob], base_results: Dict[str, list],
@@ -1062,13 +1079,17 @@ def judge_stopped(opts: RunOptions, ctx: Context, planned: Planned, report: V.Ga
     done = [w for w in planned.done if "head" in w]
     if not done:
         return
+    compared = 0
     for w in done:
-        w["base"] = None
+        got = planned.base.get(w["task"].id)  # what base's replay gave before the stop
+        w["base"] = got if got and any(r.error != OUT_OF_TIME for r in got) else None
+        compared += w["base"] is not None
     ids = {w["task"].id for w in done}
     report.not_covered = sorted(set(report.not_covered) | {t.id for t in planned.run_tasks if t.id not in ids})
-    report.warnings.append(f"the run was stopped before base's replay finished: the {len(done)} of "
-                           f"{len(planned.run_tasks)} variant(s) searched by then are judged against their stored "
-                           "baselines only")
+    report.warnings.append(f"the run was stopped before base's replay finished: of the {len(done)} of "
+                           f"{len(planned.run_tasks)} variant(s) searched by then, {compared} are judged on the inputs "
+                           f"base replayed by then (each variant's deciding inputs first), {len(done) - compared} "
+                           "against their stored baselines only")
     judge_stage(opts, ctx, planned, done, report, recheck=False)
 
 

@@ -438,5 +438,62 @@ def test_a_run_stopped_during_the_search_keeps_the_regression_it_reached(tmp_pat
     assert any("the run stopped early: its report holds what was judged" in e for e in report["errors"]), report["errors"]
     assert any(v["outcome"] == "regression" for v in by_op["lib.a_log1p"]), by_op["lib.a_log1p"]
     assert all(v["outcome"] == "not-covered" and "stopped" in v["reason"] for v in by_op["lib.b_exp"]), by_op["lib.b_exp"]
-    assert any("are judged against their stored baselines only" in w for w in report["warnings"])
+    assert any("1 against their stored baselines only" in w for w in report["warnings"]), report["warnings"]
     assert (out / "junit.xml").exists()
+
+
+def test_a_replay_cut_short_has_compared_every_variant_on_its_deciding_inputs_first(monkeypatch):
+    """naver/roma's fix on a runner at load 10: the run reached its deadline while base replayed
+    variant after variant, and all 22 were judged against their stored baselines (7 false
+    regressions). The replay now takes every variant's deciding inputs first (head's NaN/Inf or
+    crash, its worst, a control), then the others, and keeps what it got as it goes: a replay
+    cut short after the first pass has compared every variant on the inputs its verdict turns on.
+    The clock is a counter (one tick an input), not the wall."""
+    from gate.judge import replay as R
+    from gate.pipeline import first_replays
+    from gate.search.evaluation import CRASH, OK
+    from gate.search.inputs import Candidate
+
+    ticks = [0.0]
+    calls = []
+
+    def fake_replay(spec, variant, candidates, isolate=None, deadline=None):
+        out = []
+        for c in candidates:
+            if deadline is not None and ticks[0] >= deadline:
+                out.append(ReplayResult(R.UNAVAILABLE, error=R.OUT_OF_TIME))
+                continue
+            ticks[0] += 1.0
+            calls.append(c.origin)
+            out.append(ReplayResult(OK, metrics=Metrics(ulp=1.0)))
+        return out
+
+    monkeypatch.setattr(R, "replay", fake_replay)
+    monkeypatch.setattr(R, "base_isolate_options", lambda *a: None)
+    monkeypatch.setattr(R.time, "monotonic", lambda: ticks[0])
+
+    def cands(tag):
+        return [Candidate(dims={}, params={}, arrays={}, origin=o)
+                for o in (f"{tag}:found0", f"{tag}:found1", "control", f"{tag}:tests")]
+
+    def head(worst):
+        return [ReplayResult(OK, metrics=Metrics(ulp=10.0 if i == worst else 1.0)) for i in range(4)]
+
+    works = [{"cands": cands("a"), "head": head(1)},
+             {"cands": cands("b"), "head": [ReplayResult(CRASH, error="x")] + head(3)[1:]},
+             {"cands": cands("c"), "head": head(0)}]
+    assert [first_replays(w) for w in works] == [[1, 2], [0, 3, 2], [0, 2]]
+    jobs = [R.ReplayJob(key=k, spec=None, variant=None, candidates=w["cands"], first=first_replays(w))
+            for k, w in zip("abc", works)]
+    sink = {}
+    got = R.replay_in_tree(None, [], jobs, isolate=object(), seconds=7.0, sink=sink)
+    # seven inputs fit: the first pass (2 + 3 + 2), every variant's deciding ones; none of the rest
+    assert calls == ["a:found1", "control", "b:found0", "b:tests", "control", "c:found0", "control"], calls
+    for key, w in zip("abc", works):
+        done = [i for i, r in enumerate(got[key]) if r.error != R.OUT_OF_TIME]
+        assert done == sorted(first_replays(w)), (key, done)
+        assert sink[key] is got[key]  # what a run stopped here judges
+    # with the time for all, one pass in the inputs' order (no second runner a variant)
+    ticks[0], calls[:] = 0.0, []
+    R.replay_in_tree(None, [], jobs, isolate=object(), seconds=None)
+    assert len(calls) == 12 and calls[:4] == ["a:found0", "a:found1", "control", "a:tests"], calls
