@@ -165,51 +165,123 @@ class Symbol:
 
 def scan(pkg: Package, repo: Path, named: Sequence[str] = ()) -> Tuple[Dict[str, List[Symbol]], List[str]]:
     """Public top-level definitions per module of ``pkg`` (AST only), and files that do not parse.
-    ``named`` (``dl-gate init --ops``): definitions asked for by name are taken even when private
+    A private module's (``_geometric_mean.py``) public definitions count where a public module
+    re-exports them (``from ._geometric_mean import GeometricMean`` in the package's
+    ``__init__``), under that module's name: SimplexLab/TorchJD defines every aggregator and
+    scalarizer so, and zero config said "defines no public function or class". ``named``
+    (``dl-gate init --ops``): definitions asked for by name are taken even when private
     (``_normalize_tensor``, ``pkg.mod._f``, or anything in a private module named in full)."""
     named = set(named)
     out: Dict[str, List[Symbol]] = {}
     bad: List[str] = []
-    files = pkg.files()
-    for f in files:
+    parsed: Dict[str, Tuple[Path, ast.Module, bool]] = {}  # module -> (file, tree, private)
+    for f in pkg.files():
         rel_parts = f.relative_to(pkg.root).with_suffix("").parts
         if any(p in SKIP_DIRS or p.startswith(".") for p in rel_parts[:-1]):
             continue
         if rel_parts[-1].startswith("test_") or rel_parts[-1].endswith("_test") or rel_parts[-1] == "conftest":
             continue  # the library's tests: they call the operators, they are not operators
         mod = ".".join(rel_parts[:-1] if rel_parts[-1] == "__init__" else rel_parts)
-        if any(p.startswith("_") and p != "__init__" for p in rel_parts[len(pkg.name.split(".")):]) \
-                and not any(n.startswith(mod + ".") for n in named):
-            continue  # private modules: their public names are reached through a public module
+        private = any(p.startswith("_") and p != "__init__" for p in rel_parts[len(pkg.name.split(".")):]) \
+            and not any(n.startswith(mod + ".") for n in named)
         try:
             tree = ast.parse(f.read_text(encoding="utf-8", errors="replace"), filename=str(f))
         except SyntaxError:
             bad.append(str(f.relative_to(repo)))
             continue
-        exported = None
-        for node in tree.body:  # __all__ = [...] narrows what is public
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-                try:
-                    exported = set(ast.literal_eval(node.value))
-                except Exception:
-                    exported = None
+        parsed[mod] = (f, tree, private)
+    exports = _reexports(parsed)
+    for mod, (f, tree, private) in parsed.items():
+        exported = _all_names(tree)
         syms = []
         for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                asked = node.name in named or f"{mod}.{node.name}" in named
-                if not asked and (node.name.startswith("_") or (exported is not None and node.name not in exported)):
-                    continue
-                kind = "class" if isinstance(node, ast.ClassDef) else "function"
-                if kind == "function" and any(_decorator_name(d).endswith(("custom_op", "triton_op"))
-                                              for d in node.decorator_list):
-                    kind = "custom_op"
-                if kind == "function" and any(_decorator_name(d) in ("property", "overload", "typing.overload")
-                                              for d in node.decorator_list):
-                    continue
-                syms.append(Symbol(mod, node.name, str(f.relative_to(repo)), node.lineno, kind))
-        if syms:
-            out[mod] = syms
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            asked = node.name in named or f"{mod}.{node.name}" in named
+            if not asked and (node.name.startswith("_") or (exported is not None and node.name not in exported)):
+                continue
+            home = mod
+            if private and not asked:
+                home = exports.get((mod, node.name))
+                if home is None:
+                    continue  # private and not re-exported: reached only through what calls it
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            if kind == "function" and any(_decorator_name(d).endswith(("custom_op", "triton_op"))
+                                          for d in node.decorator_list):
+                kind = "custom_op"
+            if kind == "function" and any(_decorator_name(d) in ("property", "overload", "typing.overload")
+                                          for d in node.decorator_list):
+                continue
+            sym = Symbol(home, node.name, str(f.relative_to(repo)), node.lineno, kind)
+            if any(s.module == home and s.name == node.name for s in out.get(home, ())):
+                continue
+            out.setdefault(home, []).append(sym)
     return out, bad
+
+
+def _all_names(tree: ast.Module) -> Optional[set]:
+    """The module's ``__all__`` when it is a literal list (what narrows what is public)."""
+    exported = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            try:
+                exported = set(ast.literal_eval(node.value))
+            except Exception:
+                exported = None
+    return exported
+
+
+def _reexports(parsed: Dict[str, Tuple[Path, ast.Module, bool]]) -> Dict[Tuple[str, str], str]:
+    """(private module, name) -> the public module that re-exports it (``from ._mod import
+    Name``, relative or absolute, or ``from ._mod import *``), the shallowest where several do;
+    a re-export of a re-export (a private ``_impl/__init__`` importing from ``_impl/_x``) is
+    followed to the public module at the end of the chain."""
+    direct: Dict[Tuple[str, str], List[str]] = {}
+    for mod, (f, tree, private) in parsed.items():
+        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        public_names = _all_names(tree)
+        for node in tree.body:
+            if not isinstance(node, ast.ImportFrom) or node.module is None and not node.level:
+                continue
+            if node.level:
+                base = package.split(".")
+                if node.level > 1:
+                    base = base[: len(base) - (node.level - 1)]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module
+            if src not in parsed:
+                continue
+            for alias in node.names:
+                if alias.name == "*":
+                    names = [n.name for n in parsed[src][1].body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                             and not n.name.startswith("_")]
+                    star = _all_names(parsed[src][1])
+                    names = [n for n in names if star is None or n in star]
+                else:
+                    if (alias.asname or alias.name).startswith("_") or alias.asname not in (None, alias.name):
+                        continue  # renamed or private: not the definition's public name
+                    if public_names is not None and alias.name not in public_names:
+                        continue
+                    names = [alias.name]
+                for n in names:
+                    direct.setdefault((src, n), []).append(mod)
+    out: Dict[Tuple[str, str], str] = {}
+    for key in direct:
+        seen, todo, homes = set(), [key[0]], []
+        while todo:  # follow the chain of re-exports to public modules
+            cur = todo.pop()
+            for m in direct.get((cur, key[1]), ()):
+                if m in seen:
+                    continue
+                seen.add(m)
+                if parsed[m][2]:
+                    todo.append(m)
+                else:
+                    homes.append(m)
+        if homes:
+            out[key] = min(homes, key=lambda m: (m.count("."), m))
+    return out
 
 
 def default_tests(repo: Path, pkg: Package) -> Optional[str]:
