@@ -145,6 +145,16 @@ def measure(name: str, grad: bool, seconds: float, dtype: str, device: str) -> d
     else:
         v = Variant(dtype, device)
         runner = VariantRunner(spec, v)
+    # the compiled loops (rounding, scoring, band counts, random numbers) loaded before anything
+    # is timed, as a real run has them: its worker zygote loads them once before it forks
+    # (gate.backends.isolate.WARM_UP), so no search pays Numba's cache loads (~0.3 s, a tenth of
+    # a 3 s row, were inside the timed search before)
+    try:
+        from gate.oracles.registry import warm_kernels
+    except ImportError:  # an older gate (--baseline): its search loads them as it goes
+        warm_kernels = None
+    if warm_kernels is not None:
+        warm_kernels()
     raw = draw(spec, np.random.default_rng(0))
     cand = runner.quantize(raw)
     b = runner.backend
