@@ -105,3 +105,62 @@ def test_the_rounding_loop_takes_the_extremes_as_it_goes(dtype):
         else:
             assert (lo, hi) == (float(q.min()), float(q.max())), (lo, hi, q.min(), q.max())
         assert known_extremes(q.copy()) is None  # another array: not known
+
+
+def test_the_float32_rounding_counts_magnitudes_at_registered_thresholds():
+    """With thresholds registered (gate.search.coverage registers its value bands' edges), the
+    float32 rounding pass counts how many rounded magnitudes are at or above each, as NumPy counts
+    them on the rounded values: thresholds that are float32 values, between two of them, below
+    the smallest subnormal's half, at and beyond the largest finite value; ±0, subnormals, ties,
+    values that overflow to an infinity."""
+    from gate.backends.base import count_magnitudes_at, float32_twin, known_counts, known_extremes
+
+    f32 = np.finfo(np.float32)
+    edges = (float(f32.smallest_subnormal), float(f32.tiny), 1e-3, 1e4, float(f32.max) / 2, float(f32.max),
+             1.0 - 4 * float(f32.eps), 1.0 + 4 * float(f32.eps))
+    others = (1e-46, float(np.nextafter(np.float32(1e-3), np.float32(1))), 0.1, 1.0, 3.0, 1e38, 3.5e38, 1e300)
+    try:
+        for thresholds in (edges, others):
+            count_magnitudes_at("float32", thresholds)
+            for seed in range(3):
+                x = adversarial("float32", ROUND_KERNEL_MIN + 17, seed)
+                finite = np.where(np.isfinite(x) & (np.abs(x) < 3.4e38), x, -0.0)
+                for a in (x, finite):
+                    q, q32 = float32_twin(a)
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        assert same_bits(q, base._quantize(a, "float32"))
+                    m = np.abs(q)
+                    want = tuple(int(np.count_nonzero(m >= t)) for t in thresholds)
+                    got = known_counts(q, thresholds)
+                    if a is finite:
+                        assert got == want, (thresholds, got, want)
+                        assert known_extremes(q) == (float(q.min()), float(q.max()))
+                    else:
+                        assert got is not None and math.isnan(known_extremes(q)[0])
+                    assert known_counts(q, edges if thresholds is others else others) is None
+                    assert known_counts(q.copy(), thresholds) is None
+        count_magnitudes_at("float32", None)
+        q, _ = float32_twin(adversarial("float32", ROUND_KERNEL_MIN, 7))
+        assert known_counts(q, others) is None  # nothing registered: extremes only
+    finally:
+        count_magnitudes_at("float32", None)
+
+
+def test_extremes_of_zeros_infinities_and_nans_of_either_sign():
+    """The float32 pass takes its extremes as integers (bit patterns in the values' order): ±0,
+    ±inf, either NaN sign, one value, a tie of the least and the greatest."""
+    from gate.backends.base import float32_twin, known_extremes
+
+    n = ROUND_KERNEL_MIN
+    for vals, want in (([0.0, -0.0], (0.0, 0.0)), ([np.inf, 1.0], (1.0, np.inf)), ([-np.inf, 1.0], (-np.inf, 1.0)),
+                       ([-np.inf, np.inf], (-np.inf, np.inf)), ([5.0], (5.0, 5.0)), ([-1e-45, 1e-45], (-1e-45, 1e-45)),
+                       ([1e39, -1e39], (-np.inf, np.inf)), ([3.0, -2.0, 7.0, -2.0], (-2.0, 7.0))):
+        a = np.resize(np.array(vals, dtype=np.float64), n)
+        q, _ = float32_twin(a)
+        assert known_extremes(q) == (float(q.min()), float(q.max())) == tuple(float(np.float32(w)) for w in want)
+    for nan in (np.nan, -np.nan, np.float64(np.uint64(0xFFF8000000000001).view(np.float64))):
+        a = np.ones(n)
+        a[n // 2] = nan
+        q, _ = float32_twin(a)
+        lo, hi = known_extremes(q)
+        assert math.isnan(lo) and math.isnan(hi)

@@ -254,3 +254,39 @@ def test_compiled_value_features_match_numpy(dtype):
             for x in (a, a.astype(np.float32)):
                 want = value_features(x, dtype, kernel="numpy")
                 assert value_features(x, dtype) == want, (dtype, seed, x[:4], want)
+
+
+def test_value_features_of_a_float32_rounded_array_take_the_rounding_passs_counts(monkeypatch):
+    """A float32 coverage map has the float32 rounding count its band edges in the rounding's own
+    pass; the value features of the very array that pass made take those counts (no counting pass
+    of their own) and give the classes of NumPy's passes, for every tensor the kernel test uses."""
+    from gate.backends import base
+    from gate.search import coverage
+
+    if coverage._bands_kernel() is None or base._round_kernel() is None:
+        pytest.skip("Numba is not installed: NumPy classifies every tensor")
+    spec = tiny_spec()
+    try:
+        CoverageMap(spec, "float32")  # registers the edges
+        counted = []
+        real = coverage._bands_kernel().at_or_above
+
+        class Spy:
+            def at_or_above(self, *a):
+                counted.append(1)
+                return real(*a)
+
+        monkeypatch.setattr(coverage, "_KERNEL", [Spy()])
+        for seed in range(3):
+            for a in _feature_tensors("float32", seed):
+                a = np.resize(a, max(a.size, coverage.BANDS_KERNEL_MIN))
+                q, _ = base.float32_twin(a)
+                lo, hi = base.known_extremes(q)
+                if math.isfinite(lo) and math.isfinite(hi):
+                    coverage.remember(q, "float32", lo, hi)
+                counted.clear()
+                assert value_features(q, "float32") == value_features(q, "float32", kernel="numpy")
+                assert not counted
+                assert value_features(q.copy(), "float32") == value_features(q, "float32", kernel="numpy")
+    finally:
+        base.count_magnitudes_at("float32", None)

@@ -3,6 +3,7 @@ is run or why. Arrays cross this boundary as float64 NumPy arrays whose values a
 exactly representable in the dtype under test."""
 from __future__ import annotations
 
+import collections
 import importlib
 import inspect
 import math
@@ -598,6 +599,8 @@ def warm_round_kernel() -> bool:
     for dtype in ("float16", "bfloat16", "float32"):
         kernel_quantize(k, a, dtype)
     float32_twin(a)
+    k.round_float32_twin_counts(a, np.empty_like(a), np.empty(a.shape, np.float32), np.empty(2),
+                                np.ones(8, np.int32), np.empty(8, np.int64))
     return True
 
 
@@ -615,29 +618,78 @@ def kernel_quantize(k, arr: np.ndarray, dtype: str) -> np.ndarray:
     return _remember_extremes(out.reshape(arr.shape), ext)
 
 
-#: (weak reference to the last array a rounding loop made, its least value, its greatest)
-_EXTREMES: list = [None, 0.0, 0.0]
+#: (weak reference to an array a rounding loop made, its least value, its greatest, the count
+#: thresholds or None, the counts or None) of the last few (a candidate rounds one array an input)
+_EXTREMES: "collections.deque" = collections.deque(maxlen=8)
 
 
-def _remember_extremes(arr: np.ndarray, ext: np.ndarray) -> np.ndarray:
-    _EXTREMES[:] = [weakref.ref(arr), float(ext[0]), float(ext[1])]
+def _remember_extremes(arr: np.ndarray, ext: np.ndarray, edges=None, counts=None) -> np.ndarray:
+    _EXTREMES.append((weakref.ref(arr), float(ext[0]), float(ext[1]), edges,
+                      None if counts is None else tuple(int(c) for c in counts)))
     return arr
 
 
+def _known(arr: np.ndarray):
+    for entry in reversed(_EXTREMES):
+        if entry[0]() is arr:
+            return entry
+    return None
+
+
 def known_extremes(arr: np.ndarray) -> Optional[Tuple[float, float]]:
-    """``(arr.min(), arr.max())`` without reading ``arr`` again when it is the array the last
-    rounding loop made (which took both in the same pass; NaN both where it holds a NaN), else
+    """``(arr.min(), arr.max())`` without reading ``arr`` again when it is an array a rounding
+    loop made lately (which took both in the same pass; NaN both where it holds a NaN), else
     None. Rounded arrays are never written in place afterwards (as every candidate array)."""
-    ref = _EXTREMES[0]
-    if ref is None or ref() is not arr:
+    entry = _known(arr)
+    return None if entry is None else (entry[1], entry[2])
+
+
+#: dtype -> the float64 magnitudes (eight, positive) at which the float32 rounding loop counts
+#: its rounded magnitudes as it goes (see :func:`count_magnitudes_at`), and their float32 patterns
+_COUNT_EDGES: Dict[str, Tuple[tuple, np.ndarray]] = {}
+
+
+def count_magnitudes_at(dtype: str, edges) -> None:
+    """Ask the compiled float32 rounding (:func:`float32_twin`; ``dtype`` "float32") to count, in
+    its own pass, how many rounded magnitudes are at or above each of the eight positive float64
+    ``edges`` (:func:`known_counts`); :mod:`gate.search.coverage` registers its value bands'
+    edges (a separate counting pass over the candidate was ~1 ms of a million-element
+    evaluation). ``None`` stops it."""
+    if dtype != "float32":
+        return
+    if edges is None:
+        _COUNT_EDGES.pop(dtype, None)
+        return
+    edges = tuple(float(e) for e in edges)
+    if len(edges) != 8 or not all(e > 0 for e in edges):
+        raise ValueError("eight positive thresholds")
+    _COUNT_EDGES[dtype] = (edges, np.array([_float32_at_or_above(e) for e in edges], dtype=np.int32))
+
+
+def _float32_at_or_above(e: float) -> int:
+    """The bit pattern of the least float32 at or above ``e`` > 0 (+inf's beyond the largest)."""
+    with np.errstate(over="ignore"):
+        c = np.float32(e)  # nearest (inf when far beyond the largest finite value)
+        if float(c) < e:
+            c = np.nextafter(c, np.float32(np.inf))
+    return int(np.array(c, dtype=np.float32).view(np.int32))
+
+
+def known_counts(arr: np.ndarray, edges) -> Optional[Tuple[int, ...]]:
+    """How many magnitudes of ``arr`` are at or above each of ``edges`` (the registered ones),
+    counted by the rounding pass that made ``arr``; None where that pass did not count them
+    (another array, other edges). Meaningful where every value is finite."""
+    entry = _known(arr)
+    if entry is None or entry[4] is None or entry[3] != tuple(float(e) for e in edges):
         return None
-    return _EXTREMES[1], _EXTREMES[2]
+    return entry[4]
 
 
 def float32_twin(arr: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """``(numpy_quantize(arr, "float32"), the same values as float32)`` from one compiled pass,
     or None where :func:`numpy_quantize` would not take the compiled loop (a small array, no
-    Numba, ``DL_GATE_FUSED=0``)."""
+    Numba, ``DL_GATE_FUSED=0``). The pass takes the extremes (:func:`known_extremes`) and, where
+    thresholds are registered (:func:`count_magnitudes_at`), the counts (:func:`known_counts`)."""
     arr = np.asarray(arr, dtype=np.float64)
     if arr.size < ROUND_KERNEL_MIN:
         return None
@@ -648,8 +700,13 @@ def float32_twin(arr: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     out = np.empty_like(flat)
     out32 = np.empty(flat.shape, dtype=np.float32)
     ext = np.empty(2)
-    k.round_float32_twin(flat, out, out32, ext)
-    return _remember_extremes(out.reshape(arr.shape), ext), out32.reshape(arr.shape)
+    count = _COUNT_EDGES.get("float32")
+    if count is None:
+        k.round_float32_twin(flat, out, out32, ext)
+        return _remember_extremes(out.reshape(arr.shape), ext), out32.reshape(arr.shape)
+    g = np.empty(8, dtype=np.int64)
+    k.round_float32_twin_counts(flat, out, out32, ext, count[1], g)
+    return _remember_extremes(out.reshape(arr.shape), ext, count[0], g), out32.reshape(arr.shape)
 
 
 def _quantize(arr: np.ndarray, dtype: str) -> np.ndarray:

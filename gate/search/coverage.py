@@ -157,7 +157,7 @@ def value_features(arr: np.ndarray, dtype: str, kernel: str = "auto") -> Set[str
     if all_finite and a.size >= BANDS_KERNEL_MIN and kernel != "numpy":
         k = _bands_kernel()
         if k is not None:
-            return _counted_features(k, np.ascontiguousarray(a), lo, hi, dtype)
+            return _counted_features(k, np.ascontiguousarray(a), lo, hi, dtype, arr)
     out: Set[str] = set()
     fin = a
     if not all_finite:
@@ -256,12 +256,36 @@ def _remembered(arr, dtype: str):
     return None
 
 
-def _counted_features(k, a: np.ndarray, lo: float, hi: float, dtype: str) -> Set[str]:
+def count_thresholds(dtype: str) -> Tuple[float, ...]:
+    """The eight magnitudes :func:`_counted_features` counts at or above: the band edges, then
+    the two ends of the near-one band."""
+    edges, nlo, nhi = _band_edges(dtype)
+    return tuple(float(e) for e in edges) + (float(nlo), float(nhi))
+
+
+def count_in_rounding(dtype: str) -> None:
+    """Have the compiled float32 rounding of a candidate count the magnitudes at ``dtype``'s
+    band edges in its own pass (:func:`gate.backends.base.count_magnitudes_at`), so that
+    :func:`value_features` of the array it made does not read it again (a float32 search: the
+    counts of a float32 array rounded for a float32 variant)."""
+    from ..backends.base import count_magnitudes_at
+
+    if dtype == "float32":
+        count_magnitudes_at(dtype, count_thresholds(dtype))
+
+
+def _counted_features(k, a: np.ndarray, lo: float, hi: float, dtype: str, arr=None) -> Set[str]:
     """:func:`value_features` of the flat, all-finite ``a`` (minimum ``lo``, maximum ``hi``)
     from counts of magnitudes at or above each band edge and each end of the near-one band
-    (which lies inside the bulk band): the same decisions as the NumPy passes."""
+    (which lies inside the bulk band): the same decisions as the NumPy passes. The counts come
+    from the rounding pass that made ``arr`` (``a``'s array) where it counted them
+    (:func:`count_in_rounding`), else from one counting pass."""
+    from ..backends.base import known_counts
+
     edges, nlo, nhi = _band_edges(dtype)
-    g = k.at_or_above(a, *(float(e) for e in edges), float(nlo), float(nhi))
+    g = known_counts(arr, count_thresholds(dtype)) if arr is not None else None
+    if g is None:
+        g = k.at_or_above(a, *count_thresholds(dtype))
     n = a.size
     counts = (n - g[0], g[0] - g[1], g[1] - g[2], g[2] - g[3], g[3] - g[4], g[4] - g[5], g[5])
     out: Set[str] = {_BINS[b] for b, c in enumerate(counts) if c and _BINS[b]}
@@ -486,6 +510,7 @@ class CoverageMap:
 
     def __init__(self, spec: OpSpec, dtype: str = "float32", max_attempts: int = 3):
         self.spec, self.dtype = spec, dtype
+        count_in_rounding(dtype)
         self.universe = Universe(spec, dtype)
         self.keys = list(self.universe.keys)
         self._index = {k: i for i, k in enumerate(self.keys)}
