@@ -181,3 +181,52 @@ def test_a_float64_variant_is_scored_by_numpy():
     args = dict(figures="search", ulp_floor="dtype", ftz=True)
     out, ref = [Output(a, "float64")], [Output(b, "float64")]
     assert_same(compare(out, ref, "float64", kernel="numpy", **args), compare(out, ref, "float64", **args))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ftz", [True, False])
+def test_references_beyond_the_range_without_sums_take_the_kernel(dtype, ftz, monkeypatch):
+    """A search guided by the largest error (figures="max") scores an output whose judged
+    references lie beyond the dtype's range with ``ulp_floor='output'`` by one more compiled pass
+    (each such error over its own ulp), not NumPy's dozen: the same figures, bit for bit, with
+    ties of the largest ulp error between an element beyond the range and one inside it in both
+    orders, NaN/Inf on either side, flushed tiny elements, ±0, every floor of a reference at the
+    edge of the range."""
+    from gate.oracles import precision
+    from gate.search.score import ulp
+
+    rng = np.random.default_rng(11)
+    n = 1 << 15
+    big = overflow_bound(dtype)
+    cases = []
+    for trial in range(6):
+        a, b = adversarial(rng, n, dtype)
+        if trial % 2:
+            a = a.astype(np.float32)
+        cases.append((a, b, float(rng.choice([0.0, 1.0, 1e6])), None))
+    # ties: an error of 3 floors inside the range and 3 ulps of a reference beyond it
+    b = np.ones(n)
+    b[7], b[900] = big * 2, -big * 4
+    floor = precision._floor(1.0, 0.0, dtype, "output")  # the largest representable |b| is 1
+    for first, second in ((7, 100), (100, 7), (900, 100)):
+        a = b.copy()
+        a[first] = b[first] - 3 * (float(ulp(np.array([b[first]]), dtype)[0]) if abs(b[first]) >= big else floor)
+        a[second] = b[second] + 3 * (float(ulp(np.array([b[second]]), dtype)[0]) if abs(b[second]) >= big else floor)
+        a[3], b[3] = np.nan, 1.0
+        a[5], b[5] = -0.0, 0.0
+        a[11], b[11] = 1e-45, -1e-44
+        cases.append((a, b.copy(), 0.0, min(first, second)))
+    for a, b, scale, tie in cases:
+        m_np, _ = metrics_pair(a, b, dtype, "output", ftz, scale, figures="max")
+        slow = []
+        real = precision._slow_errors
+        monkeypatch.setattr(precision, "_slow_errors", lambda *x, **k: slow.append(1) or real(*x, **k))
+        m_fu = compare([Output(a, dtype)], [Output(b, "float64")], dtype, "output", ftz, figures="max", scale=scale,
+                       kernel="fused")
+        monkeypatch.setattr(precision, "_slow_errors", real)
+        assert_same(m_np, m_fu)
+        if tie is not None:  # the first of the two
+            assert m_fu.ulp == 3.0 and m_fu.worst_index == (tie,), (m_fu.ulp, m_fu.worst_index)
+        judged_beyond = np.isfinite(a) & (np.abs(b) >= big) & np.isfinite(b)
+        if judged_beyond.any():
+            assert not slow

@@ -326,3 +326,30 @@ def first_index(a, b, lo, target, by_dtype, p, emin, emax):
         if (_u(e, b[i], True, scl, lo_ulp, hi_ulp) if by_dtype else e) == target:
             return i
     return lo
+
+
+@numba.njit(cache=True, nogil=True)
+def beyond_max(a, b, ovf, mn, ftz, floor, p, emin, emax):
+    """(the largest ulp error, its first index) of an output with ``ulp_floor='output'`` some of
+    whose judged references are beyond the dtype's range, as NumPy's path takes them
+    (gate.oracles.precision._slow_errors): every judged error over ``floor``, an error whose
+    reference is beyond the range over the larger of its own ulp and ``floor``; 0 where an
+    element is not judged (a NaN/Inf on either side, or a flush to zero)."""
+    scl, lo_ulp, hi_ulp = _scales(p, emin, emax)
+    best = -1.0
+    idx = 0
+    for i in range(a.shape[0]):
+        ai = np.float64(a[i])
+        bi = b[i]
+        absa, absb = abs(ai), abs(bi)
+        judged = (absa < np.inf) & (absb < np.inf) & ~(ftz & (absb < mn) & (absa < mn))
+        if not judged:
+            u = 0.0 / floor
+        elif absb < ovf:
+            u = abs(ai - bi) / floor
+        else:
+            u = abs(ai - bi) / max(ulp_of(bi, scl, lo_ulp, hi_ulp), floor)
+        if u > best:
+            best = u
+            idx = i
+    return best, idx

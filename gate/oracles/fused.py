@@ -66,6 +66,7 @@ def warm() -> bool:
             for sums in (True, False):
                 scores(x, b, "float32", "output", True, sums)
                 scores(x, b, "float32", "dtype", True, sums)
+        beyond_max(a, b, "float32", True, 1.0)
     return True
 
 
@@ -122,6 +123,20 @@ def scores(a: np.ndarray, b: np.ndarray, dtype: str, ulp_floor: str, ftz: bool, 
             u_max, u_idx = 0.0, e_idx
         return Scores(True, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), 0, mag, a.size, 0)
     return Scores(False, e_max, e_idx, u_max, u_idx, float(s_err), float(s_ulp), nonfinite, mag, judged, beyond)
+
+
+def beyond_max(a: np.ndarray, b: np.ndarray, dtype: str, ftz: bool, floor: float):
+    """(largest ulp error, its first index) of the flat output ``a`` against ``b`` where
+    ``ulp_floor='output'`` and some judged references are beyond ``dtype``'s range (:func:`scores`'
+    ``beyond``): ``floor`` divides every error but those, which take the larger of their own ulp
+    and ``floor`` (the NumPy path's arithmetic, :func:`gate.oracles.precision._slow_errors`); one
+    more pass over the two arrays instead of that path's dozen. The caller has the kernel."""
+    from ..backends.base import FLOAT_FORMATS, min_normal, overflow_bound
+
+    p, emin, emax = FLOAT_FORMATS[dtype]
+    u, idx = _load().beyond_max(a, b, float(overflow_bound(dtype)), float(min_normal(dtype)), bool(ftz),
+                                float(floor), int(p), int(emin), int(emax))
+    return float(u), int(idx)
 
 
 def _build():

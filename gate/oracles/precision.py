@@ -164,8 +164,19 @@ def compare(outputs: Sequence[Output], reference: Sequence[Output], dtype: str, 
             r = fused.scores(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ulp_floor, ftz, sums=sums)
             if r is None and kernel == "fused":
                 raise RuntimeError("the fused scoring kernel is not available (Numba missing, or DL_GATE_FUSED=0)")
-            # references beyond the range with one floor: each takes its own ulp (the NumPy path's)
-            if r is not None and not (ulp_floor == "output" and r.beyond):
+            # references beyond the range with one floor: each takes its own ulp (the NumPy
+            # path's); without the sums, one more compiled pass gives the largest and its index
+            beyond = r is not None and ulp_floor == "output" and r.beyond
+            if beyond and not sums:
+                nonfinite += r.nonfinite
+                tot_abs = max(tot_abs, r.e_max)
+                u, idx = fused.beyond_max(np.ascontiguousarray(a), np.ascontiguousarray(b), dtype, ftz,
+                                          _floor(r.mag, scale, dtype, ulp_floor))
+                if u > worst[0]:
+                    worst = _worst(u, k, idx, shape, a, b)
+                max_ulp = max(max_ulp, u)
+                continue
+            if r is not None and not beyond:
                 nonfinite += r.nonfinite
                 if not r.fast and r.judged == 0:  # nothing could be judged (as the NumPy path: no figure)
                     continue
