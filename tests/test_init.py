@@ -1528,3 +1528,27 @@ def test_a_test_command_that_runs_another_interpreter_says_so(tmp_path):
         sys.path.remove(str(repo))
     assert _other_interpreter("ModuleNotFoundError: No module named 'torch.nn'", repo) == "torch"
     assert _other_interpreter("ModuleNotFoundError: No module named 'no_such_dependency_x'", repo) is None
+
+
+def test_tests_that_need_a_module_not_installed_say_which_to_install(tmp_path):
+    """SimplexLab/TorchJD: the tests' conftest imports a helper that imports torchvision, a test
+    dependency; pytest stopped before any test, and init pointed at an environment variable. A
+    module neither the gate's interpreter nor the repository has is named, with the pip line."""
+    from gate.init import _missing_module
+
+    repo = tmp_path / "mrepo"
+    (repo / "mlib").mkdir(parents=True)
+    (repo / "mlib" / "__init__.py").write_text("import torch\n\n\ndef twice(x):\n    return 2 * x\n")
+    (repo / "tests" / "helpers").mkdir(parents=True)
+    (repo / "tests" / "helpers" / "__init__.py").write_text("")
+    (repo / "tests" / "conftest.py").write_text("import no_such_test_dep_x  # noqa: F401\n")
+    (repo / "tests" / "test_ops.py").write_text("import torch\n\nfrom mlib import twice\n\n\ndef test_it():\n"
+                                                "    assert twice(torch.ones(3)).shape == (3,)\n")
+    git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    rep = run_init(repo, workflows=False, probe_timeout=20)
+    assert "the tests need no_such_test_dep_x, which is not installed" in rep.harvest, rep.harvest
+    assert "`pip install no_such_test_dep_x`" in rep.harvest and "environment variable" not in rep.harvest, rep.harvest
+    # the distribution's name where it differs; the repository's own helper is no such module
+    assert _missing_module("ModuleNotFoundError: No module named 'cv2'", repo) == "cv2"
+    assert _missing_module("ModuleNotFoundError: No module named 'helpers'", repo) is None
+    assert _missing_module("ModuleNotFoundError: No module named 'torch'", repo) is None  # installed here

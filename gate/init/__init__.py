@@ -169,6 +169,14 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
         what += (f"; pytest stopped at a module it could not import ({stopped_at}"
                  + (f": {tail}" if tail else "") + "): add --continue-on-collection-errors to --tests "
                  "(the default command has it) or leave that module out")
+    elif not any(r.kind == "call" for v in by.values() for r in v) and _missing_module(text, repo):
+        # SimplexLab/TorchJD: its conftest imports a helper that imports torchvision (a test
+        # dependency); pytest stopped before any test, and init suggested an environment variable
+        top = _missing_module(text, repo)
+        from .worker import DISTRIBUTIONS
+
+        what += (f"; the tests need {top}, which is not installed (the tests said: {tail}): `pip install "
+                 f"{DISTRIBUTIONS.get(top, top)}` (or the library's test dependencies), then re-run dl-gate init")
     elif not any(r.kind == "call" for v in by.values() for r in v):  # why: the test run's own last words
         what += (f"; the tests said: {tail}" if tail else "") + (
             " (a test that needs an environment variable: --env NAME=VALUE; another command: --tests CMD)")
@@ -196,6 +204,26 @@ def _other_interpreter(text: str, repo: Path) -> Optional[str]:
         origin = (spec.origin or (list(spec.submodule_search_locations or ()) or [None])[0]) if spec else None
         if origin and origin not in ("built-in", "frozen") and root not in Path(origin).resolve().parents:
             return name
+    return None
+
+
+def _missing_module(text: str, repo: Path) -> Optional[str]:
+    """The top-level module a test run could not import (``No module named 'torchvision'``) that
+    neither the gate's interpreter nor the repository has: a test dependency to install."""
+    import importlib.util
+    import re
+
+    root = Path(repo).resolve()
+    for name in dict.fromkeys(n.split(".")[0] for n in re.findall(r"No module named '?([A-Za-z_][\w.]*)'?", text)):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                continue
+        except (ImportError, ValueError):
+            continue
+        if (root / name).exists() or (root / f"{name}.py").exists() or (root / "src" / name).exists() \
+                or any(root.glob(f"tests/**/{name}")) or any(root.glob(f"tests/**/{name}.py")):
+            continue  # the repository's own (a helper the tests' path did not reach)
+        return name
     return None
 
 
