@@ -797,13 +797,19 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
             pools.spend(task, work[-1]["finding"].seconds, time.perf_counter() - t0)
         report.env["fuzz"] = pools.to_dict()
         # base runs the operator its own config names (a PR may rename the function)
+        share = _replay_share(opts, ctx)
+        users = [w for w in work if w["spec"].origin == "user"]
+        # each variant's deciding inputs first where the replay may not fit its time (otherwise
+        # base replays every input in head's order: an operator that keeps state sees the same)
+        short = _replay_may_not_fit(users, costs, share, opts, ctx)
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
-                          spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)), first=first_replays(w))
-                for w in work if w["spec"].origin == "user"]
+                          spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)),
+                          first=first_replays(w) if short else ())
+                for w in users]
         if jobs and tree is not None:
-            say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}")
+            say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}"
+                + (" (each variant's deciding inputs first: the time left may not hold them all)" if short else ""))
             t0 = time.perf_counter()
-            share = _replay_share(opts, ctx)
             base_results = replay_in_tree(tree, py_path, jobs, isolate=isolate, head_root=ctx.repo, seconds=share,
                                           sink=planned.base)
             report.env.setdefault("stages", {})["replay"] = {"seconds": round(time.perf_counter() - t0, 3),
@@ -823,6 +829,29 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
 
 #: inputs of one variant replayed on base past the replay's share when its verdict turns on them
 DECIDING_INPUTS = 3
+
+
+def _replay_may_not_fit(work: List[dict], costs: Dict[str, float], share: Optional[float], opts: RunOptions,
+                        ctx: Context) -> bool:
+    """Whether base's replay of every input may take more than the time it has: its share, or
+    what is left before the run's deadline less localisation and the report's margin (a loaded
+    runner's fuzz stage past its own), at the operators' measured costs (with head's cost for
+    base's, doubled: base's workers start cold)."""
+    import os
+
+    avail = share
+    try:
+        at = float(os.environ["DL_GATE_DEADLINE_AT"])
+    except (KeyError, ValueError):
+        at = None
+    if at is not None and not opts.evals:
+        loc = ctx.cfg.budget.get("localise")
+        left = at - time.time() - (60.0 if loc is None else float(loc)) - DEADLINE_MARGIN
+        avail = left if avail is None else min(avail, left)
+    if avail is None:
+        return False
+    need = 2.0 * sum(len(w["cands"]) * costs.get(w["spec"].name, 0.0) for w in work)
+    return need > avail
 
 
 def first_replays(w: dict) -> List[int]:

@@ -497,3 +497,25 @@ def test_a_replay_cut_short_has_compared_every_variant_on_its_deciding_inputs_fi
     ticks[0], calls[:] = 0.0, []
     R.replay_in_tree(None, [], jobs, isolate=object(), seconds=None)
     assert len(calls) == 12 and calls[:4] == ["a:found0", "a:found1", "control", "a:tests"], calls
+
+
+def test_the_deciding_inputs_go_first_only_where_the_replay_may_not_fit(monkeypatch):
+    # where every input fits, base replays them in head's order (an operator that keeps state
+    # sees the same sequence on both sides)
+    from types import SimpleNamespace
+
+    from gate.pipeline import _replay_may_not_fit
+
+    work = [{"spec": SimpleNamespace(name="op.a"), "cands": [None] * 20},
+            {"spec": SimpleNamespace(name="op.b"), "cands": [None] * 10}]
+    ctx = SimpleNamespace(cfg=SimpleNamespace(budget={}))
+    opts = SimpleNamespace(evals=None)
+    monkeypatch.delenv("DL_GATE_DEADLINE_AT", raising=False)
+    assert not _replay_may_not_fit(work, {"op.a": 0.5, "op.b": 1.0}, 60.0, opts, ctx)  # 2 x 20 s of 60
+    assert _replay_may_not_fit(work, {"op.a": 1.5, "op.b": 1.0}, 60.0, opts, ctx)      # 2 x 40 s
+    assert not _replay_may_not_fit(work, {"op.a": 1.0}, None, opts, ctx)             # no share, no deadline
+    # the run's deadline closer than the share: 100 s left less localisation (60) and the margin (20)
+    import time
+
+    monkeypatch.setenv("DL_GATE_DEADLINE_AT", str(time.time() + 100.0))
+    assert _replay_may_not_fit(work, {"op.a": 0.5, "op.b": 0.0}, 60.0, opts, ctx)
