@@ -223,3 +223,61 @@ def test_init_gates_the_list_taking_operator_and_its_revert_fails(tmp_path, pr):
     out = res.stdout[-3000:] + res.stderr[-3000:]
     assert res.returncode == (1 if pr == "revert" else 0), out
     assert "quatlib.quat_composition" in res.stdout, out
+
+
+FUSE = '''import torch
+
+
+def fuse(*features, temperature=1.0):
+    """A soft maximum over the feature maps of every scale (a decoder's forward(*features))."""
+    return temperature * torch.logsumexp(torch.stack(features) / temperature, dim=0)
+'''
+
+
+def test_the_functions_star_args_are_a_pack_passed_one_by_one(tmp_path, monkeypatch):
+    from gate.localise.repro import write_repro
+
+    mod = f"fuse_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{mod}.py").write_text(FUSE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    t = [TensorSpec(name=f"f_{i}", shape=(2,), pack="*features") for i in range(3)]
+    kwargs = {"temperature": 2.0}
+    assert arrange(zip(t + [TensorSpec("w", (2,), keyword=True)], "ABCD"), kwargs) == ["A", "B", "C"]
+    assert kwargs == {"temperature": 2.0, "w": "D"}
+    base = {"name": "p.f", "callable": "m:f", "framework": "torch", "dims": {"N": [1, 2]}}
+    with pytest.raises(ConfigError, match="cannot be passed by keyword"):
+        OpSpec.from_dict({**base, "inputs": [{"name": "a_0", "shape": ["N"], "pack": "*a", "keyword": True}]},
+                         origin="user")
+    with pytest.raises(ConfigError, match="must be the last positional inputs"):
+        OpSpec.from_dict({**base, "inputs": [{"name": "a_0", "shape": ["N"], "pack": "*a"},
+                                             {"name": "x", "shape": ["N"]}]}, origin="user")
+    # init binds a recorded call's extra positional tensors to the *args as a pack
+    op = Operator(name="fl.fuse", module=mod, qualname="fuse", kind="function", file=f"{mod}.py", line=1,
+                  params=[{"name": "features", "kind": "VAR_POSITIONAL", "has_default": False, "default": None,
+                           "annotation": None},
+                          {"name": "temperature", "kind": "KEYWORD_ONLY", "has_default": True, "default": 1.0,
+                           "annotation": None}])
+    rng = np.random.default_rng(0)
+    recs = [CallRecord(op=op.name, args=[TensorArg((n, 8), "float32", rng.standard_normal((n, 8))) for _ in range(3)],
+                       kwargs={"temperature": 0.5}) for n in (2, 4)]
+    spec = from_records(op, recs, "torch", [f"{mod}.py"]).spec
+    assert [(r["name"], r.get("pack"), r.get("keyword", False)) for r in spec["inputs"]] == \
+        [(f"features_{i}", "*features", False) for i in range(3)], spec["inputs"]
+    row = OpSpec.from_dict({**spec, "framework": "torch"}, origin="user")
+    import importlib
+
+    fn = importlib.import_module(mod).fuse
+    cand, why = candidate_from_call(row, CallRecord(op=op.name, args=recs[1].args, kwargs=recs[1].kwargs, fn=fn))
+    assert cand is not None and np.array_equal(cand.arrays["features_1"], recs[1].args[1].values), why
+    for v in (Variant("float16"), Variant("float32", oracle="grad")):
+        q, ev = build_runner(row, v).evaluate(cand)
+        assert ev.status == "ok", (v.key, ev.error)
+    runner = build_runner(row, Variant("float32", oracle="grad"))
+    q, _ = runner.evaluate(cand)
+    _, grads = runner._vjp(q, "float64", runner.fn, "float32")
+    assert len(grads) == 3 and all(g is not None and np.abs(g.array).sum() > 0 for g in grads)
+    paths = write_repro(tmp_path / "repro", "fuse", row, Variant("float16"), build_runner(row, Variant("float16")).quantize(cand),
+                        kind="precision", threshold=1e9, threshold_why="test", repo=tmp_path, python_path=["."],
+                        reason="planted", ftz=True)
+    res = run_script([paths["script"]], env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert res.returncode == 0 and "float16 max error" in res.stdout, res.stdout + res.stderr

@@ -207,9 +207,13 @@ def bind(op: Operator, rec: CallRecord) -> Optional[Dict[str, Any]]:
     args = list(rec.args)
     if op.kind in ("module", "layer", "method") and args and isinstance(args[0], Opaque):
         args = args[1:]  # the recorded forward's (method's) self
-    if len(args) > len(names):
+    star = next((p["name"] for p in op.params if p["kind"] == "VAR_POSITIONAL"), None)
+    extra = args[len(names):]
+    if extra and (star is None or not all(isinstance(a, TensorArg) for a in extra)):
         return None
     out = dict(zip(names, args))
+    if extra:  # the function's *args, all tensors: an input pack passed one by one
+        out["*" + star] = TensorSeq(extra)
     for k, v in rec.kwargs.items():
         if k in out:
             return None
@@ -236,10 +240,11 @@ def unpack(bound: Dict[str, Any]) -> Dict[str, Any]:
     (a list of another length is another tensor signature)."""
     out: Dict[str, Any] = {}
     for k, v in bound.items():
-        if isinstance(v, TensorSeq) and 0 < len(v) <= MAX_PACK and not any(f"{k}_{i}" in bound for i in range(len(v))):
+        base = k.lstrip("*")  # "*features": the function's *features
+        if isinstance(v, TensorSeq) and 0 < len(v) <= MAX_PACK and not any(f"{base}_{i}" in bound for i in range(len(v))):
             for i, t in enumerate(v):
-                out[f"{k}_{i}"] = PackItem(t, k, i)
-        else:
+                out[f"{base}_{i}"] = PackItem(t, k, i)
+        elif not k.startswith("*"):
             out[k] = v
     return out
 
@@ -393,11 +398,11 @@ def _input_rows(op: Operator, best: tuple, calls: List[Dict[str, Any]], shape_of
         if len(classes) == 1 and None not in classes:  # the library's own tensor subclass, in every call
             row["subclass"] = classes.pop()
         # positional only while every parameter before it is a positional tensor input (or a
-        # pack of them)
+        # pack of them); the function's *args always
         arg = packs.get(k, k)
         given = set(names[:i]) | {packs[n] for n in names[:i] if n in packs}
         before = order[: order.index(arg)] if arg in order else []
-        if arg not in positional or any(b not in given for b in before):
+        if not arg.startswith("*") and (arg not in positional or any(b not in given for b in before)):
             row["keyword"] = True
         inputs.append(row)
     return inputs

@@ -179,6 +179,10 @@ def build(dtype, low):
         t = to_native(arr, own or dtype, MEMORY_FORMAT if low else None)
         if name in SUBCLASSES:  # the library's own tensor subclass (torch)
             t = t.as_subclass(subclass(SUBCLASSES[name]))
+        if pack and pack.startswith("*"):  # the function's *args: one by one
+            args.append(t)
+            last = None
+            continue
         if pack:  # the next item of the list argument PACK
             if keyword:
                 kwargs.setdefault(pack, []).append(t)

@@ -99,7 +99,8 @@ class TensorSpec:
     subclass: Optional[str] = None
     #: the input is the next item of the list argument of this name (``quat_composition([q0,
     #: q1, q2])``, a decoder's ``forward(features)``): the inputs of one pack are consecutive in
-    #: ``inputs`` and passed together as one list, positionally or (``keyword``) by that name
+    #: ``inputs`` and passed together as one list, positionally or (``keyword``) by that name;
+    #: ``*NAME``: passed one by one, the function's ``*NAME`` (a decoder's ``forward(*features)``)
     pack: Optional[str] = None
 
     def dtype_at(self, variant_dtype: str) -> str:
@@ -143,6 +144,10 @@ def arrange(placed: Iterable[Tuple["TensorSpec", Any]], kwargs: Dict[str, Any]) 
     args: list = []
     last: Optional[str] = None  # the positional pack the previous input went into
     for t, v in placed:
+        if t.pack and t.pack.startswith("*"):  # the function's *args: one by one
+            args.append(v)
+            last = None
+            continue
         if t.pack:
             if t.keyword:
                 kwargs.setdefault(t.pack, []).append(v)
@@ -167,8 +172,14 @@ def check_packs(name: str, inputs: Sequence["TensorSpec"]) -> None:
     names = {t.name for t in inputs}
     prev: Optional[str] = None
     for i, t in enumerate(inputs):
+        if t.pack and t.pack.startswith("*"):
+            if t.keyword:
+                raise ConfigError(f"operator {name}: pack {t.pack!r} (the function's *args) cannot be passed by keyword")
+            if any(not u.keyword and u.pack != t.pack for u in inputs[i + 1:]):
+                raise ConfigError(f"operator {name}: pack {t.pack!r} (the function's *args) must be the last "
+                                  "positional inputs")
         if t.pack:
-            if t.pack in names:
+            if t.pack.lstrip("*") in names:
                 raise ConfigError(f"operator {name}: pack {t.pack!r} has the name of an input")
             if t.pack in seen and prev != t.pack:
                 raise ConfigError(f"operator {name}: the inputs of pack {t.pack!r} are not consecutive")

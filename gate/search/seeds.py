@@ -215,6 +215,10 @@ def _bind_tensors(spec: OpSpec, rec: CallRecord) -> Tuple[Dict[str, "TensorArg"]
                 continue
             bound[k] = v
     else:
+        if positional and isinstance(positional[-1], list) and positional[-1][0].pack.startswith("*"):
+            # the function's *args: the positional arguments after the named ones, as one pack
+            named = len(positional) - 1
+            args = args[:named] + [TensorSeq(args[named:])] if len(args) > named else args
         if len(args) != len(positional):
             raise _Reject("positional arguments other than the spec's inputs and no signature to name them")
         for slot, a in zip(positional, args):
@@ -243,7 +247,7 @@ def _slot_name(slot: Any) -> str:
 def _fill(tensors: Dict[str, "TensorArg"], slot: Any, val: Any) -> None:
     """The call's value ``val`` of one argument into ``tensors`` (a pack: item by item)."""
     if isinstance(slot, list):
-        if not isinstance(val, TensorSeq) or len(val) != len(slot):
+        if not isinstance(val, TensorSeq) or len(val) != len(slot) or not all(isinstance(x, TensorArg) for x in val):
             raise _Reject(f"argument {slot[0].pack} is not a list of {len(slot)} tensors in this call")
         tensors.update({t.name: v for t, v in zip(slot, val)})
         return
