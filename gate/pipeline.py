@@ -802,6 +802,8 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         # each variant's deciding inputs first where the replay may not fit its time (otherwise
         # base replays every input in head's order: an operator that keeps state sees the same)
         short = _replay_may_not_fit(users, costs, share, opts, ctx)
+        if short:  # and the variants where head crashed or returned NaN/Inf before the others
+            users = sorted(users, key=_suspicion)
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
                           spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)),
                           first=first_replays(w) if short else ())
@@ -852,6 +854,24 @@ def _replay_may_not_fit(work: List[dict], costs: Dict[str, float], share: Option
         return False
     need = 2.0 * sum(len(w["cands"]) * costs.get(w["spec"].name, 0.0) for w in work)
     return need > avail
+
+
+def _suspicion(w: dict) -> Tuple[int, float]:
+    """The order in which a short replay takes the variants: the most suspect first, those
+    where head crashed where the stored baseline did not, then by how far head's figures are past
+    the baseline's (its NaN/Inf count an input over the baseline's, its largest error over the
+    baseline's): a stored baseline with NaN/Inf of its own cannot tell whether head's are new
+    (naver/roma's revert at load 3: rotvec_to_rotmat's gradient NaN at the zero rotation, 612
+    elements against the baseline's 156, passed; base's replay never reached it)."""
+    head = [r for r in w.get("head") or () if r is not None]
+    row = w.get("row")
+    crash = any(r.status == CRASH for r in head) and not (row is not None and row.crash)
+    nonfinite = max((r.metrics.nonfinite for r in head if r.status == OK and r.metrics is not None), default=0)
+    worst = max((r.metrics.ulp for r in head if r.status == OK and r.metrics is not None), default=0.0)
+    base_nf = row.nonfinite if row is not None else 0
+    base_ulp = row.ulp if row is not None and math.isfinite(row.ulp) else 0.0
+    score = max((nonfinite + 1.0) / (base_nf + 1.0), (worst + 1e-30) / (base_ulp + 1e-30) if worst else 0.0)
+    return (0 if crash else 1, -score)
 
 
 def first_replays(w: dict) -> List[int]:

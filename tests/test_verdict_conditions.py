@@ -519,3 +519,27 @@ def test_the_deciding_inputs_go_first_only_where_the_replay_may_not_fit(monkeypa
 
     monkeypatch.setenv("DL_GATE_DEADLINE_AT", str(time.time() + 100.0))
     assert _replay_may_not_fit(work, {"op.a": 0.5, "op.b": 0.0}, 60.0, opts, ctx)
+
+
+def test_a_short_replay_takes_the_most_suspect_variants_first():
+    # roma's revert at load 3: 17 of 30 variants got no base replay, rotvec_to_rotmat's gradient
+    # among them (head 612 NaN/Inf where its stored baseline had 156: not comparable without base)
+    from types import SimpleNamespace
+
+    from gate.pipeline import _suspicion
+    from gate.search.evaluation import CRASH, OK
+
+    def w(name, head, row):
+        return {"name": name, "head": head, "row": row}
+
+    def ok(ulp, nf=0):
+        return ReplayResult(OK, metrics=Metrics(ulp=ulp, nonfinite=nf))
+
+    row = SimpleNamespace(crash=None, nonfinite=156, ulp=4.35e5)
+    works = [w("same", [ok(4.0e5, 150)], row),
+             w("more_nan", [ok(7.5e5, 612)], row),
+             w("crash", [ReplayResult(CRASH, error="x"), ok(1.0)], row),
+             w("crash_as_base", [ReplayResult(CRASH, error="x")], SimpleNamespace(crash="x", nonfinite=0, ulp=1.0)),
+             w("worse", [ok(4.35e7)], row)]
+    order = [x["name"] for x in sorted(works, key=_suspicion)]
+    assert order[:3] == ["crash", "worse", "more_nan"], order  # the unremarkable ones after them
