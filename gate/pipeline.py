@@ -876,15 +876,21 @@ def _suspicion(w: dict) -> Tuple[int, float]:
 
 def first_replays(w: dict) -> List[int]:
     """The inputs a variant's verdict turns on, replayed on base before any variant's others
-    (:attr:`gate.judge.replay.ReplayJob.first`): head's first crash or NaN/Inf, its worst error,
-    and the first control input (a behaviour change is judged there)."""
+    (:attr:`gate.judge.replay.ReplayJob.first`): head's first crash or NaN/Inf on an ordinary
+    input (a control, a degenerate or structured one, the library's own test call: where base is
+    expected to give numbers) and its first anywhere, its worst error, and the first control input
+    (a behaviour change is judged there). naver/roma's revert: the first NaN input was a search
+    extreme where base is NaN too; the tests' zero rotation, NaN on head only, came later."""
     head = w.get("head") or []
-    bad = next((i for i, r in enumerate(head)
-                if r.status == CRASH or (r.status == OK and r.metrics is not None and r.metrics.nonfinite)), None)
+    cands = w["cands"]
+    bad = [i for i, r in enumerate(head)
+           if r.status == CRASH or (r.status == OK and r.metrics is not None and r.metrics.nonfinite)]
+    ordinary = [i for i in bad if i < len(cands) and (cands[i].origin == "control" or cands[i].origin.startswith(
+        ("degenerate", "structured", "seed")))]
     worst = max((i for i, r in enumerate(head) if r.status == OK and r.metrics is not None),
                 key=lambda i: head[i].metrics.ulp, default=None)
-    control = next((i for i, c in enumerate(w["cands"]) if c.origin == "control"), None)
-    return list(dict.fromkeys(i for i in (bad, worst, control) if i is not None))
+    control = next((i for i, c in enumerate(cands) if c.origin == "control"), None)
+    return list(dict.fromkeys(i for i in (ordinary[:1] + bad[:1] + [worst, control]) if i is not None))
 
 
 def _replay_deciding_inputs(ctx: Context, work: List[dict], jobs: List[ReplayJob], base_results: Dict[str, list],

@@ -483,6 +483,11 @@ def test_a_replay_cut_short_has_compared_every_variant_on_its_deciding_inputs_fi
              {"cands": cands("b"), "head": [ReplayResult(CRASH, error="x")] + head(3)[1:]},
              {"cands": cands("c"), "head": head(0)}]
     assert [first_replays(w) for w in works] == [[1, 2], [0, 3, 2], [0, 2]]
+    # a NaN on one of the library's own test inputs (roma's zero rotation) before one at a search extreme
+    nan = ReplayResult(OK, metrics=Metrics(ulp=1.0, nonfinite=9))
+    tests_nan = {"cands": cands("d")[:3] + [Candidate(dims={}, params={}, arrays={}, origin="seed:test_nan_issues")],
+                 "head": [nan, ReplayResult(OK, metrics=Metrics(ulp=5.0)), ReplayResult(OK, metrics=Metrics(ulp=1.0)), nan]}
+    assert first_replays(tests_nan) == [3, 0, 1, 2]
     jobs = [R.ReplayJob(key=k, spec=None, variant=None, candidates=w["cands"], first=first_replays(w))
             for k, w in zip("abc", works)]
     sink = {}
