@@ -548,3 +548,30 @@ def test_a_short_replay_takes_the_most_suspect_variants_first():
              w("worse", [ok(4.35e7)], row)]
     order = [x["name"] for x in sorted(works, key=_suspicion)]
     assert order[:3] == ["crash", "worse", "more_nan"], order  # the unremarkable ones after them
+
+
+def test_heads_replay_past_the_fuzz_stages_deadline_judges_what_it_reached(tmp_path):
+    """naver/roma's fix at load 3: special_procrustes' gradient replayed its 24 judged inputs on
+    head for 130 s past a 4 s share, and the run met its deadline before base's replay began
+    (exit 2). Head's replay starts no input past the fuzz stage's deadline: the search's worst is
+    still replayed (the stage's reserve holds one evaluation), the rest are not judged and say so.
+    The deadline here is already past: no clock is read against a threshold."""
+    import time
+
+    from gate.pipeline import _fuzz_one
+    from gate.plan import Budget, Task
+    from gate.search.seeds import SeedStore
+
+    spec = load_catalog(builtin=("torch",)).get("torch.tanh")
+    task = Task(op=spec, variant=Variant("float32"), budget=Budget(evals=10), seed=0)
+    planned = {"spec": spec, "row": None, "status": "needs-baseline"}
+    common = dict(store=None, repo=tmp_path, seed_store=SeedStore(None, opinfo=False), isolate=None, base_isolate=None,
+                  base_spec=None, say=lambda *a: None, sources={"torch.tanh": (None, None)}, costs={})
+    free = _fuzz_one(task, planned, **common)
+    late = _fuzz_one(task, planned, **common, stop_at=time.time() - 1.0)
+    assert free["replayed"] is None and len(free["cands"]) > 3
+    assert len(late["cands"]) == len(late["head"]) == 1 and late["head"][0].status == "ok"
+    assert late["cands"][0].origin == free["cands"][0].origin  # the first judged input: the search's own
+    r = late["replayed"]
+    assert r["kept"] == 1 and r["of"] == len(free["cands"]) and \
+        r["left_out"] == {"past the fuzz stage's deadline": len(free["cands"]) - 1}, r

@@ -80,11 +80,12 @@ def replay(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
 
 
 def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate], crashes: Sequence = (),
-                isolate=None) -> List[ReplayResult]:
+                isolate=None, deadline: Optional[float] = None) -> List[ReplayResult]:
     """Head's results on ``candidates``. With isolation, an input the search saw crash or hang
     (``crashes``: the finding's :class:`~gate.search.finding.Crash` records) is not run again, its
     record is the result; and an operator that hung is not run on the other inputs either: each
-    would cost a full timeout, and its hang is the finding that decides (replayed on base)."""
+    would cost a full timeout, and its hang is the finding that decides (replayed on base).
+    ``deadline`` (``time.monotonic()``): the inputs not started by then are :data:`OUT_OF_TIME`."""
     known = {id(c.candidate): c for c in crashes if c.candidate is not None and isolate is not None}
     hangs = isolate is not None and any(c.signature.startswith("timeout") for c in crashes)
     todo = [] if hangs else [c for c in candidates if id(c) not in known]
@@ -93,7 +94,7 @@ def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
         # hangs here too (its record is the finding), not a full timeout per input
         ran_list: List[ReplayResult] = []
         for c in todo:
-            r = replay(spec, variant, [c], isolate=isolate)[0]
+            r = replay(spec, variant, [c], isolate=isolate, deadline=deadline)[0]
             ran_list.append(r)
             if r.status == CRASH and str(r.signature or "").startswith("timeout"):
                 break
@@ -103,7 +104,7 @@ def replay_head(spec: OpSpec, variant: Variant, candidates: Sequence[Candidate],
                 else done[id(c)] if id(c) in done
                 else ReplayResult(UNAVAILABLE, error="not replayed: the operator hangs on head")
                 for c in candidates]
-    ran = iter(replay(spec, variant, todo, isolate=isolate) if todo else [])
+    ran = iter(replay(spec, variant, todo, isolate=isolate, deadline=deadline) if todo else [])
     out: List[ReplayResult] = []
     for c in candidates:
         if id(c) in known:
