@@ -23,7 +23,7 @@ from ..backends.base import FLOAT_FORMATS, intra_op_threads
 from ..search.inputs import Candidate
 from ..oracles.base import float_input_names
 from ..oracles.gradients import normalised_scale
-from ..ops.spec import ImportRef, OpSpec
+from ..ops.spec import ImportRef, OpSpec, arrange
 from ..plan import Variant
 from ..backends.repro_text import repro_prelude
 
@@ -143,7 +143,7 @@ def mpmath_reference(path):
     from mpmath.libmp import to_float
 
     f = resolve(path)
-    arrays = np.broadcast_arrays(*[np.asarray(DATA["in_" + name], dtype=np.float64) for name, _, _ in INPUTS])
+    arrays = np.broadcast_arrays(*[np.asarray(DATA["in_" + name], dtype=np.float64) for name in INPUTS])
     out = np.empty(arrays[0].shape)
     with mpmath.workprec(160):
         for i, xs in enumerate(zip(*(a.reshape(-1) for a in arrays))):
@@ -166,12 +166,11 @@ def subclass(path):
 
 
 def build(dtype, low):
-    args = []
     kwargs = {k: resolve(v["__import__"]) if isinstance(v, dict) and "__import__" in v else v for k, v in PARAMS.items()}
     if low:
         kwargs.update(LAYOUT_PARAMS)
-    last = None  # the list argument the previous input went into (gate.ops.spec.arrange)
-    for name, keyword, pack in INPUTS:
+
+    def tensor(name):
         arr = DATA["in_" + name]
         if low and name in PERMUTE:
             arr = np.ascontiguousarray(np.transpose(arr, PERMUTE[name]))
@@ -179,25 +178,13 @@ def build(dtype, low):
         t = to_native(arr, own or dtype, MEMORY_FORMAT if low else None)
         if name in SUBCLASSES:  # the library's own tensor subclass (torch)
             t = t.as_subclass(subclass(SUBCLASSES[name]))
-        if pack and pack.startswith("*"):  # the function's *args: one by one
-            args.append(t)
-            last = None
-            continue
-        if pack:  # the next item of the list argument PACK
-            if keyword:
-                kwargs.setdefault(pack, []).append(t)
-            elif last == pack:
-                args[-1].append(t)
-            else:
-                args.append([t])
-            last = None if keyword else pack
-            continue
-        last = None
-        if keyword:
-            kwargs[name] = t
-        else:
-            args.append(t)
-    return args, kwargs
+        return t
+
+    def place(slot):  # an input's name, or a list argument's names (gate.ops.spec.arrange)
+        return [tensor(n) for n in slot] if isinstance(slot, list) else tensor(slot)
+
+    kwargs.update({k: place(slot) for k, slot in CALL_KWARGS.items()})
+    return [place(slot) for slot in CALL_ARGS], kwargs
 
 
 def new_nonfinite_mask(o, b, r, rb, dtype):
@@ -382,9 +369,13 @@ def write_repro(folder: Path, stem: str, spec: OpSpec, variant: Variant, cand: C
         arrays[f"base_out_{k}"] = np.asarray(a, dtype=np.float64)
     np.savez_compressed(data, **arrays)
     lay = spec.layout(variant.layout)
+    present, call_kwargs = [t for t in spec.inputs if t.name in cand.arrays], {}
     header = {
         "OP": spec.name, "VARIANT": variant.key, "CALLABLE": spec.callable, "CONSTRUCT": dict(spec.construct), "REFERENCE": spec.reference,
-        "INPUTS": [(t.name, t.keyword, t.pack) for t in spec.inputs if t.name in cand.arrays],
+        "INPUTS": [t.name for t in spec.inputs if t.name in cand.arrays],
+        # where each input goes in the call, as the gate's callers place it (input packs as lists)
+        "CALL_ARGS": arrange(((t, t.name) for t in present), call_kwargs),
+        "CALL_KWARGS": call_kwargs,
         "FLOAT_INPUTS": float_input_names(spec),
         "INPUT_DTYPES": {t.name: t.dtype for t in spec.inputs if t.dtype and t.kind == "float"},
         "SUBCLASSES": {t.name: t.subclass for t in spec.inputs if t.subclass},
