@@ -185,46 +185,45 @@ def _harvest(ops: Sequence[Operator], command: str, repo: Path, sys_path: Sequen
     return by, what + _budget_words(budget, timeout)
 
 
-def _other_interpreter(text: str, repo: Path) -> Optional[str]:
-    """The module a test run could not import (``No module named 'torch'``) that the gate's own
-    interpreter has installed: the test command ran another Python (a bare `python` of the
-    system, where the user's venv is not activated), not a missing dependency of the library.
-    Only top-level names are looked up (``find_spec`` of one executes nothing), and a module
-    found inside the repository (the library itself, a local helper the tests did not put on
-    their path) is not such evidence."""
+def _not_found(text: str, repo: Path) -> List[Tuple[str, Optional[str]]]:
+    """Each top-level module a test run could not import (``No module named 'torch'``), with
+    where the gate's own interpreter finds it (its origin; None: not installed here). Only
+    top-level names are looked up (``find_spec`` of one executes nothing); a module of the
+    repository itself (the library, a local helper the tests did not put on their path) is no
+    evidence of either kind and is left out."""
     import importlib.util
     import re
 
     root = Path(repo).resolve()
+    out: List[Tuple[str, Optional[str]]] = []
     for name in dict.fromkeys(n.split(".")[0] for n in re.findall(r"No module named '?([A-Za-z_][\w.]*)'?", text)):
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             continue
         origin = (spec.origin or (list(spec.submodule_search_locations or ()) or [None])[0]) if spec else None
-        if origin and origin not in ("built-in", "frozen") and root not in Path(origin).resolve().parents:
-            return name
-    return None
+        if origin in ("built-in", "frozen"):
+            continue
+        if origin is not None and root in Path(origin).resolve().parents:
+            continue
+        if origin is None and any(any(root.glob(p)) for p in (name, f"{name}.py", f"src/{name}", f"tests/**/{name}",
+                                                               f"tests/**/{name}.py")):
+            continue  # the repository's own (a helper the tests' path did not reach)
+        out.append((name, origin))
+    return out
+
+
+def _other_interpreter(text: str, repo: Path) -> Optional[str]:
+    """The module a test run could not import that the gate's own interpreter has installed: the
+    test command ran another Python (a bare `python` of the system, where the user's venv is not
+    activated), not a missing dependency of the library."""
+    return next((n for n, origin in _not_found(text, repo) if origin is not None), None)
 
 
 def _missing_module(text: str, repo: Path) -> Optional[str]:
-    """The top-level module a test run could not import (``No module named 'torchvision'``) that
-    neither the gate's interpreter nor the repository has: a test dependency to install."""
-    import importlib.util
-    import re
-
-    root = Path(repo).resolve()
-    for name in dict.fromkeys(n.split(".")[0] for n in re.findall(r"No module named '?([A-Za-z_][\w.]*)'?", text)):
-        try:
-            if importlib.util.find_spec(name) is not None:
-                continue
-        except (ImportError, ValueError):
-            continue
-        if (root / name).exists() or (root / f"{name}.py").exists() or (root / "src" / name).exists() \
-                or any(root.glob(f"tests/**/{name}")) or any(root.glob(f"tests/**/{name}.py")):
-            continue  # the repository's own (a helper the tests' path did not reach)
-        return name
-    return None
+    """The module a test run could not import that neither the gate's interpreter nor the
+    repository has: a test dependency to install (TorchJD's conftest imports torchvision)."""
+    return next((n for n, origin in _not_found(text, repo) if origin is None), None)
 
 
 def _test_budget(timeout: float) -> float:

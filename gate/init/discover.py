@@ -241,7 +241,7 @@ def _reexports(parsed: Dict[str, Tuple[Path, ast.Module, bool]]) -> Dict[Tuple[s
         package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
         public_names = _all_names(tree)
         for node in tree.body:
-            if not isinstance(node, ast.ImportFrom) or node.module is None and not node.level:
+            if not isinstance(node, ast.ImportFrom):
                 continue
             if node.level:
                 base = package.split(".")
