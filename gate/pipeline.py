@@ -27,7 +27,8 @@ from .judge import verdict as V
 from .judge.baselines import BaselineError, BaselineStore, GitBaselineSource
 from .judge.decide import (GateSettings, base_side, decide, judged_row, overall, recheck_determinism, refinements,
                            stability_fixes, under_searched)
-from .judge.replay import OUT_OF_TIME, ReplayJob, base_isolate_options, replay_head, replay_in_tree, worktree
+from .judge.replay import (OUT_OF_TIME, ReplayJob, base_isolate_options, deciding_inputs, replay_head, replay_in_tree,
+                           suspicion, worktree)
 from .ops.catalog import Catalog, load_catalog
 from .ops.spec import OpSpec
 from .plan import Budget, Task, plan
@@ -804,10 +805,10 @@ def fuzz_stage(opts: RunOptions, ctx: Context, planned: Planned, report: V.GateR
         # base replays every input in head's order: an operator that keeps state sees the same)
         short = _replay_may_not_fit(users, costs, share, opts, ctx)
         if short:  # and the variants where head crashed or returned NaN/Inf before the others
-            users = sorted(users, key=_suspicion)
+            users = sorted(users, key=lambda w: suspicion(w.get("head") or (), w.get("row")))
         jobs = [ReplayJob(key=w["task"].id, variant=w["task"].variant, candidates=w["cands"],
                           spec=base_side(w["spec"], ctx.base_specs.get(w["spec"].name)),
-                          first=first_replays(w) if short else ())
+                          first=deciding_inputs(w.get("head") or (), w["cands"]) if short else ())
                 for w in users]
         if jobs and tree is not None:
             say(f"replaying {sum(len(j.candidates) for j in jobs)} input(s) on base {ctx.merge_base[:10]}"
@@ -838,8 +839,8 @@ def _replay_may_not_fit(work: List[dict], costs: Dict[str, float], share: Option
                         ctx: Context) -> bool:
     """Whether base's replay of every input may take more than the time it has: its share, or
     what is left before the run's deadline less localisation and the report's margin (a loaded
-    runner's fuzz stage past its own), at the operators' measured costs (with head's cost for
-    base's, doubled: base's workers start cold)."""
+    runner's fuzz stage past its own), at the operators' costs as head's searches measured them,
+    doubled (a margin for base's workers, which start cold; not a measured ratio)."""
     import os
 
     avail = share
@@ -855,43 +856,6 @@ def _replay_may_not_fit(work: List[dict], costs: Dict[str, float], share: Option
         return False
     need = 2.0 * sum(len(w["cands"]) * costs.get(w["spec"].name, 0.0) for w in work)
     return need > avail
-
-
-def _suspicion(w: dict) -> Tuple[int, float]:
-    """The order in which a short replay takes the variants: the most suspect first, those
-    where head crashed where the stored baseline did not, then by how far head's figures are past
-    the baseline's (its NaN/Inf count an input over the baseline's, its largest error over the
-    baseline's): a stored baseline with NaN/Inf of its own cannot tell whether head's are new
-    (naver/roma's revert at load 3: rotvec_to_rotmat's gradient NaN at the zero rotation, 612
-    elements against the baseline's 156, passed; base's replay never reached it)."""
-    head = [r for r in w.get("head") or () if r is not None]
-    row = w.get("row")
-    crash = any(r.status == CRASH for r in head) and not (row is not None and row.crash)
-    nonfinite = max((r.metrics.nonfinite for r in head if r.status == OK and r.metrics is not None), default=0)
-    worst = max((r.metrics.ulp for r in head if r.status == OK and r.metrics is not None), default=0.0)
-    base_nf = row.nonfinite if row is not None else 0
-    base_ulp = row.ulp if row is not None and math.isfinite(row.ulp) else 0.0
-    score = max((nonfinite + 1.0) / (base_nf + 1.0), (worst + 1e-30) / (base_ulp + 1e-30) if worst else 0.0)
-    return (0 if crash else 1, -score)
-
-
-def first_replays(w: dict) -> List[int]:
-    """The inputs a variant's verdict turns on, replayed on base before any variant's others
-    (:attr:`gate.judge.replay.ReplayJob.first`): head's first crash or NaN/Inf on an ordinary
-    input (a control, a degenerate or structured one, the library's own test call: where base is
-    expected to give numbers) and its first anywhere, its worst error, and the first control input
-    (a behaviour change is judged there). naver/roma's revert: the first NaN input was a search
-    extreme where base is NaN too; the tests' zero rotation, NaN on head only, came later."""
-    head = w.get("head") or []
-    cands = w["cands"]
-    bad = [i for i, r in enumerate(head)
-           if r.status == CRASH or (r.status == OK and r.metrics is not None and r.metrics.nonfinite)]
-    ordinary = [i for i in bad if i < len(cands) and (cands[i].origin == "control" or cands[i].origin.startswith(
-        ("degenerate", "structured", "seed")))]
-    worst = max((i for i, r in enumerate(head) if r.status == OK and r.metrics is not None),
-                key=lambda i: head[i].metrics.ulp, default=None)
-    control = next((i for i, c in enumerate(cands) if c.origin == "control"), None)
-    return list(dict.fromkeys(i for i in (ordinary[:1] + bad[:1] + [worst, control]) if i is not None))
 
 
 def _replay_deciding_inputs(ctx: Context, work: List[dict], jobs: List[ReplayJob], base_results: Dict[str, list],

@@ -450,7 +450,11 @@ def test_a_replay_cut_short_has_compared_every_variant_on_its_deciding_inputs_fi
     cut short after the first pass has compared every variant on the inputs its verdict turns on.
     The clock is a counter (one tick an input), not the wall."""
     from gate.judge import replay as R
-    from gate.pipeline import first_replays
+    from gate.judge.replay import deciding_inputs
+
+    def first_replays(w):
+        return deciding_inputs(w["head"], w["cands"])
+
     from gate.search.evaluation import CRASH, OK
     from gate.search.inputs import Candidate
 
@@ -523,7 +527,8 @@ def test_the_deciding_inputs_go_first_only_where_the_replay_may_not_fit(monkeypa
     import time
 
     monkeypatch.setenv("DL_GATE_DEADLINE_AT", str(time.time() + 100.0))
-    assert _replay_may_not_fit(work, {"op.a": 0.5, "op.b": 0.0}, 60.0, opts, ctx)
+    assert not _replay_may_not_fit(work, {"op.a": 1.0, "op.b": 0.0}, 60.0, SimpleNamespace(evals=5), ctx)  # no deadline read
+    assert _replay_may_not_fit(work, {"op.a": 1.0, "op.b": 0.0}, 60.0, opts, ctx)  # 2 x 20 s > ~20 s left
 
 
 def test_a_short_replay_takes_the_most_suspect_variants_first():
@@ -531,7 +536,7 @@ def test_a_short_replay_takes_the_most_suspect_variants_first():
     # among them (head 612 NaN/Inf where its stored baseline had 156: not comparable without base)
     from types import SimpleNamespace
 
-    from gate.pipeline import _suspicion
+    from gate.judge.replay import suspicion
     from gate.search.evaluation import CRASH, OK
 
     def w(name, head, row):
@@ -546,7 +551,7 @@ def test_a_short_replay_takes_the_most_suspect_variants_first():
              w("crash", [ReplayResult(CRASH, error="x"), ok(1.0)], row),
              w("crash_as_base", [ReplayResult(CRASH, error="x")], SimpleNamespace(crash="x", nonfinite=0, ulp=1.0)),
              w("worse", [ok(4.35e7)], row)]
-    order = [x["name"] for x in sorted(works, key=_suspicion)]
+    order = [x["name"] for x in sorted(works, key=lambda x: suspicion(x["head"], x["row"]))]
     assert order[:3] == ["crash", "worse", "more_nan"], order  # the unremarkable ones after them
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..errors import GateError
 from ..search.inputs import Candidate
-from ..oracles.runner import CRASH, VariantRunner
+from ..oracles.runner import CRASH, OK, VariantRunner
 from ..ops.spec import OpSpec
 from ..oracles.precision import Metrics
 from ..plan import Variant
@@ -132,6 +133,40 @@ class ReplayJob:
     #: the inputs the variant's verdict turns on (head's crash or NaN/Inf, its worst, a control):
     #: replayed first, every variant's before any variant's others
     first: Sequence[int] = ()
+
+
+def suspicion(head: Sequence["ReplayResult"], row) -> tuple:
+    """The order in which a short base replay takes the variants (sort key, most suspect first):
+    those where head crashed where the stored baseline ``row`` did not, then by how far head's
+    figures are past the baseline's (its NaN/Inf count an input over the baseline's, its largest
+    error over the baseline's): a stored baseline with NaN/Inf of its own cannot tell whether
+    head's are new (naver/roma's revert at load 3: rotvec_to_rotmat's gradient NaN at the zero
+    rotation, 612 elements against the baseline's 156, passed; base's replay never reached it)."""
+    head = [r for r in head if r is not None]
+    crash = any(r.status == CRASH for r in head) and not (row is not None and row.crash)
+    nonfinite = max((r.metrics.nonfinite for r in head if r.status == OK and r.metrics is not None), default=0)
+    worst = max((r.metrics.ulp for r in head if r.status == OK and r.metrics is not None), default=0.0)
+    base_nf = row.nonfinite if row is not None else 0
+    base_ulp = row.ulp if row is not None and math.isfinite(row.ulp) else 0.0
+    score = max((nonfinite + 1.0) / (base_nf + 1.0), (worst + 1e-30) / (base_ulp + 1e-30) if worst else 0.0)
+    return (0 if crash else 1, -score)
+
+
+def deciding_inputs(head: Sequence["ReplayResult"], cands: Sequence[Candidate]) -> List[int]:
+    """The inputs a variant's verdict turns on, replayed on base before any variant's others
+    (:attr:`ReplayJob.first`): head's first crash or NaN/Inf on an ordinary input (a control, a
+    degenerate or structured one, the library's own test call: where base is expected to give
+    numbers) and its first anywhere, its worst error, and the first control input (a behaviour
+    change is judged there). naver/roma's revert: the first NaN input was a search extreme where
+    base is NaN too; the tests' zero rotation, NaN on head only, came later."""
+    bad = [i for i, r in enumerate(head)
+           if r.status == CRASH or (r.status == OK and r.metrics is not None and r.metrics.nonfinite)]
+    ordinary = [i for i in bad if i < len(cands) and (cands[i].origin == "control" or cands[i].origin.startswith(
+        ("degenerate", "structured", "seed")))]
+    worst = max((i for i, r in enumerate(head) if r.status == OK and r.metrics is not None),
+                key=lambda i: head[i].metrics.ulp, default=None)
+    control = next((i for i, c in enumerate(cands) if c.origin == "control"), None)
+    return list(dict.fromkeys(i for i in (ordinary[:1] + bad[:1] + [worst, control]) if i is not None))
 
 
 @contextlib.contextmanager
