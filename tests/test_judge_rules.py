@@ -462,6 +462,16 @@ def test_a_fix_whose_float64_run_moved_off_a_value_base_got_wrong_in_both_precis
                                                                   _run([1.0, -2.0, 0.25], False)],
               controls=[False, True])
     assert v.outcome == V.REGRESSION, (v.outcome, v.reason)
+    # where it moved within half the digits there (a refinement: a regularisation removed, as in
+    # naver/roma 34bd744), head computes the same function more exactly: the closer rule stands
+    refined = _run([1.0, -2.0, 0.25], True)
+    refined.reference = [refined.reference[0] * (1 + 300 * 2.0 ** -23)]
+    refined.outputs = [refined.reference[0].astype(np.float32)]
+    v = judge(spec, [_run([-90.0, 0.0, 0.0], True), refined], [_run([-90.0, 0.0, 0.0], False),
+                                                                  _run([1.0, -2.0, 0.25], False)],
+              controls=[False, True])
+    assert v.outcome == V.BEHAVIOUR_CHANGE and v.reported_only and v.details.get("closer_than_base"), \
+        (v.outcome, v.reason)
 
 
 def test_a_stability_fix_excuses_a_guard_or_an_eps_but_not_another_function_everywhere():
