@@ -185,33 +185,22 @@ def test_real_regressions_fail(base_repo, tmp_path, pr, op, needle, capfd):
     assert report.selected and {s["op"] for s in report.selected} == {op}
 
 
-def test_behaviour_change_is_reported_by_default_and_fails_when_the_base_says_so(base_repo, tmp_path):
+def test_behaviour_change_fails_by_default_and_warns_when_configured(base_repo, tmp_path):
     repo = clone(base_repo, tmp_path)
     open_pr(repo, "behaviour")
     code, report = gate(repo, tmp_path)
-    changed = [v for v in by_op(report, "mylib.smooth") if v.outcome == "behaviour-change"]
-    assert changed and not any(v.reported_only for v in changed), [(v.id, v.outcome) for v in report.verdicts]
+    assert code == 1
+    assert any(v.outcome == "behaviour-change" for v in by_op(report, "mylib.smooth"))
     # doubling the output also overflows where base's output did not (x > 32752 in float16):
     # the search, which asks base about every NaN/Inf it meets, may find that new Inf too
     assert all(v.outcome != "regression" or v.reason.startswith("new NaN/Inf") for v in report.verdicts), \
         [(v.id, v.reason) for v in report.verdicts]
-    regressed = any(v.outcome == "regression" for v in report.verdicts)
-    # a changed function alone is reported (gate.behaviour_change: warn, the default): the check passes
-    assert code == (1 if regressed else 0) and "behaviour change" in report.reason, (code, report.reason)
-    # a base that says behaviour_change: fail fails it; the setting is read from the base, so a PR
-    # that relaxes it does not relax its own gate
-    git(repo, "checkout", "-q", "main")
+    # the setting is read from the base: a PR that relaxes it does not relax its own gate
     cfg = repo / ".dl-gate.yml"
     cfg.write_text(cfg.read_text().replace("gate: {dtypes: [float16, float32]}",
-                                           "gate: {dtypes: [float16, float32], behaviour_change: fail}"))
-    git(repo, "commit", "-q", "-am", "strict")
-    git(repo, "checkout", "-q", "pr-behaviour")
-    git(repo, "rebase", "-q", "main")
-    code, report = gate(repo, tmp_path, seed=1)
-    assert code == 1 and any(v.outcome == "behaviour-change" for v in by_op(report, "mylib.smooth"))
-    cfg.write_text(cfg.read_text().replace("behaviour_change: fail", "behaviour_change: warn"))
+                                           "gate: {dtypes: [float16, float32], behaviour_change: warn}"))
     git(repo, "commit", "-q", "-am", "relax")
-    code, _ = gate(repo, tmp_path, seed=2)
+    code, _ = gate(repo, tmp_path, seed=1)
     assert code == 1
 
 

@@ -41,7 +41,7 @@ version: 1
 framework: torch
 python_path: ["."]
 builtin: false
-gate: {dtypes: [float32], modes: [input], behaviour_change: fail}  # the 1.5x is a changed function
+gate: {dtypes: [float32], modes: [input]}
 ops:
   - name: lib.act
     callable: lib.ops:act
@@ -469,7 +469,8 @@ def test_the_judge_never_imports_the_code_under_test(repo, tmp_path):
 
 def test_the_pr_cannot_turn_its_own_isolation_off(repo, tmp_path):
     marks = tmp_path / "imports.txt"
-    config = CONFIG.replace("gate: {dtypes: [float32], modes: [input],", "gate: {dtypes: [float32], modes: [input], isolate: false,")
+    config = CONFIG.replace("gate: {dtypes: [float32], modes: [input]}",
+                            "gate: {dtypes: [float32], modes: [input], isolate: false}")
     pr = pull_request(repo, tmp_path, head_src(SETTINGS % str(marks)), {".dl-gate.yml": config})
     res = run_gate(pr, tmp_path / "out")
     report = report_of(tmp_path / "out")

@@ -17,7 +17,7 @@ direction must get the verdict its numerics call for:
   where a row's domain admits such inputs).
 * ``rsqrt_div``: llm-foundry #372's bug, ``x / torch.rsqrt(v + eps)`` (multiplies by the RMS):
   another function; its fix is a behaviour change too (the gate cannot know which function is
-  meant): reported both ways by default, failed under ``behaviour_change: fail``.
+  meant; a reviewer says so with ``behaviour_change: warn``).
 * ``upcast``: RMSNorm in float32 for float16 inputs (``x.float()`` ... ``.to(x.dtype)``, as
   LlamaRMSNorm and T5's layer norm do; huggingface/transformers #4436, T5 in fp16) and without
   it: ``x.pow(2)`` overflows float16 beyond 256. Dropping the upcast is a regression.
@@ -143,11 +143,7 @@ def judge(name: str, direction: str, code: int, report) -> None:
         return
     outcome, phrase = want
     hits = [v for v in by_op(report, op) if v.outcome == outcome and not v.reported_only]
-    assert hits and phrase in hits[0].reason, rows
-    # a behaviour change is reported (the default gate.behaviour_change: warn); it fails the
-    # check only beside a regression
-    regressed = outcome == "regression" or any(v.outcome == "regression" for v in by_op(report, op))
-    assert code == (1 if regressed else 0), (code, rows)
+    assert code == 1 and hits and phrase in hits[0].reason, rows
 
 
 def repro_agrees(repo, report, op: str, head_branch: str, base: str) -> None:

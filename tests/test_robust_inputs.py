@@ -60,10 +60,7 @@ def test_latin1_source_and_unicode_paths_are_gated(repo, tmp_path, monkeypatch, 
     git(repo, "commit", "-q", "-am", "latin-1 and a change")
     code, report = run(repo, tmp_path / "out", monkeypatch=monkeypatch)
     assert [s["op"] for s in report["selected"]] == ["lib.scale"], report["reason"]
-    # x*3 is a behaviour change: reported (gate.behaviour_change: warn, the default), the check passes
-    assert report["outcome"] == "pass" and code == 0, report["reason"]
-    assert [v["outcome"] for v in report["verdicts"]] and all(
-        v["outcome"] == "behaviour-change" for v in report["verdicts"]), report["verdicts"]
+    assert report["outcome"] == "regression" and code == 1, report["reason"]  # x*3 is a behaviour change
     assert "internal error" not in report["reason"]
 
 

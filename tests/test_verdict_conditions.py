@@ -298,21 +298,16 @@ def test_the_gradient_of_a_refined_forward_is_reported_not_failed():
     assert grad.reported_only and not failing(grad, GateSettings()) and grad.details["refinement"]["forward_moved_ulp"] == 1.7
     assert grad.reason.startswith("the gradient of a refinement")
     assert overall(refined, [], GateSettings())[0] == "pass" and "1 refinement(s)" in overall(refined, [], GateSettings())[1]
-    # not refinements: behaviour changes, which fail where the config says behaviour_change: fail
-    strict = GateSettings(behaviour_change="fail")
     wrong_backward = [_vv("lib.f", "precision", "pass"), _vv("lib.f", "grad", "behaviour-change", divergence_ulp=2e5)]
-    assert refinements(wrong_backward) == [] and failing(wrong_backward[1], strict)
+    assert refinements(wrong_backward) == [] and failing(wrong_backward[1], GateSettings())
     new_function = [_vv("lib.g", "precision", "behaviour-change", divergence_ulp=1e7, ref_moved_ulp=3.0),
                     _vv("lib.g", "grad", "behaviour-change", divergence_ulp=1e7)]
-    assert refinements(new_function) == [] and failing(new_function[1], strict)
-    # by default a behaviour change is reported, not failed
-    assert not failing(new_function[1], GateSettings()) and not new_function[1].reported_only
+    assert refinements(new_function) == [] and failing(new_function[1], GateSettings())
 
 
 def test_a_behaviour_change_within_half_the_digits_is_a_refinement():
     """head and base agree to within 2^(p/2) ulps (4096 in float32, 45 in float16): reported;
-    beyond (a wrong scale, a wrong axis): a behaviour change, which fails under
-    ``behaviour_change: fail`` and is reported by default."""
+    beyond (a wrong scale, a wrong axis): a behaviour change that fails."""
     import numpy as np
 
     from gate.judge.decide import GateSettings, decide, failing
@@ -335,8 +330,7 @@ def test_a_behaviour_change_within_half_the_digits_is_a_refinement():
     assert refined.outcome == "behaviour-change" and refined.reported_only, refined.reason
     assert refined.reason.startswith("refinement:") and not failing(refined, GateSettings())
     wrong = verdict(2 ** 23 * 0.5)  # a 1.5x scale: the leading digits differ
-    assert wrong.outcome == "behaviour-change" and not wrong.reported_only
-    assert failing(wrong, GateSettings(behaviour_change="fail")) and not failing(wrong, GateSettings())
+    assert wrong.outcome == "behaviour-change" and not wrong.reported_only and failing(wrong, GateSettings())
     beyond = verdict(300.0, "float16")  # 300 float16 ulps: beyond its 45
     assert beyond.outcome == "behaviour-change" and not beyond.reported_only, beyond.reason
 

@@ -849,7 +849,7 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
         when = datetime.date.today().isoformat()
         top = {"version": 1, "framework": framework, "python_path": [pkg.python_path], "seed": 0,
                "budget": {"total": 120, "per_op": 10, "localise": 60},
-               "gate": {"dtypes": list(LOW), "behaviour_change": "warn"}}
+               "gate": {"dtypes": list(LOW), "behaviour_change": "fail"}}
         if env:
             top["env"] = dict(env)
         comments = {"python_path": "where the package imports from (relative to this file)",
@@ -857,8 +857,7 @@ def _render(pkg, framework: str, syms, path: Path, existing: bool, final: List[T
                            "values where the job's environment sets none (a list of names takes the job's)",
                     "budget": "seconds: a PR's fuzzing in all, spread over the operators it changes (at least "
                               "per_op each; per_op is also each operator's baseline), localisation",
-                    "gate": "only a real regression fails the check (precision, NaN/Inf, crash, hang); a changed function is "
-                            "reported (behaviour_change: fail makes it fail)"}
+                    "gate": "only a real regression fails the check"}
         unlisted = [(n, w) for n, w in report.left_out if n not in report.callables]  # no callable: not_gated cannot name them
         if unlisted:
             tail = "Left out by dl-gate init (add a row by hand to gate them):\n" + "\n".join(

@@ -75,10 +75,7 @@ MIN_EVALS = 20
 class GateSettings:
     multipliers: Dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MULTIPLIERS))
     floor_ulp: Dict[str, float] = field(default_factory=dict)  # overrides the spec's thresholds
-    #: warn | fail. A behaviour change is symmetric: a fix that changes the function on purpose and
-    #: its revert read the same, so by default it is reported (a warning) and only precision,
-    #: NaN/Inf, crash and hang regressions fail; ``fail`` makes every changed function fail
-    behaviour_change: str = "warn"
+    behaviour_change: str = "fail"  # fail | warn
     grad_floor_factor: float = GRAD_FLOOR_FACTOR
     grad_multiplier_factor: float = GRAD_MULTIPLIER_FACTOR
     #: searched evaluations a variant needs before it may pass (an --evals budget below it lowers it)
@@ -90,7 +87,7 @@ class GateSettings:
         return cls(
             multipliers={**DEFAULT_MULTIPLIERS, **dict(g.get("multipliers") or {})},
             floor_ulp=dict(g.get("floor_ulp") or {}),
-            behaviour_change=g.get("behaviour_change", "warn"),
+            behaviour_change=g.get("behaviour_change", "fail"),
             grad_floor_factor=float(g.get("grad_floor_factor", GRAD_FLOOR_FACTOR)),
             grad_multiplier_factor=float(g.get("grad_multiplier_factor", GRAD_MULTIPLIER_FACTOR)),
             min_evals=int(g.get("min_evals", MIN_EVALS)),
